@@ -1,0 +1,344 @@
+package admit
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/valkey-io/valkey-go"
+)
+
+var perSecond3 = MustSpec(Every(time.Second), 3) // 1 token/s, burst 3
+
+// step is one call in a step table: move the server clock by advance, then
+// call, and expect want.
+type step struct {
+	rule    string
+	advance time.Duration
+	second  bool // two-bucket call when true
+	want    Decision
+}
+
+// runSteps runs steps against first (and second, where a step asks for it)
+// and names the rule of every step that disagrees.
+func runSteps(t *testing.T, e *unitEnv, first, second Request, steps []step) {
+	t.Helper()
+	for i, st := range steps {
+		e.advance(st.advance)
+		var sec *Request
+		if st.second {
+			sec = &second
+		}
+		got, err := e.l.AllowOrdered(context.Background(), first, sec)
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", i, st.rule, err)
+		}
+		if got != st.want {
+			t.Errorf("step %d (%s): got %v, want %v", i, st.rule, got, st.want)
+		}
+	}
+}
+
+func denied(bucket uint8, after time.Duration) Decision { return Decision{Denied: bucket, RetryAfter: after} }
+
+func TestAllowOrderedTransitions(t *testing.T) {
+	t.Run("first denies: second untouched", func(t *testing.T) {
+		e := newUnitEnv(t)
+		first, second := Request{"a:1", perSecond3}, Request{"a:2", perSecond3}
+		e.srv.HSet(first.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros(), 10))
+		e.srv.HSet(second.Key, "tokens", "1", "ts", "12345")
+		e.srv.SetTTL(second.Key, time.Hour)
+		runSteps(t, e, first, second, []step{{rule: "empty first bucket denies", second: true, want: denied(1, time.Second)}})
+		if got, want := e.srv.HGet(second.Key, "tokens")+"/"+e.srv.HGet(second.Key, "ts"), "1/12345"; got != want {
+			t.Errorf("second bucket changed: tokens/ts = %s, want %s", got, want)
+		}
+		if got := e.srv.TTL(second.Key); got != time.Hour {
+			t.Errorf("second bucket TTL changed: %v, want 1h", got)
+		}
+		if tk, _ := e.state(first.Key); tk != "0" {
+			t.Errorf("first bucket tokens = %q, want 0", tk)
+		}
+		if got := e.srv.TTL(first.Key); got != perSecond3.TTL() {
+			t.Errorf("first bucket TTL = %v, want %v (refreshed on denial)", got, perSecond3.TTL())
+		}
+	})
+	t.Run("second denies: first consumed", func(t *testing.T) {
+		e := newUnitEnv(t)
+		first, second := Request{"b:1", perSecond3}, Request{"b:2", perSecond3}
+		e.srv.HSet(second.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros()-400_000, 10))
+		runSteps(t, e, first, second, []step{{rule: "empty second bucket denies", second: true, want: denied(2, 600*time.Millisecond)}})
+		if tk, ts := e.state(first.Key); tk != "2" || ts != strconv.FormatInt(e.micros(), 10) {
+			t.Errorf("first bucket = tokens %q ts %q, want 2 and %d", tk, ts, e.micros())
+		}
+		if tk, ts := e.state(second.Key); tk != "0" || ts != strconv.FormatInt(e.micros()-400_000, 10) {
+			t.Errorf("second bucket = tokens %q ts %q, want 0 and %d", tk, ts, e.micros()-400_000)
+		}
+		if got := e.srv.TTL(second.Key); got != perSecond3.TTL() {
+			t.Errorf("second bucket TTL = %v, want %v (refreshed on denial)", got, perSecond3.TTL())
+		}
+	})
+	t.Run("both allow: both consumed", func(t *testing.T) {
+		e := newUnitEnv(t)
+		first, second := Request{"c:1", perSecond3}, Request{"c:2", MustSpec(10, 5)}
+		runSteps(t, e, first, second, []step{{rule: "fresh buckets admit", second: true}})
+		now := strconv.FormatInt(e.micros(), 10)
+		for key, want := range map[string]string{first.Key: "2", second.Key: "4"} {
+			if tk, ts := e.state(key); tk != want || ts != now {
+				t.Errorf("%s = tokens %q ts %q, want %s and %s", key, tk, ts, want, now)
+			}
+		}
+	})
+}
+
+func TestAllowOrderedBucketStates(t *testing.T) {
+	e := newUnitEnv(t)
+	first, second := Request{"s:1", perSecond3}, Request{"s:2", MustSpec(Every(2*time.Second), 2)}
+	runSteps(t, e, first, second, []step{
+		{rule: "fresh bucket is full", want: Decision{}},
+		{rule: "partially full admits", advance: 100 * time.Millisecond},
+		{rule: "last token", advance: 100 * time.Millisecond},
+		{rule: "empty denies until the first token", advance: 100 * time.Millisecond, want: denied(1, 700*time.Millisecond)},
+		{rule: "one µs short still denies", advance: 700*time.Millisecond - time.Microsecond, want: denied(1, time.Microsecond)},
+		{rule: "just refilled admits", advance: time.Microsecond},
+		{rule: "refill remainder is kept", advance: 1500 * time.Millisecond},
+		{rule: "no token left after remainder", want: denied(1, 500*time.Millisecond)},
+		{rule: "full again after a long idle", advance: time.Hour, second: true},
+		{rule: "two-bucket path", second: true},
+		{rule: "second bucket empty", second: true, want: denied(2, 2*time.Second)},
+		{rule: "the second's denial charged the first", want: denied(1, time.Second)},
+	})
+}
+
+// TestRefillNoDrift: after N seconds a bucket has admitted exactly burst +
+// floor(N / interval) requests, however the calls fall.
+func TestRefillNoDrift(t *testing.T) {
+	for _, tc := range []struct {
+		spec    Spec
+		seconds int
+		step    time.Duration
+	}{
+		{MustSpec(Every(1500*time.Millisecond), 20), 300, 100 * time.Millisecond},
+		{MustSpec(3, 4), 120, 37 * time.Millisecond},         // 333333 µs per token
+		{MustSpec(Limit(0.1), 2), 600, 999 * time.Millisecond}, // 10 s per token
+	} {
+		t.Run(tc.spec.String(), func(t *testing.T) {
+			e := newUnitEnv(t)
+			r := Request{"drift", tc.spec}
+			admitted := 0
+			end := e.now.Add(time.Duration(tc.seconds) * time.Second)
+			for range 100_000 {
+				if d := e.allow(t, r, nil); d.Allowed() {
+					admitted++
+					continue
+				}
+				if !e.now.Add(tc.step).Before(end) && e.now.Add(tc.step) != end {
+					break
+				}
+				e.advance(tc.step)
+			}
+			elapsed := e.now.Sub(unitEpoch)
+			want := tc.spec.Burst() + int(elapsed/tc.spec.Interval())
+			if admitted != want {
+				t.Errorf("after %v admitted %d, want burst %d + floor(%v / %v) = %d",
+					elapsed, admitted, tc.spec.Burst(), elapsed, tc.spec.Interval(), want)
+			}
+		})
+	}
+}
+
+// TestServerClockSteppingBack: a server clock that steps back grants no
+// token and never moves a bucket's timestamp backwards.
+func TestServerClockSteppingBack(t *testing.T) {
+	e := newUnitEnv(t)
+	r := Request{"back", perSecond3}
+	start := strconv.FormatInt(e.micros(), 10)
+	runSteps(t, e, r, Request{}, []step{
+		{rule: "fresh"},
+		{rule: "clock 10 s back: tokens still counted", advance: -10 * time.Second},
+		{rule: "last token", advance: 0},
+		{rule: "empty: wait counts from the stored time", want: denied(1, 11*time.Second)},
+	})
+	if tk, ts := e.state(r.Key); tk != "0" || ts != start {
+		t.Errorf("after stepping back: tokens %q ts %q, want 0 and %s (unchanged)", tk, ts, start)
+	}
+	if got, want := e.srv.TTL(r.Key), perSecond3.TTL()+10*time.Second; got != want {
+		t.Errorf("after stepping back 10 s: TTL %v, want %v (refill time + the step)", got, want)
+	}
+	runSteps(t, e, r, Request{}, []step{
+		{rule: "back to the start: still nothing earned", advance: 10 * time.Second, want: denied(1, time.Second)},
+		{rule: "one interval later: one token", advance: time.Second},
+		{rule: "and only one", want: denied(1, time.Second)},
+	})
+}
+
+func TestBadInputRefusedBeforeSending(t *testing.T) {
+	e := newUnitEnv(t)
+	ok := Request{"k:{x}:1", perSecond3}
+	cluster := newLimiter(clusterMode{e.c}, e.l.script)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name   string
+		l      *Limiter
+		ctx    context.Context
+		first  Request
+		second *Request
+		reason error
+	}{
+		{"empty first key", e.l, context.Background(), Request{"", perSecond3}, nil, ErrInvalidRequest},
+		{"zero first spec", e.l, context.Background(), Request{"k", Spec{}}, nil, ErrInvalidRequest},
+		{"empty second key", e.l, context.Background(), ok, &Request{"", perSecond3}, ErrInvalidRequest},
+		{"zero second spec", e.l, context.Background(), ok, &Request{"k2", Spec{}}, ErrInvalidRequest},
+		{"same key twice", e.l, context.Background(), ok, &ok, ErrInvalidRequest},
+		{"nil context", e.l, nil, ok, nil, ErrInvalidRequest},
+		{"nil Limiter", nil, context.Background(), ok, nil, ErrInvalidRequest},
+		{"Limiter without client", New(nil), context.Background(), ok, nil, ErrInvalidRequest},
+		{"context already canceled", e.l, canceled, ok, nil, context.Canceled},
+		{"cross-slot keys on a cluster", cluster, context.Background(), Request{"rl:{chan:1}:std", perSecond3}, &Request{"rl:{chan:2}:shared", perSecond3}, ErrCrossSlot},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.srv.CommandCount()
+			d, err := tc.l.AllowOrdered(tc.ctx, tc.first, tc.second)
+			if !errors.Is(err, tc.reason) || !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) {
+				t.Errorf("err = %v; want %v and ErrNotExecuted only", err, tc.reason)
+			}
+			if d != (Decision{}) {
+				t.Errorf("decision = %+v, want the zero Decision with an error", d)
+			}
+			if n := e.srv.CommandCount() - before; n != 0 {
+				t.Errorf("%d commands reached the server, want 0", n)
+			}
+		})
+	}
+	t.Run("same-slot keys on a cluster pass the check", func(t *testing.T) {
+		d, err := cluster.AllowOrdered(context.Background(), Request{"rl:{chan:1}:std", perSecond3}, &Request{"rl:{chan:1}:shared", perSecond3})
+		if err != nil || !d.Allowed() {
+			t.Errorf("got %v, %v; want allowed", d, err)
+		}
+	})
+}
+
+// clusterMode makes a standalone client report cluster mode, to exercise the
+// client-side slot check without a cluster.
+type clusterMode struct{ valkey.Client }
+
+func (clusterMode) Mode() valkey.ClientMode { return valkey.ClientModeCluster }
+
+func TestServerRefusalsAreNotExecuted(t *testing.T) {
+	e := newUnitEnv(t)
+	good, bad := Request{"ok", perSecond3}, Request{"bad", perSecond3}
+	for _, tc := range []struct {
+		name   string
+		setup  func()
+		reason error
+	}{
+		{"string at the second key", func() { e.srv.Set(bad.Key, "x") }, ErrWrongType},
+		{"list at the second key", func() { e.srv.Lpush(bad.Key, "x") }, ErrWrongType},
+		{"tokens not a number", func() { e.srv.HSet(bad.Key, "tokens", "1.5", "ts", "1") }, ErrCorruptState},
+		{"negative tokens", func() { e.srv.HSet(bad.Key, "tokens", "-1", "ts", "1") }, ErrCorruptState},
+		{"ts missing", func() { e.srv.HSet(bad.Key, "tokens", "1") }, ErrCorruptState},
+		{"tokens missing", func() { e.srv.HSet(bad.Key, "ts", "1") }, ErrCorruptState},
+		{"ts at 2^53", func() { e.srv.HSet(bad.Key, "tokens", "1", "ts", "9007199254740992") }, ErrCorruptState},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e.srv.FlushAll()
+			tc.setup()
+			before := e.srv.Dump()
+			_, err := e.l.AllowOrdered(context.Background(), good, &bad)
+			if !errors.Is(err, tc.reason) || !errors.Is(err, ErrNotExecuted) {
+				t.Errorf("err = %v; want %v and ErrNotExecuted", err, tc.reason)
+			}
+			if after := e.srv.Dump(); after != before {
+				t.Errorf("state changed:\n%s", cmp.Diff(before, after))
+			}
+		})
+	}
+}
+
+// TestMalformedRepliesAreErrors: a reply the script never gives is
+// ErrBadReply with outcome unknown, never a panic or a made-up Decision.
+func TestMalformedRepliesAreErrors(t *testing.T) {
+	for _, src := range []string{
+		"return 1",
+		"return 'x'",
+		"return {0}",
+		"return {0, 0, 0}",
+		"return {'a', 0}",
+		"return {3, 5}",
+		"return {2, 5}", // bucket 2 on a one-bucket call
+		"return {-1, 5}",
+		"return {1, 0}", // a denial must carry a wait
+		"return {0, 5}", // an admission must not
+		"return {1, -5}",
+	} {
+		t.Run(src, func(t *testing.T) {
+			e := newUnitEnvScript(t, src)
+			d, err := e.l.AllowOrdered(context.Background(), Request{"k", perSecond3}, nil)
+			if !errors.Is(err, ErrBadReply) || !errors.Is(err, ErrOutcomeUnknown) {
+				t.Errorf("got %v, %v; want ErrBadReply and ErrOutcomeUnknown", d, err)
+			}
+		})
+	}
+}
+
+// TestKeySchema pins the stored representation (README, "Key schema"): a
+// change to field names, units or encoding must fail here first.
+func TestKeySchema(t *testing.T) {
+	e := newUnitEnv(t)
+	r := Request{"schema", perSecond3}
+	for range 3 {
+		e.allow(t, r, nil)
+	}
+	e.advance(1500 * time.Millisecond)
+	e.allow(t, r, nil)
+	got, err := e.srv.HKeys(r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"tokens", "ts"}, got); diff != "" {
+		t.Errorf("fields (-want +got):\n%s", diff)
+	}
+	// One token earned in 1.5 s at 1/s and spent; the half second stays in ts.
+	wantTS := strconv.FormatInt(unitEpoch.Add(time.Second).UnixMicro(), 10)
+	if tk, ts := e.state(r.Key); tk != "0" || ts != wantTS {
+		t.Errorf("tokens %q ts %q, want \"0\" and %q (µs since the epoch, server time)", tk, ts, wantTS)
+	}
+	if ttl := e.srv.TTL(r.Key); ttl != 3*time.Second {
+		t.Errorf("TTL %v, want 3s (burst × interval)", ttl)
+	}
+}
+
+// TestArgumentsCarryNoTime: the command sent for a decision holds the keys
+// and the Spec arguments, nothing derived from the host clock.
+func TestArgumentsCarryNoTime(t *testing.T) {
+	rec := &recordingClient{Client: newUnitEnv(t).c}
+	l := New(rec)
+	first, second := Request{"rl:{c}:std", MustSpec(Every(1500*time.Millisecond), 20)}, Request{"rl:{c}:shared", MustSpec(Every(300*time.Millisecond), 100)}
+	if _, err := l.AllowOrdered(context.Background(), first, &second); err != nil && !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum([]byte(scriptSource))
+	want := [][]string{{"EVALSHA", hex.EncodeToString(sum[:]), "2", "rl:{c}:std", "rl:{c}:shared", "1500000", "20", "30000", "300000", "100", "30000"}}
+	if len(rec.cmds) == 0 {
+		t.Fatal("no command sent")
+	}
+	if diff := cmp.Diff(want, rec.cmds[:1]); diff != "" {
+		t.Errorf("command (-want +got):\n%s", diff)
+	}
+}
+
+// recordingClient records the commands it is asked to run.
+type recordingClient struct {
+	valkey.Client
+	cmds [][]string
+}
+
+func (r *recordingClient) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	r.cmds = append(r.cmds, append([]string(nil), cmd.Commands()...))
+	return r.Client.Do(ctx, cmd)
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package admit
+
+import "syscall"
+
+func serverProcAttr() *syscall.SysProcAttr { return nil }

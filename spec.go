@@ -1,0 +1,131 @@
+package admit
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Limit is the rate at which a bucket refills, in tokens per second. It uses
+// the vocabulary of golang.org/x/time/rate: Every(100*time.Millisecond) and
+// Limit(10) are the same rate.
+type Limit float64
+
+// Every converts the interval between two tokens into a Limit. A zero or
+// negative interval gives an infinite Limit, which [NewSpec] refuses.
+func Every(interval time.Duration) Limit {
+	if interval <= 0 {
+		return Limit(math.Inf(1))
+	}
+	return 1 / Limit(interval.Seconds())
+}
+
+// Bounds of a Spec. The server computes in whole microseconds with Lua
+// numbers, which are exact integers up to 2^53; keeping a full refill under
+// 2^50 µs (about 35 years) leaves every intermediate value exact.
+const (
+	// MaxLimit is the fastest refill a Spec accepts: one token per microsecond.
+	MaxLimit Limit = 1e6
+	// maxRefillMicros bounds burst × interval, the time to refill from empty.
+	maxRefillMicros = 1 << 50
+)
+
+// A Spec describes one token bucket: it holds at most Burst tokens, starts
+// full, and gains one token every Interval. A request takes one token.
+//
+// The server applies the rate as a whole number of microseconds per token:
+// NewSpec rounds 1/rate to the nearest microsecond, and Interval reports the
+// result. Every(d) with d a whole number of microseconds is exact.
+//
+// A Spec is an immutable value: the script arguments it implies are encoded
+// once, in NewSpec, so a decision formats nothing. Build Specs once (for
+// example with [MustSpec] in a package-level var) and share them freely
+// between goroutines. The zero Spec is invalid; [Limiter.AllowOrdered]
+// refuses it.
+type Spec struct {
+	limit    Limit
+	burst    int
+	interval time.Duration
+	ttl      time.Duration
+
+	// Pre-encoded ARGV for the script: microseconds per token, burst and
+	// expiry in milliseconds.
+	intervalArg, burstArg, ttlArg string
+}
+
+// NewSpec returns a Spec for a bucket that refills at rate tokens per second
+// and holds at most burst tokens. It returns an error wrapping
+// [ErrInvalidSpec] when rate is NaN, infinite, not positive or above
+// [MaxLimit], when burst is below 1, or when refilling from empty would take
+// longer than about 35 years.
+func NewSpec(rate Limit, burst int) (Spec, error) {
+	r := float64(rate)
+	switch {
+	case math.IsNaN(r) || math.IsInf(r, 0):
+		return Spec{}, fmt.Errorf("%w: rate %v is not a finite number of tokens per second", ErrInvalidSpec, r)
+	case r <= 0:
+		return Spec{}, fmt.Errorf("%w: rate %v must be above zero (a bucket that never refills admits only its burst, once)", ErrInvalidSpec, r)
+	case rate > MaxLimit:
+		return Spec{}, fmt.Errorf("%w: rate %v exceeds MaxLimit (%v tokens per second)", ErrInvalidSpec, r, float64(MaxLimit))
+	case burst < 1:
+		return Spec{}, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidSpec, burst)
+	}
+	micros := math.Round(1e6 / r) // >= 1, since rate <= MaxLimit
+	if micros*float64(burst) > maxRefillMicros {
+		return Spec{}, fmt.Errorf("%w: burst %d at rate %v takes longer than %v to refill from empty",
+			ErrInvalidSpec, burst, r, time.Duration(maxRefillMicros)*time.Microsecond)
+	}
+	interval := int64(micros)
+	refill := interval * int64(burst)  // µs; exact, bounded above
+	ttlMillis := (refill + 999) / 1000 // rounded up: never shorter than the refill
+	return Spec{
+		limit:       rate,
+		burst:       burst,
+		interval:    time.Duration(interval) * time.Microsecond,
+		ttl:         time.Duration(ttlMillis) * time.Millisecond,
+		intervalArg: strconv.FormatInt(interval, 10),
+		burstArg:    strconv.Itoa(burst),
+		ttlArg:      strconv.FormatInt(ttlMillis, 10),
+	}, nil
+}
+
+// MustSpec is like [NewSpec] but panics if the arguments are invalid. It is
+// meant for package-level Specs built from constants:
+//
+//	var chatShared = admit.MustSpec(admit.Every(1500*time.Millisecond), 20)
+func MustSpec(rate Limit, burst int) Spec {
+	s, err := NewSpec(rate, burst)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Limit returns the rate the Spec was built with, in tokens per second.
+func (s Spec) Limit() Limit { return s.limit }
+
+// Burst returns the most tokens the bucket holds; a fresh bucket is full.
+func (s Spec) Burst() int { return s.burst }
+
+// Interval returns the time the server takes to add one token: 1/rate,
+// rounded to the nearest microsecond.
+func (s Spec) Interval() time.Duration { return s.interval }
+
+// TTL returns the expiry every write gives the bucket's key: the time to
+// refill from empty to full (Burst × Interval), rounded up to a millisecond.
+// An idle bucket expires only once it would be full anyway, so expiry never
+// hands out tokens early. (Should the server clock step back, the script
+// lengthens the expiry by the step, for the same reason.)
+func (s Spec) TTL() time.Duration { return s.ttl }
+
+// IsZero reports whether s is the zero Spec, which is invalid.
+func (s Spec) IsZero() bool { return s.burst == 0 }
+
+// String describes the Spec, for example "0.6667/s burst 20 (1.5s per token)".
+func (s Spec) String() string {
+	if s.IsZero() {
+		return "invalid zero Spec"
+	}
+	return fmt.Sprintf("%.4g/s burst %d (%v per token)", float64(s.limit), s.burst, s.interval)
+}

@@ -1,0 +1,318 @@
+package admit
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// Server selection for every test that needs a real server, in order:
+//
+//	VALKEY_ADDR=host:port     an existing server; the tests never flush it
+//	VALKEY_SERVER=/path/bin   a valkey-server or redis-server binary to start
+//	valkey-server, then redis-server, found on PATH
+//
+// With none of these the tests skip, saying how to provide one, unless
+// ADMIT_REQUIRE_SERVER=1, where they fail.
+const serverHelp = "no Valkey server: set VALKEY_ADDR=host:port, or VALKEY_SERVER=/path/to/valkey-server, " +
+	"or put valkey-server (or redis-server) on PATH; ADMIT_REQUIRE_SERVER=1 makes this a failure"
+
+// testServer is a server the tests talk to.
+type testServer struct {
+	Addr string
+	// Owned is true when the tests started the server themselves, so checks
+	// that flush scripts or change config may run on it.
+	Owned bool
+	// Version is the server's "valkey_version" or "redis_version".
+	Version string
+
+	cmd    *exec.Cmd
+	dir    string
+	exited chan struct{}
+}
+
+func requireServer() bool { return os.Getenv("ADMIT_REQUIRE_SERVER") == "1" }
+
+func skipOrFail(tb testing.TB, msg string) {
+	tb.Helper()
+	if requireServer() {
+		tb.Fatal(msg)
+	}
+	tb.Skip(msg)
+}
+
+// serverBinary returns the server binary to start, or "" when there is none.
+func serverBinary() string {
+	if bin := os.Getenv("VALKEY_SERVER"); bin != "" {
+		return bin
+	}
+	for _, name := range []string{"valkey-server", "redis-server"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+var shared struct {
+	once sync.Once
+	srv  *testServer
+	err  error
+}
+
+// sharedServer returns the package's server: VALKEY_ADDR, or one server
+// started once for the whole test binary and stopped by TestMain. Tests on it
+// isolate themselves by key prefix.
+func sharedServer(tb testing.TB) *testServer {
+	tb.Helper()
+	shared.once.Do(func() {
+		if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
+			shared.srv, shared.err = dialExisting(addr)
+			return
+		}
+		bin := serverBinary()
+		if bin == "" {
+			return
+		}
+		shared.srv, shared.err = startServer(bin)
+	})
+	if shared.err != nil {
+		tb.Fatalf("server: %v", shared.err)
+	}
+	if shared.srv == nil {
+		skipOrFail(tb, serverHelp)
+	}
+	return shared.srv
+}
+
+// ownServer starts a fresh server for checks that change server-wide state
+// (SCRIPT FLUSH, CONFIG SET, DEBUG). On a server given by VALKEY_ADDR such
+// checks skip unless VALKEY_ALLOW_DESTRUCTIVE=1, and say so.
+func ownServer(tb testing.TB) *testServer {
+	tb.Helper()
+	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
+		if os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") != "1" {
+			tb.Skip("changes server-wide state (script cache, config); skipped on VALKEY_ADDR unless VALKEY_ALLOW_DESTRUCTIVE=1")
+		}
+		return sharedServer(tb)
+	}
+	bin := serverBinary()
+	if bin == "" {
+		skipOrFail(tb, serverHelp)
+	}
+	srv, err := startServer(bin)
+	if err != nil {
+		tb.Fatalf("server: %v", err)
+	}
+	tb.Cleanup(srv.stop)
+	return srv
+}
+
+func dialExisting(addr string) (*testServer, error) {
+	srv := &testServer{Addr: addr}
+	v, err := serverVersion(addr)
+	if err != nil {
+		return nil, fmt.Errorf("VALKEY_ADDR=%s: %w", addr, err)
+	}
+	srv.Version = v
+	return srv, nil
+}
+
+// startServer starts bin on 127.0.0.1 at a free port, without persistence,
+// and waits (at most 10 s) until it answers. The caller stops it.
+func startServer(bin string, extra ...string) (*testServer, error) {
+	var err error
+	for range 3 { // a free port may be taken between the probe and the bind
+		var srv *testServer
+		if srv, err = tryStartServer(bin, extra); err == nil {
+			return srv, nil
+		}
+	}
+	return nil, err
+}
+
+func tryStartServer(bin string, extra []string) (*testServer, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "admit-server-")
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(dir, "server.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	defer logf.Close()
+	args := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = serverProcAttr()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	srv := &testServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, cmd: cmd, dir: dir, exited: exited}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logPath)
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("%s %s exited at start: %s", bin, strings.Join(args, " "), strings.TrimSpace(string(log)))
+		default:
+		}
+		if v, err := serverVersion(srv.Addr); err == nil {
+			srv.Version = v
+			return srv, nil
+		}
+	}
+	srv.stop()
+	return nil, fmt.Errorf("%s did not answer on %s within 10s", bin, srv.Addr)
+}
+
+// stop kills a server the tests started and removes its directory.
+func (s *testServer) stop() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.exited
+	os.RemoveAll(s.dir)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// serverVersion asks addr for its version, within 2 s.
+func serverVersion(addr string) (string, error) {
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, DisableCache: true, DisableRetry: true})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.Do(ctx, c.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return "", err
+	}
+	fields := infoFields(info)
+	if v := fields["valkey_version"]; v != "" {
+		return "valkey " + v, nil
+	}
+	return "redis " + fields["redis_version"], nil
+}
+
+// infoFields parses the "name:value" lines of an INFO reply.
+func infoFields(info string) map[string]string {
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok && !strings.HasPrefix(k, "#") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// newClient returns a client for srv, closed at the end of the test.
+func newClient(tb testing.TB, srv *testServer) valkey.Client {
+	tb.Helper()
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
+	if err != nil {
+		tb.Fatalf("dial %s: %v", srv.Addr, err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ Calls, Usec, Failed int64 }
+
+// commandStats returns INFO commandstats by lower-case command name
+// ("evalsha", "eval", "ping", ...). On Valkey 8 and Redis 7 the counters
+// are per node, so read them from the node that served the calls.
+func commandStats(tb testing.TB, c valkey.Client) map[string]cmdStat {
+	tb.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	stats := map[string]cmdStat{}
+	for k, v := range infoFields(info) {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
+			continue
+		}
+		var s cmdStat
+		for _, kv := range strings.Split(v, ",") {
+			key, val, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			switch key {
+			case "calls":
+				s.Calls = n
+			case "usec":
+				s.Usec = n
+			case "failed_calls":
+				s.Failed = n
+			}
+		}
+		stats[name] = s
+	}
+	return stats
+}
+
+// testPrefix returns a key prefix unique to this test, with a hash tag so
+// that every key under it lands in one cluster slot, and deletes the test's
+// keys (and only those) at the end.
+func testPrefix(tb testing.TB, c valkey.Client) string {
+	tb.Helper()
+	p := fmt.Sprintf("admit-test:{%s:%x}:", strings.ReplaceAll(tb.Name(), "/", "."), time.Now().UnixNano())
+	tb.Cleanup(func() { deleteWithPrefix(c, p) })
+	return p
+}
+
+func deleteWithPrefix(c valkey.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, node := range c.Nodes() {
+		var cursor uint64
+		for range 10000 {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				break
+			}
+			for _, k := range e.Elements {
+				node.Do(ctx, node.B().Del().Key(k).Build())
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+}
