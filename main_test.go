@@ -3,13 +3,13 @@ package admit
 import (
 	"os"
 	"testing"
+
+	"github.com/admitkit/admit/internal/testserver"
 )
 
-// TestMain stops the package's shared server after the last test.
+// TestMain stops the shared test server after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if shared.srv != nil {
-		shared.srv.stop()
-	}
+	testserver.StopShared()
 	os.Exit(code)
 }

@@ -1,4 +1,15 @@
-package admit
+// Package testserver finds or starts the real Valkey (or Redis) servers that
+// admit's tests, benchmarks and examples run against.
+//
+// Server selection, in order:
+//
+//	VALKEY_ADDR=host:port     an existing server; tests never flush it
+//	VALKEY_SERVER=/path/bin   a valkey-server or redis-server binary to start
+//	valkey-server, then redis-server, found on PATH
+//
+// With none of these, tests skip, saying how to provide one, unless
+// ADMIT_REQUIRE_SERVER=1, where they fail.
+package testserver
 
 import (
 	"bufio"
@@ -17,19 +28,12 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// Server selection for every test that needs a real server, in order:
-//
-//	VALKEY_ADDR=host:port     an existing server; the tests never flush it
-//	VALKEY_SERVER=/path/bin   a valkey-server or redis-server binary to start
-//	valkey-server, then redis-server, found on PATH
-//
-// With none of these the tests skip, saying how to provide one, unless
-// ADMIT_REQUIRE_SERVER=1, where they fail.
-const serverHelp = "no Valkey server: set VALKEY_ADDR=host:port, or VALKEY_SERVER=/path/to/valkey-server, " +
+// Help says how to provide a server.
+const Help = "no Valkey server: set VALKEY_ADDR=host:port, or VALKEY_SERVER=/path/to/valkey-server, " +
 	"or put valkey-server (or redis-server) on PATH; ADMIT_REQUIRE_SERVER=1 makes this a failure"
 
-// testServer is a server the tests talk to.
-type testServer struct {
+// Server is a server the tests talk to.
+type Server struct {
 	Addr string
 	// Owned is true when the tests started the server themselves, so checks
 	// that flush scripts or change config may run on it.
@@ -42,18 +46,20 @@ type testServer struct {
 	exited chan struct{}
 }
 
-func requireServer() bool { return os.Getenv("ADMIT_REQUIRE_SERVER") == "1" }
+// Required reports whether ADMIT_REQUIRE_SERVER=1: no server is then a failure.
+func Required() bool { return os.Getenv("ADMIT_REQUIRE_SERVER") == "1" }
 
-func skipOrFail(tb testing.TB, msg string) {
+// SkipOrFail skips the test with msg, or fails it when a server is required.
+func SkipOrFail(tb testing.TB, msg string) {
 	tb.Helper()
-	if requireServer() {
+	if Required() {
 		tb.Fatal(msg)
 	}
 	tb.Skip(msg)
 }
 
-// serverBinary returns the server binary to start, or "" when there is none.
-func serverBinary() string {
+// Binary returns the server binary to start, or "" when there is none.
+func Binary() string {
 	if bin := os.Getenv("VALKEY_SERVER"); bin != "" {
 		return bin
 	}
@@ -67,60 +73,63 @@ func serverBinary() string {
 
 var shared struct {
 	once sync.Once
-	srv  *testServer
+	srv  *Server
 	err  error
 }
 
-// sharedServer returns the package's server: VALKEY_ADDR, or one server
-// started once for the whole test binary and stopped by TestMain. Tests on it
-// isolate themselves by key prefix.
-func sharedServer(tb testing.TB) *testServer {
+// Shared returns the test binary's server: VALKEY_ADDR, or one server
+// started once and stopped by StopShared (call it from TestMain). Tests on
+// it isolate themselves by key prefix.
+func Shared(tb testing.TB) *Server {
 	tb.Helper()
 	shared.once.Do(func() {
 		if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
 			shared.srv, shared.err = dialExisting(addr)
 			return
 		}
-		bin := serverBinary()
+		bin := Binary()
 		if bin == "" {
 			return
 		}
-		shared.srv, shared.err = startServer(bin)
+		shared.srv, shared.err = Start(bin)
 	})
 	if shared.err != nil {
 		tb.Fatalf("server: %v", shared.err)
 	}
 	if shared.srv == nil {
-		skipOrFail(tb, serverHelp)
+		SkipOrFail(tb, Help)
 	}
 	return shared.srv
 }
 
-// ownServer starts a fresh server for checks that change server-wide state
+// Own starts a fresh server for checks that change server-wide state
 // (SCRIPT FLUSH, CONFIG SET, DEBUG). On a server given by VALKEY_ADDR such
 // checks skip unless VALKEY_ALLOW_DESTRUCTIVE=1, and say so.
-func ownServer(tb testing.TB) *testServer {
+func Own(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
 	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
+		if len(extra) > 0 {
+			tb.Skipf("needs a server started with %v; skipped on VALKEY_ADDR", extra)
+		}
 		if os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") != "1" {
 			tb.Skip("changes server-wide state (script cache, config); skipped on VALKEY_ADDR unless VALKEY_ALLOW_DESTRUCTIVE=1")
 		}
-		return sharedServer(tb)
+		return Shared(tb)
 	}
-	bin := serverBinary()
+	bin := Binary()
 	if bin == "" {
-		skipOrFail(tb, serverHelp)
+		SkipOrFail(tb, Help)
 	}
-	srv, err := startServer(bin)
+	srv, err := Start(bin, extra...)
 	if err != nil {
 		tb.Fatalf("server: %v", err)
 	}
-	tb.Cleanup(srv.stop)
+	tb.Cleanup(srv.Stop)
 	return srv
 }
 
-func dialExisting(addr string) (*testServer, error) {
-	srv := &testServer{Addr: addr}
+func dialExisting(addr string) (*Server, error) {
+	srv := &Server{Addr: addr}
 	v, err := serverVersion(addr)
 	if err != nil {
 		return nil, fmt.Errorf("VALKEY_ADDR=%s: %w", addr, err)
@@ -129,12 +138,12 @@ func dialExisting(addr string) (*testServer, error) {
 	return srv, nil
 }
 
-// startServer starts bin on 127.0.0.1 at a free port, without persistence,
+// Start starts bin on 127.0.0.1 at a free port, without persistence,
 // and waits (at most 10 s) until it answers. The caller stops it.
-func startServer(bin string, extra ...string) (*testServer, error) {
+func Start(bin string, extra ...string) (*Server, error) {
 	var err error
 	for range 3 { // a free port may be taken between the probe and the bind
-		var srv *testServer
+		var srv *Server
 		if srv, err = tryStartServer(bin, extra); err == nil {
 			return srv, nil
 		}
@@ -142,7 +151,7 @@ func startServer(bin string, extra ...string) (*testServer, error) {
 	return nil, err
 }
 
-func tryStartServer(bin string, extra []string) (*testServer, error) {
+func tryStartServer(bin string, extra []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -171,7 +180,7 @@ func tryStartServer(bin string, extra []string) (*testServer, error) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	srv := &testServer{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, cmd: cmd, dir: dir, exited: exited}
+	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, cmd: cmd, dir: dir, exited: exited}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
@@ -185,12 +194,12 @@ func tryStartServer(bin string, extra []string) (*testServer, error) {
 			return srv, nil
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	return nil, fmt.Errorf("%s did not answer on %s within 10s", bin, srv.Addr)
 }
 
-// stop kills a server the tests started and removes its directory.
-func (s *testServer) stop() {
+// Stop kills a server the tests started and removes its directory.
+func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
@@ -221,15 +230,15 @@ func serverVersion(addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fields := infoFields(info)
+	fields := InfoFields(info)
 	if v := fields["valkey_version"]; v != "" {
 		return "valkey " + v, nil
 	}
 	return "redis " + fields["redis_version"], nil
 }
 
-// infoFields parses the "name:value" lines of an INFO reply.
-func infoFields(info string) map[string]string {
+// InfoFields parses the "name:value" lines of an INFO reply.
+func InfoFields(info string) map[string]string {
 	m := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
@@ -240,8 +249,8 @@ func infoFields(info string) map[string]string {
 	return m
 }
 
-// newClient returns a client for srv, closed at the end of the test.
-func newClient(tb testing.TB, srv *testServer) valkey.Client {
+// NewClient returns a client for srv, closed at the end of the test.
+func NewClient(tb testing.TB, srv *Server) valkey.Client {
 	tb.Helper()
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
 	if err != nil {
@@ -251,25 +260,25 @@ func newClient(tb testing.TB, srv *testServer) valkey.Client {
 	return c
 }
 
-// cmdStat is one command's line of INFO commandstats.
-type cmdStat struct{ Calls, Usec, Failed int64 }
+// CmdStat is one command's line of INFO commandstats.
+type CmdStat struct{ Calls, Usec, Failed int64 }
 
-// commandStats returns INFO commandstats by lower-case command name
+// CommandStats returns INFO commandstats by lower-case command name
 // ("evalsha", "eval", "ping", ...). On Valkey 8 and Redis 7 the counters
 // are per node, so read them from the node that served the calls.
-func commandStats(tb testing.TB, c valkey.Client) map[string]cmdStat {
+func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 	tb.Helper()
 	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
 	if err != nil {
 		tb.Fatalf("INFO commandstats: %v", err)
 	}
-	stats := map[string]cmdStat{}
-	for k, v := range infoFields(info) {
+	stats := map[string]CmdStat{}
+	for k, v := range InfoFields(info) {
 		name, ok := strings.CutPrefix(k, "cmdstat_")
 		if !ok {
 			continue
 		}
-		var s cmdStat
+		var s CmdStat
 		for _, kv := range strings.Split(v, ",") {
 			key, val, _ := strings.Cut(kv, "=")
 			n, _ := strconv.ParseInt(val, 10, 64)
@@ -287,10 +296,10 @@ func commandStats(tb testing.TB, c valkey.Client) map[string]cmdStat {
 	return stats
 }
 
-// testPrefix returns a key prefix unique to this test, with a hash tag so
+// Prefix returns a key prefix unique to this test, with a hash tag so
 // that every key under it lands in one cluster slot, and deletes the test's
 // keys (and only those) at the end.
-func testPrefix(tb testing.TB, c valkey.Client) string {
+func Prefix(tb testing.TB, c valkey.Client) string {
 	tb.Helper()
 	p := fmt.Sprintf("admit-test:{%s:%x}:", strings.ReplaceAll(tb.Name(), "/", "."), time.Now().UnixNano())
 	tb.Cleanup(func() { deleteWithPrefix(c, p) })
@@ -314,5 +323,12 @@ func deleteWithPrefix(c valkey.Client, prefix string) {
 				break
 			}
 		}
+	}
+}
+
+// StopShared stops the shared server if this test binary started one.
+func StopShared() {
+	if shared.srv != nil {
+		shared.srv.Stop()
 	}
 }

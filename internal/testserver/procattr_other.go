@@ -1,6 +1,6 @@
 //go:build !linux
 
-package admit
+package testserver
 
 import "syscall"
 
