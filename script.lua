@@ -1,4 +1,3 @@
-#!lua
 -- admit: ordered token-bucket admission. One call decides one or two buckets.
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.

@@ -6,10 +6,15 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// scriptSource is the one server-side step of every decision. It starts with
-// the "#!lua" shebang (Valkey 7.2+, Redis 7.0+): a script so marked is known
-// to write, so a server over maxmemory refuses it with OOM before it runs,
-// instead of failing it halfway.
+// scriptSource is the one server-side step of every decision.
+//
+// It has no "#!lua" shebang line, on purpose. The shebang would make a server
+// over maxmemory refuse the script before it runs; without it the server
+// refuses the script's first write instead, and the script writes only after
+// every read, so either way an OOM leaves no key changed (proven against a
+// real server by TestIntegrationOOMWritesNothing). Without the shebang the
+// same bytes also run on Redis 6.2 and on miniredis, so the unit tests and
+// the in-process quickstart run exactly the script that ships.
 //
 //go:embed script.lua
 var scriptSource string

@@ -2,7 +2,6 @@ package admit
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,9 +15,7 @@ import (
 var unitEpoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 // unitEnv is an in-process miniredis whose clock only moves when the test
-// moves it, with a Limiter on it. miniredis runs gopher-lua, which does not
-// know the "#!lua" shebang line, so the unit Limiter runs the script body
-// without it; the real-server tests run the script exactly as shipped.
+// moves it, with a Limiter on it running the script as shipped.
 type unitEnv struct {
 	srv *miniredis.Miniredis
 	c   valkey.Client
@@ -28,7 +25,7 @@ type unitEnv struct {
 
 func newUnitEnv(tb testing.TB) *unitEnv {
 	tb.Helper()
-	return newUnitEnvScript(tb, stripShebang(scriptSource))
+	return newUnitEnvScript(tb, scriptSource)
 }
 
 func newUnitEnvScript(tb testing.TB, src string) *unitEnv {
@@ -44,15 +41,6 @@ func newUnitEnvScript(tb testing.TB, src string) *unitEnv {
 	}
 	tb.Cleanup(c.Close)
 	return &unitEnv{srv: srv, c: c, l: newLimiter(c, valkey.NewLuaScript(src)), now: unitEpoch}
-}
-
-func stripShebang(src string) string {
-	if strings.HasPrefix(src, "#!") {
-		if i := strings.IndexByte(src, '\n'); i >= 0 {
-			return src[i+1:]
-		}
-	}
-	return src
 }
 
 // advance moves the server clock by d, which may be negative.
