@@ -41,7 +41,9 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", "noeviction").ParameterValue("maxmemory", "1").Build()).Error(); err != nil {
 		t.Fatalf("CONFIG SET maxmemory: %v", err)
 	}
-	t.Cleanup(func() { c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build()) })
+	t.Cleanup(func() {
+		c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build())
+	})
 
 	for _, tc := range []struct {
 		name   string
