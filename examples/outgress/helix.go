@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// HelixConfig configures a Helix client. Zero fields take the defaults named.
+type HelixConfig struct {
+	// BaseURL is the API root, for example "https://api.example" (the
+	// demo's is the fake server's URL). Required.
+	BaseURL string
+	// ClientID and Token authenticate as the application and the bot.
+	ClientID, Token string
+	// BotID is the bot's user id: the chat sender and the moderator acting.
+	BotID string
+	// Concurrency is the number of workers sending at once: the transport
+	// keeps that many idle connections. Default 16.
+	Concurrency int
+	// MaxBody bounds how much of a response body is read. Default 64 KiB.
+	MaxBody int64
+	// TraceEvery samples connection reuse on one request in TraceEvery.
+	// Default 16; 1 traces every request.
+	TraceEvery uint64
+	// Now is the clock, used to read a 429's Ratelimit-Reset. Default time.Now.
+	Now func() time.Time
+}
+
+// Helix sends requests to the third-party API over its own transport and
+// reads no more of any response than it needs. It is safe for concurrent use.
+type Helix struct {
+	base     string
+	clientID string
+	auth     string
+	botID    string
+	maxBody  int64
+	every    uint64
+	now      func() time.Time
+	tr       *http.Transport
+	hc       *http.Client
+	metrics  *Metrics
+	n        atomic.Uint64
+	trace    *httptrace.ClientTrace
+}
+
+// NewHelix returns a client recording into m (which may be shared).
+func NewHelix(cfg HelixConfig, m *Metrics) (*Helix, error) {
+	u, err := url.Parse(cfg.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("outgress: Helix base URL %q is not an http(s) URL", cfg.BaseURL)
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 64 << 10
+	}
+	if cfg.TraceEvery == 0 {
+		cfg.TraceEvery = 16
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	tr := NewTransport(cfg.Concurrency)
+	h := &Helix{
+		base: cfg.BaseURL, clientID: cfg.ClientID, auth: "Bearer " + cfg.Token, botID: cfg.BotID,
+		maxBody: cfg.MaxBody, every: cfg.TraceEvery, now: cfg.Now,
+		tr: tr, hc: &http.Client{Transport: tr}, metrics: m,
+	}
+	// One trace shared by all sampled requests: GotConn only counts.
+	h.trace = &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if info.Reused {
+			m.conns[0].Add(1)
+		} else {
+			m.conns[1].Add(1)
+		}
+	}}
+	return h, nil
+}
+
+// NewRequest builds the request for an admitted command. ch is nil for the
+// API kind, which acts in no channel.
+func (h *Helix) NewRequest(ctx context.Context, cmd *Command, ch *Channel) (*http.Request, error) {
+	var method, path string
+	var body any
+	switch cmd.Kind {
+	case KindChat:
+		method, path = http.MethodPost, "/helix/chat/messages"
+		body = struct {
+			Broadcaster string `json:"broadcaster_id"`
+			Sender      string `json:"sender_id"`
+			Message     string `json:"message"`
+		}{ch.ID, h.botID, cmd.Text}
+	case KindAnnounce:
+		method, path = http.MethodPost, "/helix/chat/announcements?broadcaster_id="+ch.ID+"&moderator_id="+h.botID
+		body = struct {
+			Message string `json:"message"`
+			Color   string `json:"color,omitempty"`
+		}{cmd.Text, cmd.Color}
+	case KindShoutout:
+		method, path = http.MethodPost, "/helix/chat/shoutouts?from_broadcaster_id="+ch.ID+"&to_broadcaster_id="+cmd.To+"&moderator_id="+h.botID
+	case KindAPI:
+		method, path = cmd.Method, cmd.Path
+	default:
+		return nil, fmt.Errorf("outgress: no Helix request for kind %v", cmd.Kind)
+	}
+	var buf *bytes.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		buf = bytes.NewReader(b)
+	}
+	var req *http.Request
+	var err error
+	if buf != nil {
+		req, err = http.NewRequestWithContext(ctx, method, h.base+path, buf)
+	} else {
+		req, err = http.NewRequestWithContext(ctx, method, h.base+path, http.NoBody)
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Client-Id", h.clientID)
+	req.Header.Set("Authorization", h.auth)
+	if buf != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
+
+// Send performs req and maps the response onto the bus contract, with
+// deadline the message's end of life:
+//
+//	2xx                 nil
+//	429                 an ExpectedNack until Ratelimit-Reset, or a Dropped
+//	                    when that is past the deadline
+//	other 4xx           Dropped (DropRejected): a retry gets the same answer
+//	5xx, 3xx, no reply  an error: a dependency failure, reported and retried
+//
+// The body is drained and closed on every path that got a response.
+func (h *Helix) Send(req *http.Request, deadline time.Time) error {
+	if h.n.Add(1)%h.every == 0 {
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), h.trace))
+	}
+	start := h.now()
+	resp, err := h.hc.Do(req)
+	if err != nil {
+		h.metrics.status[StatusError].Add(1)
+		h.metrics.Observe(StageHTTP, h.now().Sub(start))
+		return fmt.Errorf("outgress: Helix %s: %w", req.Method, err)
+	}
+	DrainClose(resp.Body, h.maxBody)
+	now := h.now()
+	h.metrics.Observe(StageHTTP, now.Sub(start))
+	class := statusClass(resp.StatusCode)
+	h.metrics.status[class].Add(1)
+	switch class {
+	case Status2xx:
+		return nil
+	case Status429:
+		return retryOrDrop(NackThrottled, resetDelay(resp.Header.Get("Ratelimit-Reset"), now), deadline.Sub(now))
+	case Status4xx:
+		return &Dropped{Reason: DropRejected, Err: fmt.Errorf("Helix answered %d", resp.StatusCode)}
+	default:
+		return fmt.Errorf("outgress: Helix answered %d", resp.StatusCode)
+	}
+}
+
+// resetDelay reads Ratelimit-Reset (Unix seconds when the bucket refills);
+// a missing or unreadable header means one second.
+func resetDelay(header string, now time.Time) time.Duration {
+	sec, err := strconv.ParseInt(header, 10, 64)
+	if err != nil {
+		return time.Second
+	}
+	return max(time.Unix(sec, 0).Sub(now), 0)
+}
+
+// Close closes the transport's idle connections.
+func (h *Helix) Close() { h.tr.CloseIdleConnections() }

@@ -1,0 +1,32 @@
+// Command outgress is a runnable example of admit's first user: the hot path
+// of an egress worker that takes chat and API commands off a message bus and
+// sends them to a third-party HTTP API (Twitch Helix) under its rate limits,
+// keeping part of every shared budget for premium traffic.
+//
+//	go run ./examples/outgress                              # in-process miniredis
+//	VALKEY_ADDR=127.0.0.1:6379 go run ./examples/outgress   # a real Valkey
+//
+// It starts two worker replicas, a fake Helix server and an in-memory bus,
+// pushes a mix of standard and premium chat plus Helix calls through them for
+// a few seconds, pauses and resumes sending mid-run, and prints the Valkey
+// commands each message cost by path, the decisions by lane, the delivery
+// outcomes and the latency of each stage. See README.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := runDemo(ctx, defaultDemo())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outgress:", err)
+		os.Exit(1)
+	}
+	res.Print(os.Stdout)
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"time"
+)
+
+// A handler's error tells the bus what to do with the message:
+//
+//	nil              ack
+//	*ExpectedNack    nack: redeliver after RetryAfter; count by reason; no
+//	                 error report, no log (expected backpressure)
+//	*Dropped         ack without doing the work; count by reason
+//	any other error  nack: redeliver after the bus's delay; report it
+//
+// Expected nacks and drops are values of a fixed set of reasons, so metrics
+// labelled by reason stay bounded.
+
+// NackReason says why work was postponed.
+type NackReason uint8
+
+// The nack reasons.
+const (
+	NackPaused    NackReason = iota // the kill switch is on
+	NackLimited                     // a bucket refused; RetryAfter is the limiter's
+	NackThrottled                   // Helix answered 429
+	numNackReasons
+)
+
+var nackNames = [numNackReasons]string{"paused", "limited", "throttled"}
+
+func (r NackReason) String() string {
+	if r < numNackReasons {
+		return nackNames[r]
+	}
+	return "invalid"
+}
+
+// ExpectedNack postpones a message: expected backpressure, not a failure.
+type ExpectedNack struct {
+	Reason     NackReason
+	RetryAfter time.Duration // redeliver no sooner than this
+}
+
+func (e *ExpectedNack) Error() string {
+	return "outgress: postponed (" + e.Reason.String() + "), retry after " + e.RetryAfter.String()
+}
+
+// DropReason says why a message was acknowledged without doing its work.
+type DropReason uint8
+
+// The drop reasons.
+const (
+	DropMalformed      DropReason = iota // the body can never be valid
+	DropUnknownChannel                   // Valkey has no such channel
+	DropRejected                         // Helix refused it (4xx other than 429)
+	DropNoTimeToRetry                    // the retry delay reaches past the message's lifetime
+	DropExpired                          // the bus found it past its lifetime
+	DropMaxAttempts                      // the bus gave up redelivering it
+	numDropReasons
+)
+
+var dropNames = [numDropReasons]string{"malformed", "unknown_channel", "rejected", "no_time_to_retry", "expired", "max_attempts"}
+
+func (r DropReason) String() string {
+	if r < numDropReasons {
+		return dropNames[r]
+	}
+	return "invalid"
+}
+
+// Dropped acknowledges a message without doing its work.
+type Dropped struct {
+	Reason DropReason
+	Err    error // the detail, if any; not a metric label
+}
+
+func (d *Dropped) Error() string {
+	if d.Err != nil {
+		return "outgress: dropped (" + d.Reason.String() + "): " + d.Err.Error()
+	}
+	return "outgress: dropped (" + d.Reason.String() + ")"
+}
+
+func (d *Dropped) Unwrap() error { return d.Err }
+
+// retryOrDrop postpones work by retryAfter, or drops it at once when the
+// message would reach its deadline (remaining from now) before the retry:
+// redelivering it then would only expire it later, at a cost.
+func retryOrDrop(reason NackReason, retryAfter, remaining time.Duration) error {
+	if retryAfter >= remaining {
+		return &Dropped{Reason: DropNoTimeToRetry}
+	}
+	return &ExpectedNack{Reason: reason, RetryAfter: retryAfter}
+}

@@ -1,0 +1,439 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// Errors of Pause.Check. The message path treats ErrPaused as expected
+// backpressure and the other two as failures: without a trustworthy pause
+// state the worker fails closed and sends nothing.
+var (
+	ErrPaused        = errors.New("outgress: sending is paused")
+	ErrPauseNotReady = errors.New("outgress: pause state not loaded yet")
+	ErrPauseStale    = errors.New("outgress: pause state not confirmed by Valkey within the maximum age; failing closed")
+	// ErrNotPublished is returned (wrapped) by SetPaused when the new state
+	// is stored in Valkey but the event could not be published: other
+	// replicas learn it at their next reconcile instead of at once.
+	ErrNotPublished = errors.New("outgress: pause stored but not published")
+)
+
+// PauseConfig configures a Pause. Zero fields take the defaults named.
+type PauseConfig struct {
+	// Prefix starts every key and the pub/sub channel. Default "".
+	Prefix string
+	// ReconcileEvery is the mean interval between MGETs of the stored state,
+	// jittered by ±20% so replicas do not reconcile in step. Default 1s.
+	ReconcileEvery time.Duration
+	// MaxAge bounds how old the last confirmation from Valkey may be before
+	// Check fails closed. Default 5s.
+	MaxAge time.Duration
+	// Timeout bounds each reconcile MGET. Default 1s.
+	Timeout time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// PauseSnapshot is the state a replica acts on.
+type PauseSnapshot struct {
+	Paused  bool
+	Version int64 // the Valkey counter, incremented by every SetPaused
+	// Confirmed is when Valkey last confirmed the replica's state: the
+	// initial load, a reconcile or this replica's own SetPaused. Pub/sub
+	// events do not count: they cannot prove that none was missed.
+	Confirmed time.Time
+}
+
+// PauseStats are a Pause's counters, for metrics.
+type PauseStats struct {
+	EventsApplied   int64 // events newer than the snapshot
+	EventsIgnored   int64 // events not newer: late or duplicate
+	EventsMalformed int64
+	Reconciles      int64 // successful MGETs, including the initial load
+	// ReconcileFailures counts failed MGETs. LastReconcileError is the
+	// latest one's message, "" if none.
+	ReconcileFailures  int64
+	LastReconcileError string
+	// ServerBehind counts reconciles that read a version older than the
+	// snapshot: a read racing a newer event, or a version key that went
+	// backwards (data loss). The snapshot never moves back; see Pause.
+	ServerBehind int64
+	// Subscriptions counts confirmed SUBSCRIBEs: 1 plus the reconnects.
+	Subscriptions int64
+}
+
+// snapshot is immutable once stored; Check reads it with one atomic load.
+type snapshot struct {
+	paused    bool
+	version   int64
+	confirmed int64 // UnixNano
+}
+
+// Pause is the fleet-wide kill switch as seen by one replica: an immutable,
+// versioned snapshot behind an atomic pointer, kept current by pub/sub
+// events and repaired by periodic reconciliation from Valkey.
+//
+// Valkey holds the state under two keys that share the hash tag {pause}: a
+// flag (present with value "1" when paused) and a version counter. SetPaused
+// changes both in one MULTI/EXEC, then publishes "<0|1>:<version>".
+//
+// A snapshot only moves to a newer version. The version key must therefore
+// never go backwards: should Valkey lose it, replicas keep their last good
+// state (counted in PauseStats.ServerBehind) until an operator sets the
+// version above theirs or restarts them.
+//
+// Check, the message path's call, is safe for concurrent use and does one
+// atomic load: no lock, no allocation, no Valkey command.
+type Pause struct {
+	c                           valkey.Client
+	flagKey, versionKey, events string
+	every, maxAge, timeout      time.Duration
+	now                         func() time.Time
+
+	snap atomic.Pointer[snapshot]
+
+	mu      sync.Mutex // serialises writers of snap; Check never takes it
+	pending *snapshot  // newest event seen before the initial load
+
+	subscribed chan struct{} // closed at the first confirmed SUBSCRIBE
+	subOnce    sync.Once
+	kick       chan struct{} // asks the reconciler to run now (after a resubscribe)
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	started    atomic.Bool
+	closeOnce  sync.Once
+
+	applied, ignored, malformedEvents, reconciles, failures, behind, subs atomic.Int64
+	lastErr                                                             atomic.Pointer[string]
+}
+
+// NewPause returns a Pause on c. It is not ready, and Check fails, until
+// Start has loaded the state.
+func NewPause(c valkey.Client, cfg PauseConfig) *Pause {
+	if cfg.ReconcileEvery <= 0 {
+		cfg.ReconcileEvery = time.Second
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 5 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pause{
+		c:          c,
+		flagKey:    cfg.Prefix + "pause:{pause}:flag",
+		versionKey: cfg.Prefix + "pause:{pause}:version",
+		events:     cfg.Prefix + "pause:events",
+		every:      cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, now: cfg.Now,
+		subscribed: make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		ctx:        ctx, cancel: cancel,
+	}
+}
+
+// Start subscribes to pause events, then loads the stored state, then starts
+// the reconciler, in that order: an event published between the load and the
+// subscription cannot be missed. It returns once the replica is ready (Check
+// answers from a snapshot), or with an error; call Close either way.
+func (p *Pause) Start(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("outgress: Pause started twice")
+	}
+	p.wg.Add(1)
+	go p.listen()
+	select {
+	case <-p.subscribed:
+	case <-ctx.Done():
+		return fmt.Errorf("outgress: subscribing to pause events: %w", ctx.Err())
+	case <-p.ctx.Done():
+		return errors.New("outgress: Pause closed while starting")
+	}
+	if err := p.reconcile(ctx); err != nil {
+		return fmt.Errorf("outgress: loading the pause state: %w", err)
+	}
+	p.wg.Add(1)
+	go p.reconcileLoop()
+	return nil
+}
+
+// Ready reports whether the initial state is loaded.
+func (p *Pause) Ready() bool { return p.snap.Load() != nil }
+
+// Check is the message path's question: may I send now? It returns nil,
+// ErrPaused, ErrPauseNotReady, or ErrPauseStale once Valkey last confirmed
+// the state more than MaxAge before now.
+func (p *Pause) Check(now time.Time) error {
+	s := p.snap.Load()
+	switch {
+	case s == nil:
+		return ErrPauseNotReady
+	case now.UnixNano()-s.confirmed > int64(p.maxAge):
+		return ErrPauseStale
+	case s.paused:
+		return ErrPaused
+	}
+	return nil
+}
+
+// Snapshot returns the current state; ok is false before the initial load.
+func (p *Pause) Snapshot() (s PauseSnapshot, ok bool) {
+	cur := p.snap.Load()
+	if cur == nil {
+		return PauseSnapshot{}, false
+	}
+	return PauseSnapshot{Paused: cur.paused, Version: cur.version, Confirmed: time.Unix(0, cur.confirmed)}, true
+}
+
+// Age is how long ago Valkey last confirmed the state; 0 before the load.
+func (p *Pause) Age(now time.Time) time.Duration {
+	if cur := p.snap.Load(); cur != nil {
+		return time.Duration(now.UnixNano() - cur.confirmed)
+	}
+	return 0
+}
+
+// Stats returns the counters.
+func (p *Pause) Stats() PauseStats {
+	s := PauseStats{
+		EventsApplied: p.applied.Load(), EventsIgnored: p.ignored.Load(), EventsMalformed: p.malformedEvents.Load(),
+		Reconciles: p.reconciles.Load(), ReconcileFailures: p.failures.Load(),
+		ServerBehind: p.behind.Load(), Subscriptions: p.subs.Load(),
+	}
+	if e := p.lastErr.Load(); e != nil {
+		s.LastReconcileError = *e
+	}
+	return s
+}
+
+// SetPaused stores the new state and a new version in one MULTI/EXEC, then
+// updates this replica and publishes the event. It returns the new version.
+//
+// If the write fails, nothing is applied or published. If ctx ends with the
+// transaction in flight, it may or may not have run: SetPaused reports the
+// error, applies and publishes nothing, and reconciliation converges every
+// replica on whatever Valkey holds. If only the publish fails, the error
+// wraps ErrNotPublished, and the version is returned.
+func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
+	b := p.c.B()
+	write := b.Del().Key(p.flagKey).Build()
+	if paused {
+		write = b.Set().Key(p.flagKey).Value("1").Build()
+	}
+	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), b.Exec().Build())
+	for _, r := range res[:3] {
+		if err := r.Error(); err != nil {
+			return 0, fmt.Errorf("outgress: pause not changed: %w", err)
+		}
+	}
+	replies, err := res[3].ToArray()
+	if err != nil {
+		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
+	}
+	if len(replies) != 2 {
+		return 0, fmt.Errorf("outgress: pause transaction: want 2 replies, got %d", len(replies))
+	}
+	if err := replies[0].Error(); err != nil {
+		return 0, fmt.Errorf("outgress: pause write failed: %w", err)
+	}
+	version, err := replies[1].AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
+	}
+	p.confirm(paused, version, p.now())
+	msg := encodePauseEvent(paused, version)
+	if err := p.c.Do(ctx, b.Publish().Channel(p.events).Message(msg).Build()).Error(); err != nil {
+		return version, fmt.Errorf("%w (version %d; other replicas reconcile within %v): %w", ErrNotPublished, version, p.every, err)
+	}
+	return version, nil
+}
+
+// Close stops the subscriber and the reconciler and waits for both. The last
+// snapshot stays readable; it fails closed once older than MaxAge.
+func (p *Pause) Close() {
+	p.closeOnce.Do(func() {
+		p.cancel()
+		p.wg.Wait()
+	})
+}
+
+// listen keeps one subscription open until Close, resubscribing with a
+// capped backoff. After every resubscribe it asks for a reconcile, because
+// events published while it was away are lost.
+func (p *Pause) listen() {
+	defer p.wg.Done()
+	onSub := func(s valkey.PubSubSubscription) {
+		if s.Kind != "subscribe" || s.Channel != p.events {
+			return
+		}
+		if p.subs.Add(1) == 1 {
+			p.subOnce.Do(func() { close(p.subscribed) })
+			return
+		}
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+	ctx := valkey.WithOnSubscriptionHook(p.ctx, onSub)
+	backoff := 50 * time.Millisecond
+	for p.ctx.Err() == nil {
+		p.c.Receive(ctx, p.c.B().Subscribe().Channel(p.events).Build(), p.onMessage)
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (p *Pause) onMessage(m valkey.PubSubMessage) {
+	paused, version, ok := decodePauseEvent(m.Message)
+	if !ok {
+		p.malformedEvents.Add(1)
+		return
+	}
+	p.applyEvent(paused, version)
+}
+
+func (p *Pause) reconcileLoop() {
+	defer p.wg.Done()
+	t := time.NewTimer(p.jittered())
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		case <-p.kick:
+			t.Stop()
+		}
+		p.reconcile(p.ctx) // failures are counted and exposed; Check fails closed once too old
+		t.Reset(p.jittered())
+	}
+}
+
+func (p *Pause) jittered() time.Duration {
+	return time.Duration(float64(p.every) * (0.8 + 0.4*rand.Float64()))
+}
+
+// reconcile reads the stored state with one MGET and applies it.
+func (p *Pause) reconcile(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+	if err == nil {
+		err = p.confirmFrom(vals)
+	}
+	if err != nil {
+		p.failures.Add(1)
+		msg := err.Error()
+		p.lastErr.Store(&msg)
+		return err
+	}
+	p.reconciles.Add(1)
+	return nil
+}
+
+func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
+	if len(vals) != 2 {
+		return fmt.Errorf("outgress: MGET returned %d values, want 2", len(vals))
+	}
+	paused := false
+	if !vals[0].IsNil() {
+		flag, err := vals[0].ToString()
+		if err != nil || flag != "1" {
+			return fmt.Errorf("outgress: pause flag %q is not \"1\"", flag)
+		}
+		paused = true
+	}
+	var version int64
+	if !vals[1].IsNil() {
+		s, err := vals[1].ToString()
+		if err == nil {
+			version, err = strconv.ParseInt(s, 10, 64)
+		}
+		if err != nil || version < 0 {
+			return fmt.Errorf("outgress: pause version %q is not a counter", s)
+		}
+	}
+	p.confirm(paused, version, p.now())
+	return nil
+}
+
+// confirm applies a state read from (or written to) Valkey at time at. It
+// refreshes the confirmation time even when the snapshot is newer than what
+// was read: the read proves Valkey answered, and a newer snapshot can only
+// have come from an event published after the read's write.
+func (p *Pause) confirm(paused bool, version int64, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := p.snap.Load()
+	if cur == nil {
+		cur = p.pending // an event that arrived between subscribe and load
+		p.pending = nil
+	}
+	next := &snapshot{paused: paused, version: version, confirmed: at.UnixNano()}
+	if cur != nil && cur.version > version {
+		p.behind.Add(1)
+		next.paused, next.version = cur.paused, cur.version
+	}
+	p.snap.Store(next)
+}
+
+// applyEvent applies a pub/sub event if it is newer than the snapshot.
+func (p *Pause) applyEvent(paused bool, version int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := p.snap.Load()
+	if cur == nil {
+		if p.pending == nil || version > p.pending.version {
+			p.pending = &snapshot{paused: paused, version: version}
+			p.applied.Add(1)
+		} else {
+			p.ignored.Add(1)
+		}
+		return
+	}
+	if version <= cur.version {
+		p.ignored.Add(1)
+		return
+	}
+	p.applied.Add(1)
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed})
+}
+
+// The event format is "<0|1>:<version>", for example "1:42".
+func encodePauseEvent(paused bool, version int64) string {
+	flag := "0:"
+	if paused {
+		flag = "1:"
+	}
+	return flag + strconv.FormatInt(version, 10)
+}
+
+func decodePauseEvent(s string) (paused bool, version int64, ok bool) {
+	flag, v, found := strings.Cut(s, ":")
+	if !found || (flag != "0" && flag != "1") {
+		return false, 0, false
+	}
+	version, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || version < 0 {
+		return false, 0, false
+	}
+	return flag == "1", version, true
+}

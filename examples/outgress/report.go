@@ -1,0 +1,288 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// pathRow groups messages by the way they went, for the commands table.
+type pathRow uint8
+
+const (
+	rowStdWarm pathRow = iota // the plan's four rows first
+	rowStdCold
+	rowPremWarm
+	rowPremCold
+	rowHelixAPI
+	rowHelixWarm
+	rowHelixCold
+	rowJoined
+	rowPaused
+	rowOther
+	numRows
+)
+
+var rowNames = [numRows]string{
+	"standard chat, warm channel cache",
+	"standard chat, cold channel cache",
+	"premium chat, warm channel cache",
+	"premium chat, cold channel cache",
+	"Helix API call (no channel)",
+	"Helix announce/shoutout, warm cache",
+	"Helix announce/shoutout, cold cache",
+	"any, cold cache, joined another's load",
+	"stopped by the pause (any lane)",
+	"dropped before the limiter",
+}
+
+// planBefore and planTarget are the plan's table, for the four chat rows.
+var (
+	planBefore = [numRows]int{3, 4, 2, 3}
+	planTarget = [numRows]int{1, 2, 1, 2}
+)
+
+func rowOf(p Path) pathRow {
+	switch {
+	case !p.Decoded:
+		return rowOther
+	case p.Paused:
+		return rowPaused
+	case !p.Decided:
+		return rowOther
+	case p.Cache == CacheJoined:
+		return rowJoined
+	case p.Kind == KindAPI:
+		return rowHelixAPI
+	case p.Kind != KindChat:
+		if p.Cache == CacheHit {
+			return rowHelixWarm
+		}
+		return rowHelixCold
+	case p.Lane == LanePremium && p.Cache == CacheHit:
+		return rowPremWarm
+	case p.Lane == LanePremium:
+		return rowPremCold
+	case p.Cache == CacheHit:
+		return rowStdWarm
+	}
+	return rowStdCold
+}
+
+type rowStats struct {
+	n, commands, roundTrips, min, max int64
+}
+
+// pathTable accumulates Valkey commands per message by path.
+type pathTable struct {
+	mu   sync.Mutex
+	rows [numRows]rowStats
+}
+
+func newPathTable() *pathTable { return &pathTable{} }
+
+func (t *pathTable) add(p Path, commands, roundTrips int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := &t.rows[rowOf(p)]
+	if r.n == 0 || commands < r.min {
+		r.min = commands
+	}
+	if r.n == 0 || commands > r.max {
+		r.max = commands
+	}
+	r.n++
+	r.commands += commands
+	r.roundTrips += roundTrips
+}
+
+func (t *pathTable) row(r pathRow) rowStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rows[r]
+}
+
+type pauseEvent struct {
+	at      time.Duration
+	paused  bool
+	version int64
+	err     error
+	seen    []time.Duration // per replica; -1 if not within 2 s
+}
+
+type replicaReport struct {
+	name  string
+	snap  PauseSnapshot
+	age   time.Duration
+	stats PauseStats
+}
+
+// demoResult is everything a run measured.
+type demoResult struct {
+	cfg            demoConfig
+	where          string
+	helixURL       string
+	warmupCommands int64
+	rows           *pathTable
+	oldShape       pathTable
+	metrics        *Metrics
+	pauseLog       []pauseEvent
+	published      int
+	busFull        int
+	elapsed        time.Duration
+	bus            BusStats
+	reported       int64
+	firstError     string
+	replicas       []replicaReport
+	helixConns     int64
+	helixRequests  int64
+}
+
+// Print writes the report for a newcomer.
+func (r *demoResult) Print(out io.Writer) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[LaneStandard], laneWorkers[LanePremium], laneWorkers[LaneSystem])
+	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
+	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
+	fmt.Fprintf(out, "  Helix   fake server at %s (HTTP/1.1)\n", r.helixURL)
+	fmt.Fprintf(out, "  fleet   2 replicas (A, B), each with its own Valkey client, pause snapshot,\n")
+	fmt.Fprintf(out, "          channel cache and HTTP transport, and %s\n", workers)
+	fmt.Fprintf(out, "  mix     %d messages in %v on %d channels (3 of them hot); sending paused\n",
+		r.published, r.cfg.Duration, r.cfg.Channels)
+	fmt.Fprintf(out, "          from %v to %v; run took %v\n\n", r.cfg.PauseAt, r.cfg.PauseAt+r.cfg.PauseFor, r.elapsed.Round(10*time.Millisecond))
+
+	fmt.Fprintln(out, "1. Valkey commands per message, by path (each message's commands counted by a wrapped client)")
+	fmt.Fprintln(w, "   \tbefore\t\tafter\t\t\t\t")
+	fmt.Fprintln(w, "   path\tplan\tmeasured\tplan\tmeasured\tmessages\tmin-max\t")
+	for row := range numRows {
+		s := r.rows.row(row)
+		before, target, old := "-", "-", "-"
+		if row <= rowPremCold {
+			before, target = fmt.Sprint(planBefore[row]), fmt.Sprint(planTarget[row])
+			if o := r.oldShape.row(row); o.n > 0 {
+				old = fmt.Sprintf("%.2f", float64(o.commands)/float64(o.n))
+			}
+		}
+		mean, span := "-", "-"
+		if s.n > 0 {
+			mean = fmt.Sprintf("%.2f", float64(s.commands)/float64(s.n))
+			span = fmt.Sprintf("%d-%d", s.min, s.max)
+		}
+		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", rowNames[row], before, old, target, mean, s.n, span)
+	}
+	w.Flush()
+	fmt.Fprintln(out, "   before: a pause GET, the channel HGETALL when cold, then one script per bucket in turn")
+	fmt.Fprintln(out, "           (measured on one cold and one warm message per lane, on channels outside the mix).")
+	fmt.Fprintln(out, "   after:  an atomic pause snapshot, the HGETALL when cold, then one script for both buckets")
+	fmt.Fprintln(out, "           (measured on every message of the mix).")
+	fmt.Fprintf(out, "   Each command was its own round trip. Not counted: a warm-up decision before the run,\n")
+	if r.warmupCommands > 1 {
+		fmt.Fprintf(out, "   which cost %d: the server had no cached script, so EVALSHA answered NOSCRIPT, then EVAL.\n\n", r.warmupCommands)
+	} else {
+		fmt.Fprintf(out, "   which cost %d: the server had the script cached already.\n\n", r.warmupCommands)
+	}
+
+	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by pub/sub")
+	for _, ev := range r.pauseLog {
+		if ev.err != nil {
+			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.at.Round(time.Millisecond), ev.paused, ev.err)
+			continue
+		}
+		var seen []string
+		for i, d := range ev.seen {
+			name := r.replicas[i].name
+			if d < 0 {
+				seen = append(seen, name+" not within 2s")
+			} else {
+				how := "pub/sub"
+				if i == 0 {
+					how = "the writer"
+				}
+				seen = append(seen, fmt.Sprintf("%s (%s) after %v", name, how, d.Round(10*time.Microsecond)))
+			}
+		}
+		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.at.Round(time.Millisecond), ev.paused, ev.version, strings.Join(seen, ", "))
+	}
+	for _, rep := range r.replicas {
+		st := "running"
+		if rep.snap.Paused {
+			st = "paused"
+		}
+		fmt.Fprintf(out, "   at the end, %s: %s at version %d, confirmed by Valkey %v ago; %d events applied, %d ignored; %d reconciles, %d failed\n",
+			rep.name, st, rep.snap.Version, rep.age.Round(time.Millisecond), rep.stats.EventsApplied, rep.stats.EventsIgnored, rep.stats.Reconciles, rep.stats.ReconcileFailures)
+	}
+	fmt.Fprintln(out)
+
+	fmt.Fprintln(out, "3. Limiter decisions by lane (denials are counted by the class of the bucket that refused)")
+	fmt.Fprintln(w, "   lane\tadmitted\tdenied: standard share\tshared chat limit\tHelix general\tsystem share\t")
+	for lane := range numLanes {
+		fmt.Fprintf(w, "   %v\t%d\t%d\t%d\t%d\t%d\t\n", lane, r.metrics.Admitted(lane),
+			r.metrics.Denied(lane, ClassStandard), r.metrics.Denied(lane, ClassShared), r.metrics.Denied(lane, ClassGeneral), r.metrics.Denied(lane, ClassSystem))
+	}
+	w.Flush()
+	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
+	fmt.Fprintln(out, "   limit: premium chat, which uses the shared limit alone, keeps getting through.")
+	fmt.Fprintln(out)
+
+	b := r.bus
+	fmt.Fprintln(out, "4. Delivery outcomes on the bus (a message lives 5s; redeliveries included)")
+	fmt.Fprintf(w, "   published\t%d\t(refused, queue full: %d)\t\n", r.published, r.busFull)
+	fmt.Fprintf(w, "   handler calls\t%d\t\t\n", b.Delivered)
+	fmt.Fprintf(w, "   acked: sent\t%d\t\t\n", b.Acked)
+	fmt.Fprintf(w, "   nacked, expected\t%d\t%s\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], NackReason.String))
+	fmt.Fprintf(w, "   dropped\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], DropReason.String))
+	fmt.Fprintf(w, "   errors reported\t%d\t%s\t\n", r.reported, r.firstError)
+	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(still waiting for a redelivery when the run ended)\t\n", b.Abandoned)
+	w.Flush()
+	fmt.Fprintln(out, "   Expected nacks are backpressure: counted by reason, redelivered after their delay, never")
+	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
+	fmt.Fprintln(out)
+
+	fmt.Fprintln(out, "5. Latency by stage, both replicas (histogram bucket upper bounds, about 9% wide)")
+	fmt.Fprintln(w, "   stage\tcount\tp50\tp95\tp99\t")
+	for s := range numStages {
+		h := r.metrics.Stage(s)
+		fmt.Fprintf(w, "   %v\t%d\t%v\t%v\t%v\t\n", s, h.Count(), round(h.Quantile(0.50)), round(h.Quantile(0.95)), round(h.Quantile(0.99)))
+	}
+	w.Flush()
+	fmt.Fprintln(out, "   pre_http is decode through build: the worker's own latency before calling Helix.")
+	fmt.Fprintln(out)
+
+	reused, fresh := r.metrics.Conns()
+	fmt.Fprintln(out, "6. HTTP to Helix")
+	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(Status2xx),
+		r.metrics.Status(Status4xx), r.metrics.Status(Status429), r.metrics.Status(Status5xx), r.metrics.Status(StatusError))
+	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled\n",
+		r.helixRequests, r.helixConns, reused, fresh)
+}
+
+func sum(xs []int64) int64 {
+	var n int64
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+func labelled[R ~uint8](counts []int64, name func(R) string) string {
+	var parts []string
+	for i, c := range counts {
+		if c > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", name(R(i)), c))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	case d >= time.Microsecond:
+		return d.Round(100 * time.Nanosecond)
+	}
+	return d
+}
