@@ -65,4 +65,3 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *Message) (*htt
 	}
 	return req, path, nil
 }
-

@@ -114,7 +114,7 @@ type Pause struct {
 	closeOnce  sync.Once
 
 	applied, ignored, malformedEvents, reconciles, failures, behind, subs atomic.Int64
-	lastErr                                                             atomic.Pointer[string]
+	lastErr                                                               atomic.Pointer[string]
 }
 
 // NewPause returns a Pause on c. It is not ready, and Check fails, until
