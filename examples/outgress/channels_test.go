@@ -1,0 +1,132 @@
+package main
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// TestChannelCacheOneLoadPerDay steps a fake clock through the 24 h TTL: a
+// miss costs exactly one HGETALL, a hit nothing.
+func TestChannelCacheOneLoadPerDay(t *testing.T) {
+	e := newEnv(t, nil)
+	e.seed(t, "42", true)
+	var clock atomic.Int64
+	t0 := time.Now()
+	clock.Store(t0.UnixNano())
+	cc := NewChannelCache(e.c, ChannelCacheConfig{Prefix: e.prefix, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+
+	steps := []struct {
+		at       time.Duration
+		want     CacheUse
+		commands int64
+	}{
+		{0, CacheMiss, 1},
+		{time.Minute, CacheHit, 0},
+		{24*time.Hour - 1, CacheHit, 0},
+		{24 * time.Hour, CacheMiss, 1}, // loaded at 0: expired now
+		{48*time.Hour - 1, CacheHit, 0},
+	}
+	for i, s := range steps {
+		clock.Store(t0.Add(s.at).UnixNano())
+		before, _ := e.c.Totals()
+		ch, use, err := cc.Get(ctxT(t), "42")
+		after, _ := e.c.Totals()
+		if err != nil || use != s.want || after-before != s.commands {
+			t.Errorf("step %d (+%v): %v, %v, %d commands; want %v, %d commands", i, s.at, use, err, after-before, s.want, s.commands)
+			continue
+		}
+		std, shared := chatKeys(e.prefix, "42")
+		if ch.ID != "42" || ch.Login != "channel42" || !ch.BotIsMod || ch.standardKey != std || ch.sharedKey != shared {
+			t.Errorf("step %d: channel %+v", i, ch)
+		}
+	}
+}
+
+// TestChannelCacheUnknownChannel: a channel Valkey does not know is an
+// error, and is not cached.
+func TestChannelCacheUnknownChannel(t *testing.T) {
+	e := newEnv(t, nil)
+	for i := range 2 {
+		before, _ := e.c.Totals()
+		_, _, err := e.channels.Get(ctxT(t), "404")
+		after, _ := e.c.Totals()
+		if !errors.Is(err, ErrUnknownChannel) || after-before != 1 {
+			t.Errorf("attempt %d: %v after %d commands; want ErrUnknownChannel after 1", i, err, after-before)
+		}
+	}
+}
+
+// TestChannelCacheConcurrentMissesShareOneLoad holds the first HGETALL
+// until 15 more callers wait for the same channel: all 16 get it from one
+// command.
+func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	if err := raw.Do(ctxT(t), raw.B().Hset().Key(channelKey(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var loads atomic.Int64
+	c := &CountingClient{Client: raw, Gate: func(cmd valkey.Completed) {
+		if isCommand(cmd, "HGETALL") {
+			loads.Add(1)
+			<-release
+		}
+	}}
+	cc := NewChannelCache(c, ChannelCacheConfig{Prefix: prefix})
+
+	const callers = 16
+	var wg sync.WaitGroup
+	var uses [numCacheUses]atomic.Int64
+	chans := make([]*Channel, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ch, use, err := cc.Get(ctxT(t), "7")
+			if err != nil {
+				t.Error(err)
+			}
+			chans[i] = ch
+			uses[use].Add(1)
+		}()
+	}
+	if !waitFor(func() bool { return loads.Load() == 1 && cc.waiting.Load() == callers-1 }) {
+		t.Errorf("%d loads, %d waiting; want 1 and %d", loads.Load(), cc.waiting.Load(), callers-1)
+	}
+	close(release)
+	wg.Wait()
+	if loads.Load() != 1 || uses[CacheMiss].Load() != 1 || uses[CacheJoined].Load() != callers-1 {
+		t.Errorf("%d HGETALLs, %d misses, %d joined; want 1, 1, %d", loads.Load(), uses[CacheMiss].Load(), uses[CacheJoined].Load(), callers-1)
+	}
+	for i, ch := range chans {
+		if ch != chans[0] || ch == nil {
+			t.Errorf("caller %d got %p, caller 0 %p: want the one loaded channel", i, ch, chans[0])
+		}
+	}
+}
+
+// TestChannelCacheBounded: past MaxEntries, entries are evicted.
+func TestChannelCacheBounded(t *testing.T) {
+	e := newEnv(t, nil)
+	cc := NewChannelCache(e.c, ChannelCacheConfig{Prefix: e.prefix, MaxEntries: 2})
+	for _, id := range []string{"1", "2", "3", "4"} {
+		e.seed(t, id, false)
+		if _, _, err := cc.Get(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(cc.entries); n > 2 {
+			t.Fatalf("%d entries after loading %s, want at most 2", n, id)
+		}
+	}
+	if _, use, _ := cc.Get(ctxT(t), "4"); use != CacheHit {
+		t.Errorf("the newest entry was evicted: %v", use)
+	}
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestCommandsPerMessage counts, from the server's INFO commandstats, the
+// commands each path sends: the plan's table, before and after, exactly.
+// It runs on a server of its own, so no other traffic is counted.
+func TestCommandsPerMessage(t *testing.T) {
+	srv := testserver.Own(t)
+	e := newEnv(t, srv)
+	for _, id := range []string{"1", "2", "3", "4", "5"} {
+		e.seed(t, id, false)
+	}
+	measure := func(t *testing.T, want map[string]int64, send func() (Path, error)) (Path, error) {
+		t.Helper()
+		before := testserver.CommandStats(t, e.raw)
+		path, err := send()
+		after := testserver.CommandStats(t, e.raw)
+		if diff := cmp.Diff(want, commandDelta(t, before, after)); diff != "" {
+			t.Errorf("commands (-want +got):\n%s", diff)
+		}
+		return path, err
+	}
+	send := func(lane Lane, body string) func() (Path, error) {
+		return func() (Path, error) { return e.process(t, lane, body) }
+	}
+	legacy := func(lane Lane, body string) func() (Path, error) {
+		return func() (Path, error) {
+			_, p, err := e.worker.LegacyPrepare(ctxT(t), lane, &Message{Data: []byte(body), Published: e.worker.cfg.Now()})
+			return p, err
+		}
+	}
+
+	// A fresh server has no cached script: the first decision costs
+	// EVALSHA (NOSCRIPT) and EVAL. Every later one is one EVALSHA.
+	if _, err := measure(t, map[string]int64{"evalsha": 1, "eval": 1, "hgetall": 1}, send(LaneStandard, chat("5"))); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		name string
+		lane Lane
+		body string
+		old  bool
+		want map[string]int64
+	}{
+		{"after/standard/cold", LaneStandard, chat("1"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
+		{"after/standard/warm", LaneStandard, chat("1"), false, map[string]int64{"evalsha": 1}},
+		{"after/premium/cold", LanePremium, chat("2"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
+		{"after/premium/warm", LanePremium, chat("2"), false, map[string]int64{"evalsha": 1}},
+		{"after/helix-api/system", LaneSystem, `{"kind":"api","method":"GET","path":"/helix/users"}`, false, map[string]int64{"evalsha": 1}},
+		{"after/announce/warm", LaneStandard, `{"kind":"announce","channel":"1","text":"hi"}`, false, map[string]int64{"evalsha": 1}},
+		{"before/standard/cold", LaneStandard, chat("3"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 2}},
+		{"before/standard/warm", LaneStandard, chat("3"), true, map[string]int64{"get": 1, "evalsha": 2}},
+		{"before/premium/cold", LanePremium, chat("4"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 1}},
+		{"before/premium/warm", LanePremium, chat("4"), true, map[string]int64{"get": 1, "evalsha": 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := send(c.lane, c.body)
+			if c.old {
+				f = legacy(c.lane, c.body)
+			}
+			p, err := measure(t, c.want, f)
+			if err != nil || !p.Admitted {
+				t.Errorf("path %+v, err %v: want admitted and sent; the counts are for that path", p, err)
+			}
+		})
+	}
+
+	t.Run("after/paused", func(t *testing.T) {
+		if _, err := e.pause.SetPaused(ctxT(t), true); err != nil {
+			t.Fatal(err)
+		}
+		p, err := measure(t, map[string]int64{}, send(LaneStandard, chat("1")))
+		var nack *ExpectedNack
+		if !p.Paused || !errors.As(err, &nack) || nack.Reason != NackPaused {
+			t.Errorf("path %+v, err %v: want stopped by the pause with an expected nack", p, err)
+		}
+	})
+}
