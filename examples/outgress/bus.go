@@ -68,7 +68,7 @@ type BusStats struct {
 	Nacked    [numNackReasons]int64
 	Dropped   [numDropReasons]int64
 	Errors    int64 // unexpected errors: reported and redelivered
-	Abandoned int64 // queued or awaiting redelivery when the bus closed
+	Abandoned int64 // queued, awaiting redelivery or cancelled by Close
 }
 
 // MemBus is an in-memory Bus: one queue per subject, redelivery by timer.
@@ -188,6 +188,10 @@ func (b *MemBus) deliver(q chan *Message, m *Message, h Handler) {
 	var nack *ExpectedNack
 	var drop *Dropped
 	switch {
+	case err != nil && b.ctx.Err() != nil:
+		// Close cancelled the handler: the failure is the shutdown's, not
+		// the message's. A broker would redeliver it to another consumer.
+		b.abandon()
 	case err == nil:
 		b.acked.Add(1)
 		b.busy.Add(-1)
@@ -266,8 +270,8 @@ func (b *MemBus) Stats() BusStats {
 	return s
 }
 
-// Close stops redelivery timers and consumers, waits for running handlers,
-// and counts what was left unfinished as abandoned.
+// Close stops redelivery timers and consumers, cancels and waits for running
+// handlers, and counts what was left unfinished as abandoned.
 func (b *MemBus) Close() {
 	b.mu.Lock()
 	if b.closed {

@@ -153,3 +153,22 @@ func TestMemBusFull(t *testing.T) {
 		}
 	}
 }
+
+// TestMemBusCloseCancelsInFlight: a handler that Close cancels is abandoned
+// (a broker would redeliver it), not reported as an error.
+func TestMemBusCloseCancelsInFlight(t *testing.T) {
+	var reports atomic.Int64
+	b := NewMemBus(MemBusConfig{OnError: func(string, error) { reports.Add(1) }})
+	started := make(chan struct{})
+	b.Consume("s", 1, func(ctx context.Context, _ *Message) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	b.Publish(ctxT(t), "s", []byte("x"))
+	<-started
+	b.Close()
+	if s := b.Stats(); s.Abandoned != 1 || s.Errors != 0 || reports.Load() != 0 || !b.Idle() {
+		t.Errorf("stats %+v, %d reports, idle %v: want 1 abandoned, no error, idle", s, reports.Load(), b.Idle())
+	}
+}

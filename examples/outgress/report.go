@@ -235,7 +235,7 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintf(w, "   nacked, expected\t%d\t%s\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], NackReason.String))
 	fmt.Fprintf(w, "   dropped\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], DropReason.String))
 	fmt.Fprintf(w, "   errors reported\t%d\t%s\t\n", r.reported, r.firstError)
-	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(still waiting for a redelivery when the run ended)\t\n", b.Abandoned)
+	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(in flight or awaiting redelivery when the run ended)\t\n", b.Abandoned)
 	w.Flush()
 	fmt.Fprintln(out, "   Expected nacks are backpressure: counted by reason, redelivered after their delay, never")
 	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
