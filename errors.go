@@ -28,7 +28,7 @@ var (
 // Reasons, also tested with errors.Is. Each comes with its class above.
 var (
 	// ErrInvalidSpec: NewSpec was given a rate or burst it cannot honour.
-	// Class: not executed.
+	// Returned by NewSpec, before any Limiter is involved.
 	ErrInvalidSpec = errors.New("admit: invalid spec")
 
 	// ErrInvalidRequest: an empty key, a zero Spec, the same key for both
