@@ -237,6 +237,8 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintf(w, "   errors reported\t%d\t%s\t\n", r.reported, r.firstError)
 	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(in flight or awaiting redelivery when the run ended)\t\n", b.Abandoned)
 	w.Flush()
+	fmt.Fprintf(out, "   Every message is accounted for: %d sent + %d dropped + %d abandoned = %d published.\n",
+		b.Acked, sum(b.Dropped[:]), b.Abandoned, b.Acked+sum(b.Dropped[:])+b.Abandoned)
 	fmt.Fprintln(out, "   Expected nacks are backpressure: counted by reason, redelivered after their delay, never")
 	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
 	fmt.Fprintln(out)
