@@ -107,7 +107,6 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		msg := err.Error()
 		firstErr.CompareAndSwap(nil, &msg)
 	}})
-	defer bus.Close()
 
 	concurrency := 0
 	for _, n := range laneWorkers {
@@ -115,6 +114,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	var replicas []*replica
 	defer func() {
+		bus.Close() // first: no handler may run on a closed replica
 		for _, r := range replicas {
 			r.close()
 		}
@@ -231,7 +231,6 @@ func measureOldShape(ctx context.Context, res *demoResult, a *replica, prefix, h
 // pauseMidRun has replica A pause sending at PauseAt and resume PauseFor
 // later, and records when each replica saw each change.
 func pauseMidRun(ctx context.Context, start time.Time, cfg demoConfig, replicas ...*replica) []pauseEvent {
-	replicas = replicas[:min(len(replicas), 8)]
 	var log []pauseEvent
 	for _, step := range []struct {
 		at     time.Duration
@@ -245,7 +244,7 @@ func pauseMidRun(ctx context.Context, start time.Time, cfg demoConfig, replicas 
 		// Every replica watches its own snapshot from before the write, so
 		// each time is when that replica started acting on the change: the
 		// writer once its transaction returned, the others on the event.
-		var before [8]int64
+		before := make([]int64, len(replicas))
 		for i, r := range replicas {
 			s, _ := r.pause.Snapshot()
 			before[i] = s.Version

@@ -159,9 +159,13 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 		h.metrics.Observe(StageHTTP, h.now().Sub(start))
 		return fmt.Errorf("outgress: Helix %s: %w", req.Method, err)
 	}
-	DrainClose(resp.Body, h.maxBody)
+	// Deferred so that no return path can skip it: the connection goes back
+	// to the pool only once the body is read to EOF.
+	defer func() {
+		DrainClose(resp.Body, h.maxBody)
+		h.metrics.Observe(StageHTTP, h.now().Sub(start))
+	}()
 	now := h.now()
-	h.metrics.Observe(StageHTTP, now.Sub(start))
 	class := statusClass(resp.StatusCode)
 	h.metrics.status[class].Add(1)
 	switch class {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"net/http"
 	"sync/atomic"
 	"time"
 )
@@ -57,7 +58,7 @@ func (s StatusClass) String() string {
 
 func statusClass(code int) StatusClass {
 	switch {
-	case code == http429:
+	case code == http.StatusTooManyRequests:
 		return Status429
 	case code >= 200 && code < 300:
 		return Status2xx
@@ -69,8 +70,6 @@ func statusClass(code int) StatusClass {
 		return Status5xx
 	}
 }
-
-const http429 = 429
 
 // Metrics are the worker's counters and latency histograms. Every label is
 // a value of a small fixed set (stage, lane, kind, bucket class, status

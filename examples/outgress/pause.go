@@ -289,15 +289,20 @@ func (p *Pause) listen() {
 		}
 	}
 	ctx := valkey.WithOnSubscriptionHook(p.ctx, onSub)
-	backoff := 50 * time.Millisecond
+	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+	backoff := minBackoff
 	for p.ctx.Err() == nil {
+		subs := p.subs.Load()
 		p.c.Receive(ctx, p.c.B().Subscribe().Channel(p.events).Build(), p.onMessage)
+		if p.subs.Load() > subs { // it was subscribed: start the backoff over
+			backoff = minBackoff
+		}
 		select {
 		case <-p.ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, time.Second)
+		backoff = min(2*backoff, maxBackoff)
 	}
 }
 
