@@ -199,7 +199,7 @@ func (p *Proxy) forward(dst, src net.Conn, done chan<- struct{}) {
 // release writes each queued chunk to dst at its due time. It runs on a
 // thread of its own (see preciseThread) and returns when queue is closed.
 func release(dst, src net.Conn, queue <-chan chunk, free chan<- []byte) {
-	preciseThread()
+	defer preciseThread()()
 	var failed bool
 	for c := range queue {
 		if !failed {

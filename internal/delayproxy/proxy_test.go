@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -255,4 +256,66 @@ func TestUnreachableTarget(t *testing.T) {
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Error("connection through a proxy to a closed port was left open")
 	}
+}
+
+// TestThreadsOutliveConnections checks that the writers hand their threads
+// back when a connection ends instead of letting them exit: the test
+// helpers start valkey-server with Pdeathsig, which kills the server when
+// the thread that forked it exits, and that thread may be any of the
+// runtime's. The Go runtime ends no thread of its own accord, so no thread
+// alive before the connections may be gone after them.
+func TestThreadsOutliveConnections(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skip("needs /proc/self/task")
+	}
+	p := startProxy(t, startEcho(t), 50*time.Microsecond)
+	connect := func() {
+		c := dial(t, p.Addr())
+		roundTrips(t, c, 2)
+		c.Close()
+		waitIdle(t, p)
+	}
+	connect() // the runtime starts the threads it needs
+	before := liveThreads(t)
+	for range 20 {
+		connect()
+	}
+	after := liveThreads(t)
+	var gone []string
+	for tid := range before {
+		if !after[tid] {
+			gone = append(gone, tid)
+		}
+	}
+	if len(gone) > 0 {
+		t.Errorf("threads %v ended during 20 proxied connections: a writer let its thread die", gone)
+	}
+}
+
+// liveThreads returns the ids of the process's threads.
+func liveThreads(t *testing.T) map[string]bool {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]bool{}
+	for _, e := range entries {
+		m[e.Name()] = true
+	}
+	return m
+}
+
+// waitIdle waits (at most 10s) until p has no connection left.
+func waitIdle(t *testing.T, p *Proxy) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		p.mu.Lock()
+		n := len(p.conns)
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatal("proxied connections still open 10s after the client closed")
 }

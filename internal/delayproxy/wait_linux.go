@@ -16,11 +16,19 @@ const prSetTimerslack = 29
 
 // preciseThread pins the calling goroutine to its OS thread and sets that
 // thread's timer slack to 1ns (the default of 50µs would make nanosleep
-// wake late). The goroutine never unlocks: when it exits, the runtime ends
-// the thread instead of reusing it with the changed slack.
-func preciseThread() {
+// wake late). It returns a function that undoes both, to be deferred.
+//
+// The thread must be handed back rather than left to die with a locked
+// goroutine: a process started with Pdeathsig from a thread (as the test
+// helpers start valkey-server) is killed when that thread exits, and the
+// runtime may have forked it from any thread, this one included.
+func preciseThread() (restore func()) {
 	runtime.LockOSThread()
 	syscall.RawSyscall(syscall.SYS_PRCTL, prSetTimerslack, 1, 0)
+	return func() {
+		syscall.RawSyscall(syscall.SYS_PRCTL, prSetTimerslack, 0, 0) // 0: back to the thread's default
+		runtime.UnlockOSThread()
+	}
 }
 
 // waitUntil returns at due, never before: nanosleep covers all but the last

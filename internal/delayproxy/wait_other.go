@@ -13,7 +13,7 @@ import (
 const spinWindow = 2 * time.Millisecond
 
 // preciseThread does nothing outside Linux: there is no timer slack to set.
-func preciseThread() {}
+func preciseThread() (restore func()) { return func() {} }
 
 // waitUntil returns at due, never before: time.Sleep covers all but the
 // last spinWindow, then the goroutine yields in a loop until due.
