@@ -87,10 +87,9 @@ type benchNet struct {
 	l    *Limiter
 }
 
-// benchEnv is the server, its networks and a direct client for INFO and
-// setup, which are never timed.
+// benchEnv is the server's networks and a direct client for INFO and setup,
+// which are never timed.
 type benchEnv struct {
-	srv    *testserver.Server
 	admin  valkey.Client
 	adminL *Limiter
 	nets   []*benchNet
@@ -108,7 +107,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	b.Helper()
 	srv := testserver.Shared(b)
 	delay := benchDelay(b)
-	env := &benchEnv{srv: srv, admin: newBenchClient(b, srv.Addr)}
+	env := &benchEnv{admin: newBenchClient(b, srv.Addr)}
 	env.adminL = New(env.admin)
 	env.prefix = testserver.Prefix(b, env.admin)
 	direct := newBenchClient(b, srv.Addr)
@@ -131,11 +130,11 @@ func newBenchEnv(b *testing.B) *benchEnv {
 }
 
 // newBenchClient returns a client for addr, closed when b ends, in
-// valkey-go's pipelined mode from the start. A client shared by concurrent
-// goroutines runs in that mode anyway; without AlwaysPipelining a client
-// used by one goroutine starts in a synchronous mode and switches for good
-// the first time two calls overlap, which valkey-go's background PING can
-// cause at any moment, changing the latency mid-benchmark.
+// valkey-go's pipelined mode from its first call. A client shared by
+// concurrent goroutines, as a service's is, runs in that mode anyway; one
+// used by a single goroutine would start in a synchronous mode and switch
+// for good the first time two calls overlap. Fixing the mode puts every
+// figure, serial or parallel, in the same one.
 func newBenchClient(b *testing.B, addr string) valkey.Client {
 	b.Helper()
 	c, err := valkey.NewClient(valkey.ClientOption{

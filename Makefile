@@ -1,0 +1,31 @@
+# Benchmarks against a real server: see BENCHMARKS.md.
+#
+#   make bench                 run them all (about 9 minutes on 2 CPUs), save bench.txt, summarise
+#   make benchstat             summarise an existing bench.txt
+#   make bench BENCH=Ratios    run only the benchmarks matching a regexp
+#
+# The server is found as the tests find one (VALKEY_ADDR, VALKEY_SERVER or
+# valkey-server on PATH); without one the run fails instead of skipping.
+# ADMIT_BENCH_DELAY sets the delay proxy's one-way delay (default 500us).
+
+SHELL       := bash
+BENCH       ?= .
+BENCH_COUNT ?= 6
+BENCH_TIME  ?= 1s
+BENCH_OUT   ?= bench.txt
+# benchstat from PATH, else the pinned version through the Go toolchain.
+BENCHSTAT   ?= $(shell command -v benchstat 2>/dev/null || echo go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da)
+
+.PHONY: bench benchstat
+
+bench:
+	set -o pipefail; ADMIT_REQUIRE_SERVER=1 go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) -timeout 30m . | tee $(BENCH_OUT)
+	$(MAKE) --no-print-directory benchstat
+
+benchstat:
+	@echo "== headline ratios (BenchmarkRatios: designs interleaved)"
+	$(BENCHSTAT) -filter '.name:Ratios' $(BENCH_OUT)
+	@echo "== single calls, by design (vs base = vs AllowOrdered)"
+	$(BENCHSTAT) -filter '.name:(AllowOrdered OR AllowOrderedOneBucket OR Sequential OR ExecMulti OR Ping)' -col .name -row /net,/path $(BENCH_OUT)
+	@echo "== throughput, one shared client (vs base = vs ordered)"
+	$(BENCHSTAT) -filter '.name:Parallel' -col /impl -row /net,/goroutines $(BENCH_OUT)
