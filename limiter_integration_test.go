@@ -86,6 +86,7 @@ func checks() []check {
 var (
 	hourly3    = MustSpec(Every(time.Hour), 3)
 	hourly1000 = MustSpec(Every(time.Hour), 1000) // a bucket that never runs out in a check
+	halfHourly = MustSpec(Every(30*time.Minute), 1000)
 )
 
 const hour = 3600 * sec
@@ -154,6 +155,7 @@ var bucketCases = []struct {
 	{"two tokens earned, remainder kept", &seedAt{0, -2*hour - 5*sec}},
 	{"full again after idling", &seedAt{0, -10 * hour}},
 	{"above burst (burst lowered since)", &seedAt{9, -sec}},
+	{"above burst, server clock behind ts", &seedAt{9, 30 * sec}},
 	{"server clock behind ts", &seedAt{1, 30 * sec}},
 	{"empty, server clock behind ts", &seedAt{0, 30 * sec}},
 }
@@ -166,7 +168,9 @@ func checkBucketStates(ctx context.Context, e *env) error {
 	for _, bc := range bucketCases {
 		for _, path := range []string{"one bucket", "first of two", "second of two"} {
 			p := e.prefix("bucket-states")
-			b, other := Request{p + "bucket", hourly3}, Request{p + "other", hourly1000}
+			// other has another interval, so a RetryAfter computed from
+			// the wrong bucket shows.
+			b, other := Request{p + "bucket", hourly3}, Request{p + "other", halfHourly}
 			seeds := map[string]seedAt{}
 			if bc.seed != nil {
 				seeds[b.Key] = *bc.seed
