@@ -144,6 +144,19 @@ func (p *faultProxy) commands() [][]string {
 	return append([][]string(nil), p.sent...)
 }
 
+// since returns the commands sent after the first n, without PING:
+// valkey-go pings a connection that has been idle for a second
+// (Dialer.KeepAlive), which is no part of any decision.
+func (p *faultProxy) since(n int) [][]string {
+	var cmds [][]string
+	for _, c := range p.commands()[n:] {
+		if len(c) > 0 && !strings.EqualFold(c[0], "PING") {
+			cmds = append(cmds, c)
+		}
+	}
+	return cmds
+}
+
 // scripts returns the names of the script commands sent so far, in order.
 func (p *faultProxy) scripts() []string {
 	var names []string

@@ -744,7 +744,7 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 		if err != nil {
 			return err
 		}
-		sent := proxy.commands()[n0:]
+		sent := proxy.since(n0)
 		var names []string
 		for _, cmd := range sent {
 			if len(cmd) > 0 && !strings.EqualFold(cmd[0], "EVALSHA") {
@@ -816,7 +816,7 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 		}
 	}
 	var got []string
-	for _, cmd := range proxy.commands()[n0:] {
+	for _, cmd := range proxy.since(n0) {
 		got = append(got, strings.ToUpper(cmd[0]))
 	}
 	if want := []string{"EVALSHA", "EVAL", "EVALSHA"}; !slices.Equal(got, want) {
@@ -900,7 +900,7 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 		errs = append(errs, fmt.Errorf("got %v, %v; want ErrOutcomeUnknown only (cause %v)", res.d, res.err, cause))
 	}
 	var sent []string
-	for _, cmd := range proxy.commands()[n0:] {
+	for _, cmd := range proxy.since(n0) {
 		sent = append(sent, strings.ToUpper(cmd[0]))
 	}
 	if !slices.Equal(sent, []string{"EVALSHA"}) {
