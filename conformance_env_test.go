@@ -386,7 +386,11 @@ func (e *env) decideAndCompare(ctx context.Context, l *Limiter, first Request, s
 			errs = append(errs, fmt.Errorf("%s: %v", short, err))
 			continue
 		}
-		expLo, expHi := tBefore/1000+lo.ttlMs, (tAfter+999)/1000+hi.ttlMs
+		// The expiry is the server's ms clock when the script ran plus the
+		// TTL the model gives at that instant; each lies between its
+		// values at the two ends of the window.
+		expLo := tBefore/1000 + min(lo.ttlMs, hi.ttlMs)
+		expHi := (tAfter+999)/1000 + max(lo.ttlMs, hi.ttlMs)
 		if !between(lo.tokens, hi.tokens, tk) || !between(lo.ts, hi.ts, ts) || !between(expLo, expHi, obs.expireAt) {
 			errs = append(errs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
 				short, tk, ts, obs.expireAt, lo.tokens, hi.tokens, lo.ts, hi.ts, expLo, expHi))
