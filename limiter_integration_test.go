@@ -31,11 +31,12 @@ import (
 // testserver.Deployment selects, each as a subtest named after its rule.
 func TestConformance(t *testing.T) {
 	d := openDeployment(t)
-	destructive := "run"
+	mode := "the suite's alone: SCRIPT FLUSH and exact server command counts included"
 	if !d.target.Destructive() {
-		destructive = "skipped (server not started by the suite; VALKEY_ALLOW_DESTRUCTIVE=1 runs them)"
+		mode = "not started by the suite: no SCRIPT FLUSH (a never-loaded script stands in) and no server command counts " +
+			"(the proxy counts what is sent); VALKEY_ALLOW_DESTRUCTIVE=1 if the server is the suite's alone"
 	}
-	t.Logf("target: %s; destructive checks %s", d.target.Name, destructive)
+	t.Logf("target: %s; %s", d.target.Name, mode)
 	e := newEnv(d, scriptSource, nil)
 	start := time.Now()
 	for _, c := range checks() {
