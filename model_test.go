@@ -2,9 +2,10 @@ package admit
 
 import "time"
 
-// A pure-Go reference model of the script: the same token bucket, written
-// from DESIGN.md and the key schema rather than from script.lua, so the
-// conformance checks can predict every decision and every stored field.
+// A pure-Go reference model of the script: the token bucket as documented
+// (DESIGN.md, the key schema, the Spec and Decision docs), in integer
+// arithmetic, so the conformance checks can predict every decision and
+// every stored field.
 
 // mstate is a stored bucket: the hash fields of the key schema.
 type mstate struct{ tokens, ts int64 }
