@@ -1,24 +1,34 @@
 // Package testserver finds or starts the real Valkey (or Redis) servers that
 // admit's tests, benchmarks and examples run against.
 //
-// Server selection, in order:
+// Server selection for [Shared], in order:
 //
 //	VALKEY_ADDR=host:port     an existing server; tests never flush it
+//	VALKEY_IMAGE=image:tag    a container started through testcontainers-go
+//	                          (skips when no Docker engine answers)
 //	VALKEY_SERVER=/path/bin   a valkey-server or redis-server binary to start
 //	valkey-server, then redis-server, found on PATH
 //
-// With none of these, tests skip, saying how to provide one, unless
-// ADMIT_REQUIRE_SERVER=1, where they fail.
+// [Deployment], which the conformance suite runs against, first honours
+//
+//	VALKEY_CLUSTER_ADDR=h:p,...  an existing cluster; tests never flush it
+//	VALKEY_CLUSTER=1             a 3-primary cluster of the binary above,
+//	                             started on 127.0.0.1 and stopped at the end
+//
+// and otherwise uses [Shared]. With none of these, tests skip, saying how to
+// provide one, unless ADMIT_REQUIRE_SERVER=1, where they fail.
 package testserver
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +40,8 @@ import (
 
 // Help says how to provide a server.
 const Help = "no Valkey server: set VALKEY_ADDR=host:port, or VALKEY_SERVER=/path/to/valkey-server, " +
-	"or put valkey-server (or redis-server) on PATH; ADMIT_REQUIRE_SERVER=1 makes this a failure"
+	"or put valkey-server (or redis-server) on PATH, or set VALKEY_IMAGE=valkey/valkey:8.0 where Docker runs " +
+	"(VALKEY_CLUSTER=1 or VALKEY_CLUSTER_ADDR=host:port,... for a cluster); ADMIT_REQUIRE_SERVER=1 makes this a failure"
 
 // Server is a server the tests talk to.
 type Server struct {
@@ -44,6 +55,7 @@ type Server struct {
 	cmd    *exec.Cmd
 	dir    string
 	exited chan struct{}
+	stop   func() // for a container
 }
 
 // Required reports whether ADMIT_REQUIRE_SERVER=1: no server is then a failure.
@@ -87,12 +99,20 @@ func Shared(tb testing.TB) *Server {
 			shared.srv, shared.err = dialExisting(addr)
 			return
 		}
+		if image := os.Getenv("VALKEY_IMAGE"); image != "" {
+			shared.srv, shared.err = startContainer(image)
+			return
+		}
 		bin := Binary()
 		if bin == "" {
 			return
 		}
 		shared.srv, shared.err = Start(bin)
 	})
+	var noDocker *noDockerError
+	if errors.As(shared.err, &noDocker) {
+		SkipOrFail(tb, noDocker.Error())
+	}
 	if shared.err != nil {
 		tb.Fatalf("server: %v", shared.err)
 	}
@@ -171,6 +191,16 @@ func tryStartServer(bin string, extra []string) (*Server, error) {
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
 	}, extra...)
+	// The cluster bus defaults to port+10000, which may be taken or beyond
+	// 65535; give it a free port of its own.
+	if slices.Contains(extra, "--cluster-enabled") && !slices.Contains(extra, "--cluster-port") {
+		busPort, err := freePort()
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		args = append(args, "--cluster-port", strconv.Itoa(busPort))
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = serverProcAttr()
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -200,6 +230,10 @@ func tryStartServer(bin string, extra []string) (*Server, error) {
 
 // Stop kills a server the tests started and removes its directory.
 func (s *Server) Stop() {
+	if s.stop != nil {
+		s.stop()
+		return
+	}
 	if s.cmd == nil {
 		return
 	}
@@ -239,6 +273,7 @@ func serverVersion(addr string) (string, error) {
 
 // InfoFields parses the "name:value" lines of an INFO reply.
 func InfoFields(info string) map[string]string {
+	info = strings.TrimPrefix(info, "txt:") // a RESP3 verbatim string, as CLUSTER INFO sends
 	m := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
@@ -261,16 +296,26 @@ func NewClient(tb testing.TB, srv *Server) valkey.Client {
 }
 
 // CmdStat is one command's line of INFO commandstats.
-type CmdStat struct{ Calls, Usec, Failed int64 }
+type CmdStat struct{ Calls, Usec, Failed, Rejected int64 }
 
 // CommandStats returns INFO commandstats by lower-case command name
 // ("evalsha", "eval", "ping", ...). On Valkey 8 and Redis 7 the counters
 // are per node, so read them from the node that served the calls.
 func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 	tb.Helper()
-	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	stats, err := ReadCommandStats(context.Background(), c)
 	if err != nil {
-		tb.Fatalf("INFO commandstats: %v", err)
+		tb.Fatal(err)
+	}
+	return stats
+}
+
+// ReadCommandStats is CommandStats for callers that report errors
+// themselves.
+func ReadCommandStats(ctx context.Context, c valkey.Client) (map[string]CmdStat, error) {
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
 	}
 	stats := map[string]CmdStat{}
 	for k, v := range InfoFields(info) {
@@ -279,7 +324,7 @@ func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 			continue
 		}
 		var s CmdStat
-		for _, kv := range strings.Split(v, ",") {
+		for kv := range strings.SplitSeq(v, ",") {
 			key, val, _ := strings.Cut(kv, "=")
 			n, _ := strconv.ParseInt(val, 10, 64)
 			switch key {
@@ -289,11 +334,13 @@ func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 				s.Usec = n
 			case "failed_calls":
 				s.Failed = n
+			case "rejected_calls":
+				s.Rejected = n
 			}
 		}
 		stats[name] = s
 	}
-	return stats
+	return stats, nil
 }
 
 // Prefix returns a key prefix unique to this test, with a hash tag so
@@ -302,11 +349,13 @@ func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 func Prefix(tb testing.TB, c valkey.Client) string {
 	tb.Helper()
 	p := fmt.Sprintf("admit-test:{%s:%x}:", strings.ReplaceAll(tb.Name(), "/", "."), time.Now().UnixNano())
-	tb.Cleanup(func() { deleteWithPrefix(c, p) })
+	tb.Cleanup(func() { DeleteWithPrefix(c, p) })
 	return p
 }
 
-func deleteWithPrefix(c valkey.Client, prefix string) {
+// DeleteWithPrefix deletes every key that starts with prefix, on every
+// node of c, and nothing else. prefix must hold no glob characters.
+func DeleteWithPrefix(c valkey.Client, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, node := range c.Nodes() {
@@ -326,9 +375,13 @@ func deleteWithPrefix(c valkey.Client, prefix string) {
 	}
 }
 
-// StopShared stops the shared server if this test binary started one.
+// StopShared stops the shared server and cluster, if this test binary
+// started them.
 func StopShared() {
 	if shared.srv != nil {
 		shared.srv.Stop()
+	}
+	if sharedCluster.c != nil {
+		sharedCluster.c.Stop()
 	}
 }

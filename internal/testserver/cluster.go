@@ -1,0 +1,200 @@
+package testserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// Target is a deployment the conformance suite runs against: one server or
+// a cluster.
+type Target struct {
+	// Name describes the target for logs, for example
+	// "valkey 8.0.1, 3-primary cluster, started by the tests".
+	Name string
+	// Addrs are the addresses to give valkey.ClientOption.InitAddress.
+	Addrs []string
+	// Cluster is true for a Valkey Cluster.
+	Cluster bool
+	// Owned is true when the tests started the server(s) themselves.
+	Owned bool
+	// Version is the server's version, for example "valkey 8.0.1".
+	Version string
+}
+
+// Destructive reports whether checks that change server-wide state (SCRIPT
+// FLUSH) may run, and whether the server may be taken to be quiet, so that
+// its command counters move only with the suite's own commands: on a server
+// the tests started, or when VALKEY_ALLOW_DESTRUCTIVE=1 says the server is
+// the suite's alone.
+func (t *Target) Destructive() bool {
+	return t.Owned || os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") == "1"
+}
+
+var sharedCluster struct {
+	once sync.Once
+	c    *Cluster
+	err  error
+}
+
+// Deployment returns the target of the conformance suite:
+// VALKEY_CLUSTER_ADDR, else a cluster started once when VALKEY_CLUSTER=1,
+// else the [Shared] server.
+func Deployment(tb testing.TB) *Target {
+	tb.Helper()
+	if list := os.Getenv("VALKEY_CLUSTER_ADDR"); list != "" {
+		addrs := strings.Split(list, ",")
+		v, err := serverVersion(addrs[0])
+		if err != nil {
+			tb.Fatalf("VALKEY_CLUSTER_ADDR=%s: %v", list, err)
+		}
+		return &Target{Name: v + ", cluster at " + list, Addrs: addrs, Cluster: true, Version: v}
+	}
+	if os.Getenv("VALKEY_CLUSTER") == "1" {
+		sharedCluster.once.Do(func() {
+			if bin := Binary(); bin != "" {
+				sharedCluster.c, sharedCluster.err = StartCluster(bin, 3)
+			}
+		})
+		if sharedCluster.err != nil {
+			tb.Fatalf("cluster: %v", sharedCluster.err)
+		}
+		if sharedCluster.c == nil {
+			SkipOrFail(tb, "VALKEY_CLUSTER=1 needs a server binary: "+Help)
+		}
+		c := sharedCluster.c
+		return &Target{
+			Name:  fmt.Sprintf("%s, %d-primary cluster, started by the tests", c.Version, len(c.Servers)),
+			Addrs: c.Addrs(), Cluster: true, Owned: true, Version: c.Version,
+		}
+	}
+	srv := Shared(tb)
+	how := "at " + srv.Addr
+	if srv.Owned {
+		how = "started by the tests"
+	}
+	return &Target{Name: srv.Version + ", standalone, " + how, Addrs: []string{srv.Addr}, Owned: srv.Owned, Version: srv.Version}
+}
+
+// Cluster is a Valkey Cluster the tests started.
+type Cluster struct {
+	Servers []*Server
+	Version string
+}
+
+// Addrs returns the address of every primary.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Servers))
+	for i, s := range c.Servers {
+		addrs[i] = s.Addr
+	}
+	return addrs
+}
+
+// Stop stops every server of the cluster.
+func (c *Cluster) Stop() {
+	for _, s := range c.Servers {
+		s.Stop()
+	}
+}
+
+// StartCluster starts n cluster-enabled servers of bin on 127.0.0.1, gives
+// each an equal range of the 16384 slots (CLUSTER ADDSLOTSRANGE), joins them
+// (CLUSTER MEET), and waits, at most 30 s, until every node reports
+// cluster_state:ok and the same slot map. The caller stops it.
+func StartCluster(bin string, n int) (_ *Cluster, err error) {
+	c := &Cluster{}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	for range n {
+		srv, err := Start(bin, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000")
+		if err != nil {
+			return nil, err
+		}
+		c.Servers = append(c.Servers, srv)
+	}
+	c.Version = c.Servers[0].Version
+	clients := make([]valkey.Client, n)
+	for i, srv := range c.Servers {
+		cl, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true})
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		clients[i] = cl
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, cl := range clients {
+		lo, hi := i*16384/n, (i+1)*16384/n-1
+		if err := cl.Do(ctx, cl.B().Arbitrary("CLUSTER", "ADDSLOTSRANGE").Args(strconv.Itoa(lo), strconv.Itoa(hi)).Build()).Error(); err != nil {
+			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", lo, hi, c.Servers[i].Addr, err)
+		}
+	}
+	for _, srv := range c.Servers[1:] {
+		host, port, _ := strings.Cut(srv.Addr, ":")
+		bus := busPort(srv)
+		if err := clients[0].Do(ctx, clients[0].B().Arbitrary("CLUSTER", "MEET").Args(host, port, bus).Build()).Error(); err != nil {
+			return nil, fmt.Errorf("CLUSTER MEET %s: %w", srv.Addr, err)
+		}
+	}
+	var notReady error
+	for {
+		if notReady = clusterReady(ctx, clients, notReady); notReady == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("cluster of %s not ready within 30s: %w", strings.Join(c.Addrs(), ","), notReady)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// busPort returns the --cluster-port the server was started with.
+func busPort(s *Server) string {
+	for i, a := range s.cmd.Args {
+		if a == "--cluster-port" && i+1 < len(s.cmd.Args) {
+			return s.cmd.Args[i+1]
+		}
+	}
+	return ""
+}
+
+// clusterReady reports nil once every node says cluster_state:ok, knows
+// every other node, and serves a slot map with one range per node.
+// last is the previous answer, kept when the deadline cuts a probe short.
+func clusterReady(ctx context.Context, clients []valkey.Client, last error) error {
+	for _, cl := range clients {
+		info, err := cl.Do(ctx, cl.B().ClusterInfo().Build()).ToString()
+		if ctx.Err() != nil && last != nil {
+			return last
+		}
+		if err != nil {
+			return err
+		}
+		f := InfoFields(info)
+		if f["cluster_state"] != "ok" || f["cluster_known_nodes"] != strconv.Itoa(len(clients)) {
+			return fmt.Errorf("cluster_state:%s cluster_known_nodes:%s", f["cluster_state"], f["cluster_known_nodes"])
+		}
+		slots, err := cl.Do(ctx, cl.B().ClusterSlots().Build()).ToArray()
+		if err != nil {
+			return err
+		}
+		if len(slots) != len(clients) {
+			return errors.New("slot map not yet complete on every node")
+		}
+	}
+	return nil
+}

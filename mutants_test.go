@@ -1,0 +1,277 @@
+package admit
+
+// Mutation testing of the conformance suite itself: each mutant is a
+// deliberate, named bug in script.lua (or in spec.go's bounds), and
+// TestMutants fails unless some check catches every one of them.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// mutant is a named bug: text edits to a source file (each old text must
+// occur exactly once), and for script mutants an optional change to what
+// the client sends.
+type mutant struct {
+	name  string
+	edits [][2]string
+	wrap  func(valkey.Client) valkey.Client
+}
+
+func (m mutant) apply(src string) (string, error) {
+	for _, ed := range m.edits {
+		if n := strings.Count(src, ed[0]); n != 1 {
+			return "", fmt.Errorf("mutant %s: %q occurs %d times, want once; update the mutant to the source", m.name, ed[0], n)
+		}
+		src = strings.Replace(src, ed[0], ed[1], 1)
+	}
+	return src, nil
+}
+
+var scriptMutants = []mutant{
+	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
+		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)\n",
+			"if tk1 < 1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  store(1, tk1, ts1)\n"}}},
+	{name: "second-refreshed-on-first-denial",
+		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)\n",
+			"if tk1 < 1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  store(1, tk1, ts1)\n"}}},
+	{name: "first-written-before-second-read",
+		edits: [][2]string{
+			{"for i = 1, n do\n  local v = redis.pcall", "local function load(i)\n  local v = redis.pcall"},
+			{"    tokens[i], stamps[i] = tonumber(tk), tonumber(ts)\n  end\nend\n",
+				"    tokens[i], stamps[i] = tonumber(tk), tonumber(ts)\n  end\nend\nlocal e1 = load(1)\nif e1 then\n  return e1\nend\n"},
+			{"if n == 2 then\n  local tk2, ts2 = refill(2)",
+				"if n == 2 then\n  store(1, tk1 - 1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local tk2, ts2 = refill(2)"},
+		}},
+	{name: "token-taken-on-first-denial",
+		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)", "if tk1 < 1 then\n  store(1, tk1 - 1, ts1)"}}},
+	{name: "second-token-taken-on-second-denial",
+		edits: [][2]string{{"    store(2, tk2, ts2)\n", "    store(2, tk2 - 1, ts2)\n"}}},
+	{name: "first-not-charged-on-second-denial",
+		edits: [][2]string{{"    store(1, tk1 - 1, ts1)\n    store(2, tk2, ts2)", "    store(1, tk1, ts1)\n    store(2, tk2, ts2)"}}},
+	{name: "expiry-dropped",
+		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", ""}}},
+	{name: "expiry-shorter-than-refill",
+		edits: [][2]string{{"local ttl = ARGV[3 * i]", "local ttl = string.format('%d', math.floor(tonumber(ARGV[3 * i]) / 2))"}}},
+	{name: "le-where-lt-is-meant",
+		edits: [][2]string{{"if tk1 < 1 then", "if tk1 <= 1 then"}}},
+	{name: "field-validation-skipped",
+		edits: [][2]string{{"  return string.match(v, '^%d+$') ~= nil and #v <= 16 and tonumber(v) < 9007199254740992", "  return true"}}},
+	{name: "wrong-type-read-as-fresh",
+		edits: [][2]string{{"    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')", "    v = {false, false}"}}},
+	{name: "timestamp-moves-backwards",
+		edits: [][2]string{{"  if now > ts then\n", "  if now < ts then\n    ts = now\n  end\n  if now > ts then\n"}}},
+	{name: "refill-drops-remainder",
+		edits: [][2]string{{"tk, ts = tk + gained, ts + gained * interval", "tk, ts = tk + gained, now"}}},
+	{name: "burst-not-capped",
+		edits: [][2]string{{"  if tk > burst then\n    tk = burst\n  end\n", ""}}},
+	{name: "fresh-bucket-not-full",
+		edits: [][2]string{{"    return burst, now\n", "    return burst - 1, now\n"}}},
+	{name: "retry-rounded-down-to-ms",
+		edits: [][2]string{{"return {1, ts1 + tonumber(ARGV[1]) - now}", "return {1, math.floor((ts1 + tonumber(ARGV[1]) - now) / 1000) * 1000}"}}},
+	{name: "retry-returned-as-float",
+		edits: [][2]string{{"return {2, ts2 + tonumber(ARGV[4]) - now}", "return {2, (ts2 + tonumber(ARGV[4]) - now) / 1000}"}}},
+	{name: "retry-from-the-wrong-bucket",
+		edits: [][2]string{{"return {2, ts2 + tonumber(ARGV[4]) - now}", "return {2, ts2 + tonumber(ARGV[1]) - now}"}}},
+	{name: "time-from-argument-not-TIME", // the host sends its clock and the script trusts it
+		edits: [][2]string{{"local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
+		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
+	{name: "undeclared-key-written",
+		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},
+}
+
+// hostClockClient appends the host's clock, in µs, to every script
+// command: the design the script's TIME call replaces.
+type hostClockClient struct{ valkey.Client }
+
+func (h hostClockClient) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	args := cmd.Commands()
+	if isScriptCommand(args) && len(args) >= 3 {
+		n, _ := strconv.Atoi(args[2])
+		rest := append(append([]string(nil), args[3+n:]...), strconv.FormatInt(time.Now().UnixMicro(), 10))
+		cmd = h.B().Arbitrary(args[0]).Args(args[1], args[2]).Keys(args[3 : 3+n]...).Args(rest...).Build()
+	}
+	return h.Client.Do(ctx, cmd)
+}
+
+// specMutants move NewSpec's bounds; TestSpecBounds must catch each.
+var specMutants = []mutant{
+	{name: "NaN-accepted", edits: [][2]string{{"case math.IsNaN(r) || math.IsInf(r, 0):", "case math.IsInf(r, 0):"}}},
+	{name: "negative-rate-accepted", edits: [][2]string{{"case r <= 0:", "case r == 0:"}}},
+	{name: "MaxLimit-doubled", edits: [][2]string{{"case rate > MaxLimit:", "case rate > 2*MaxLimit:"}}},
+	{name: "burst-zero-accepted", edits: [][2]string{{"case burst < 1:", "case burst < 0:"}}},
+	{name: "refill-bound-raised", edits: [][2]string{{"maxRefillMicros = 1 << 50", "maxRefillMicros = 1 << 51"}}},
+	{name: "refill-bound-exclusive", edits: [][2]string{{"if micros*float64(burst) > maxRefillMicros {", "if micros*float64(burst) >= maxRefillMicros {"}}},
+	{name: "interval-truncated", edits: [][2]string{{"micros := math.Round(1e6 / r)", "micros := math.Floor(1e6 / r)"}}},
+	{name: "interval-in-ms", edits: [][2]string{{"micros := math.Round(1e6 / r)", "micros := math.Round(1e3 / r)"}}},
+	{name: "TTL-rounded-down", edits: [][2]string{{"ttlMillis := (refill + 999) / 1000", "ttlMillis := refill / 1000"}}},
+}
+
+// TestMutants runs every conformance check against each script mutant and
+// requires each mutant to be caught by at least one check; then it builds
+// each Spec mutant in a copy of the package and requires TestSpecBounds to
+// fail there. It prints the table mutant → catching checks. It needs a
+// real server, and ADMIT_MUTANTS=1, since it tests the suite rather than a
+// server (CI runs it once).
+func TestMutants(t *testing.T) {
+	if os.Getenv("ADMIT_MUTANTS") != "1" {
+		t.Skip("tests the conformance suite itself; set ADMIT_MUTANTS=1 to run it")
+	}
+	d := openDeployment(t)
+	t.Logf("target: %s", d.target.Name)
+	type row struct{ mutant, caught, evidence string }
+	var table []row
+
+	// A mutant "caught" by a check that the shipped script fails too would
+	// prove nothing.
+	shipped := newEnv(d, scriptSource, nil)
+	for _, c := range checks() {
+		if err := runCheck(c, shipped); err != nil {
+			if _, skip := isSkip(err); !skip {
+				t.Fatalf("the shipped script fails %s; fix that first:\n%v", c.rule, err)
+			}
+		}
+	}
+	for _, m := range scriptMutants {
+		t.Run("script/"+m.name, func(t *testing.T) {
+			src, err := m.apply(scriptSource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := newEnv(d, src, m.wrap)
+			var caught []string
+			evidence := ""
+			for _, c := range checks() {
+				err := runCheck(c, e)
+				if _, skip := isSkip(err); err == nil || skip {
+					continue
+				}
+				caught = append(caught, c.rule)
+				if evidence == "" {
+					evidence = c.rule + ": " + firstLine(err.Error())
+				}
+			}
+			if len(caught) == 0 {
+				t.Errorf("mutant %s survived every check", m.name)
+			}
+			t.Logf("evidence: %s", evidence)
+			table = append(table, row{"script: " + m.name, strings.Join(caught, ", "), evidence})
+		})
+	}
+	for _, r := range specMutantRows(t) {
+		table = append(table, row{"spec: " + r[0], r[1], ""})
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "mutant → checks that caught it (%s)\n", d.target.Name)
+	for _, r := range table {
+		caught := r.caught
+		if caught == "" {
+			caught = "NOT CAUGHT"
+		}
+		fmt.Fprintf(&b, "  %-46s %s\n", r.mutant, caught)
+	}
+	t.Log(b.String())
+}
+
+func runCheck(c check, e *env) error {
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	return c.run(ctx, e)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
+
+// specMutantRows builds each Spec mutant in a copy of the package (the
+// library's files, script.lua and spec_bounds_test.go) and runs
+// TestSpecBounds there, which must pass unmutated and fail on every
+// mutant. It returns rows of mutant name and catching check.
+func specMutantRows(t *testing.T) [][2]string {
+	goBin, err := exec.LookPath(filepath.Join(runtime.GOROOT(), "bin", "go"))
+	if err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Errorf("spec mutants need the go command: %v", err)
+			return nil
+		}
+	}
+	dir := t.TempDir()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !strings.HasSuffix(f, "_test.go") || f == "spec_bounds_test.go" {
+			copyFile(t, f, filepath.Join(dir, f))
+		}
+	}
+	for _, f := range []string{"go.mod", "go.sum", "script.lua"} {
+		copyFile(t, f, filepath.Join(dir, f))
+	}
+	spec, err := os.ReadFile("spec.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(src string) (failed bool, out string) {
+		if err := os.WriteFile(filepath.Join(dir, "spec.go"), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(goBin, "test", "-count=1", "-run", "^TestSpecBounds$", ".")
+		cmd.Dir = dir
+		// Offline: everything needed is in the module cache already.
+		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local")
+		b, err := cmd.CombinedOutput()
+		return err != nil, string(b)
+	}
+	if failed, out := run(string(spec)); failed {
+		t.Fatalf("TestSpecBounds fails on an unmutated copy of the package:\n%s", out)
+	}
+	var rows [][2]string
+	for _, m := range specMutants {
+		t.Run("spec/"+m.name, func(t *testing.T) {
+			src, err := m.apply(string(spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			failed, out := run(src)
+			switch {
+			case !failed:
+				t.Errorf("spec mutant %s survived TestSpecBounds", m.name)
+				rows = append(rows, [2]string{m.name, ""})
+			case !strings.Contains(out, "--- FAIL: TestSpecBounds"):
+				t.Errorf("spec mutant %s did not build or run:\n%s", m.name, out)
+				rows = append(rows, [2]string{m.name, ""})
+			default:
+				rows = append(rows, [2]string{m.name, "spec-bounds"})
+				if i := strings.Index(out, "spec_bounds_test.go"); i >= 0 {
+					t.Logf("evidence: %s", firstLine(out[i:]))
+				}
+			}
+		})
+	}
+	return rows
+}
+
+func copyFile(t *testing.T, from, to string) {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
