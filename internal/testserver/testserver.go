@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,12 +205,11 @@ func tryStartServer(bin string, extra []string) (*Server, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = serverProcAttr()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	exited := make(chan struct{})
+	if err := startAndWatch(cmd, exited); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
 	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, cmd: cmd, dir: dir, exited: exited}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
@@ -384,4 +384,23 @@ func StopShared() {
 	if sharedCluster.c != nil {
 		sharedCluster.c.Stop()
 	}
+}
+
+// startAndWatch starts cmd and closes exited when it ends. Linux sends the
+// Pdeathsig of serverProcAttr when the thread that started the process
+// exits, not the process, so the start happens on a locked thread that
+// stays alive, waiting, until the server is gone.
+func startAndWatch(cmd *exec.Cmd, exited chan struct{}) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends after the server
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		close(exited)
+	}()
+	return <-started
 }
