@@ -404,8 +404,7 @@ func between(a, b, x int64) bool {
 }
 
 // mini starts an in-process miniredis whose clock is set by the check,
-// running the script under test (without its "#!lua" line, which
-// gopher-lua does not parse). stop closes it.
+// running the script under test. stop closes it.
 func (e *env) mini() (u *unitEnv, stop func(), err error) {
 	srv := miniredis.NewMiniRedis()
 	if err := srv.Start(); err != nil {
@@ -418,7 +417,7 @@ func (e *env) mini() (u *unitEnv, stop func(), err error) {
 		srv.Close()
 		return nil, nil, err
 	}
-	u = &unitEnv{srv: srv, c: c, l: e.limiterWith(c, stripShebang(e.src)), now: unitEpoch}
+	u = &unitEnv{srv: srv, c: c, l: e.limiterWith(c, e.src), now: unitEpoch}
 	return u, func() { c.Close(); srv.Close() }, nil
 }
 
