@@ -126,7 +126,7 @@ func readSlots(ctx context.Context, c valkey.Client) ([]slotRange, error) {
 // mutant of it.
 type env struct {
 	*deployment
-	src  string                            // script source, "#!lua" line included
+	src  string                            // script source under test
 	wrap func(valkey.Client) valkey.Client // a mutant's change to what is sent; nil for none
 	l    *Limiter                          // the Limiter under test, on d.c
 }

@@ -13,8 +13,8 @@ import (
 // refuses the script's first write instead, and the script writes only after
 // every read, so either way an OOM leaves no key changed (proven against a
 // real server by TestIntegrationOOMWritesNothing). Without the shebang the
-// same bytes also run on Redis 6.2 and on miniredis, so the unit tests and
-// the in-process quickstart run exactly the script that ships.
+// same bytes also run on miniredis, so the unit tests and the in-process
+// quickstart run exactly the script that ships.
 //
 //go:embed script.lua
 var scriptSource string
