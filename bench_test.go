@@ -212,7 +212,7 @@ func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (D
 // bucket. It sends SCRIPT LOAD first, then both EVALSHAs in one pipeline,
 // and bucket two runs (and is charged) even when bucket one denies.
 func execMulti(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	rs := orderedScript.ExecMulti(ctx, n.c,
+	rs := script().ExecMulti(ctx, n.c,
 		valkey.LuaExec{Keys: []string{k1}, Args: []string{p.first.intervalArg, p.first.burstArg, p.first.ttlArg}},
 		valkey.LuaExec{Keys: []string{k2}, Args: []string{p.second.intervalArg, p.second.burstArg, p.second.ttlArg}})
 	d1, err := decode(rs[0], 1)

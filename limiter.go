@@ -54,23 +54,39 @@ type Request struct {
 }
 
 // A Decision is the outcome of one AllowOrdered call.
+//
+// The zero Decision is not an admission: every call that returns an error
+// returns the zero Decision, whose Allowed reports false, so a caller that
+// looks at the Decision before the error fails closed. Test admission with
+// Allowed, not with Denied == 0.
 type Decision struct {
-	// Denied is 0 when the request was admitted, 1 when the first bucket
-	// refused it and 2 when the second bucket refused it.
+	// Denied is 1 when the first bucket refused the request and 2 when the
+	// second bucket refused it. It is 0 both when the request was admitted
+	// and in the zero Decision that comes with an error; Allowed tells them
+	// apart.
 	Denied uint8
 	// RetryAfter is 0 when the request was admitted. Otherwise it is the
 	// server-computed time until the refusing bucket holds one token, in
 	// whole microseconds and never short: waiting RetryAfter is enough for
 	// that bucket, though other callers may take the token first.
 	RetryAfter time.Duration
+
+	// decided is set on every Decision the server made, so that the zero
+	// Decision is not an admission.
+	decided bool
 }
 
-// Allowed reports whether the request was admitted.
-func (d Decision) Allowed() bool { return d.Denied == 0 }
+// Allowed reports whether the request was admitted. It is false for the
+// zero Decision, which every error comes with.
+func (d Decision) Allowed() bool { return d.decided && d.Denied == 0 }
 
-// String describes the decision, for example "allowed" or
-// "denied by bucket 2, retry after 1.2s".
+// String describes the decision, for example "allowed",
+// "denied by bucket 2, retry after 1.2s" or, for the zero Decision,
+// "no decision".
 func (d Decision) String() string {
+	if !d.decided {
+		return "no decision"
+	}
 	if d.Allowed() {
 		return "allowed"
 	}
@@ -82,27 +98,24 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client  valkey.Client
-	script  *valkey.Lua
-	cluster bool
+	client valkey.Client
+	script *valkey.Lua
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
-// sentinel or cluster client, or a mock.
+// sentinel or cluster client, or a mock. New only stores the client: it
+// calls no method on it and sends nothing. Each two-bucket call asks the
+// client for its Mode, to check cluster hash slots before sending.
 //
 // Do not hand admit a client built with ClientOption.ConnLifetime > 0:
 // valkey-go (v1.0.79) re-sends a command that is in flight when its
 // connection expires, whatever its retry flag, so a script could run twice.
 func New(client valkey.Client) *Limiter {
-	return newLimiter(client, orderedScript)
+	return newLimiter(client, script())
 }
 
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
-	l := &Limiter{client: client, script: script}
-	if client != nil {
-		l.cluster = client.Mode() == valkey.ClientModeCluster
-	}
-	return l
+	return &Limiter{client: client, script: script}
 }
 
 // AllowOrdered takes one token from first and, only when first admits, one
@@ -159,7 +172,7 @@ func (l *Limiter) checkPair(first, second Request) error {
 	if first.Key == second.Key {
 		return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
 	}
-	if l.cluster {
+	if l.client.Mode() == valkey.ClientModeCluster {
 		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
 			return &callError{
 				msg: "admit: invalid request: keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
@@ -195,7 +208,7 @@ func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
 	case (denied == 0) != (retry == 0) || retry < 0:
 		return Decision{}, badReply("retry " + strconv.FormatInt(retry, 10) + "µs inconsistent with denied " + strconv.FormatInt(denied, 10))
 	}
-	return Decision{Denied: uint8(denied), RetryAfter: time.Duration(retry) * time.Microsecond}, nil
+	return Decision{Denied: uint8(denied), RetryAfter: time.Duration(retry) * time.Microsecond, decided: true}, nil
 }
 
 func badReply(detail string) error {

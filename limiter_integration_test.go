@@ -504,11 +504,11 @@ func checkHostClock(ctx context.Context, e *env) error {
 			advance time.Duration
 			want    Decision
 		}{
-			{0, Decision{}},
-			{0, Decision{}},
-			{0, Decision{Denied: 1, RetryAfter: time.Second}},
-			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond}},
-			{time.Microsecond, Decision{}},
+			{0, Decision{decided: true}},
+			{0, Decision{decided: true}},
+			{0, Decision{Denied: 1, RetryAfter: time.Second, decided: true}},
+			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond, decided: true}},
+			{time.Microsecond, Decision{decided: true}},
 		} {
 			u.advance(st.advance)
 			d, err := u.l.AllowOrdered(ctx, r, nil)
@@ -1141,7 +1141,7 @@ func checkClusterHashTag(ctx context.Context, e *env) error {
 	if !e.target.Cluster {
 		return skipf("needs a cluster (VALKEY_CLUSTER=1 or VALKEY_CLUSTER_ADDR)")
 	}
-	if !e.l.cluster {
+	if e.l.client.Mode() != valkey.ClientModeCluster {
 		return errors.New("the Limiter did not detect the cluster client")
 	}
 	p := e.prefix("cluster-hash-tag")

@@ -34,19 +34,19 @@ func modelDecide(now int64, states map[string]mstate, first Request, second *Req
 	tk1, ts1 := refill(first)
 	if tk1 < 1 {
 		store(first, tk1, ts1)
-		return Decision{Denied: 1, RetryAfter: micros(ts1 + first.Spec.Interval().Microseconds() - now)}, writes
+		return Decision{Denied: 1, RetryAfter: micros(ts1 + first.Spec.Interval().Microseconds() - now), decided: true}, writes
 	}
 	if second != nil {
 		tk2, ts2 := refill(*second)
 		if tk2 < 1 {
 			store(first, tk1-1, ts1)
 			store(*second, tk2, ts2)
-			return Decision{Denied: 2, RetryAfter: micros(ts2 + second.Spec.Interval().Microseconds() - now)}, writes
+			return Decision{Denied: 2, RetryAfter: micros(ts2 + second.Spec.Interval().Microseconds() - now), decided: true}, writes
 		}
 		store(*second, tk2-1, ts2)
 	}
 	store(first, tk1-1, ts1)
-	return Decision{}, writes
+	return Decision{decided: true}, writes
 }
 
 // modelRefill returns a bucket's tokens and ts after crediting the refill
