@@ -126,7 +126,7 @@ func TestRefillNoDrift(t *testing.T) {
 		step    time.Duration
 	}{
 		{MustSpec(Every(1500*time.Millisecond), 20), 300, 100 * time.Millisecond},
-		{MustSpec(3, 4), 120, 37 * time.Millisecond},           // 333333 µs per token
+		{MustSpec(3, 4), 120, 37 * time.Millisecond},           // 333334 µs per token
 		{MustSpec(Limit(0.1), 2), 600, 999 * time.Millisecond}, // 10 s per token
 	} {
 		t.Run(tc.spec.String(), func(t *testing.T) {

@@ -112,8 +112,11 @@ var specMutants = []mutant{
 	{name: "burst-zero-accepted", edits: [][2]string{{"case burst < 1:", "case burst < 0:"}}},
 	{name: "refill-bound-raised", edits: [][2]string{{"maxRefillMicros = 1 << 50", "maxRefillMicros = 1 << 51"}}},
 	{name: "refill-bound-exclusive", edits: [][2]string{{"if micros*float64(burst) > maxRefillMicros {", "if micros*float64(burst) >= maxRefillMicros {"}}},
-	{name: "interval-truncated", edits: [][2]string{{"micros := math.Round(1e6 / r)", "micros := math.Floor(1e6 / r)"}}},
-	{name: "interval-in-ms", edits: [][2]string{{"micros := math.Round(1e6 / r)", "micros := math.Round(1e3 / r)"}}},
+	{name: "interval-truncated", edits: [][2]string{{"micros := math.Ceil(exact)", "micros := math.Floor(exact)"}}},
+	{name: "interval-rounded-to-nearest", edits: [][2]string{{"micros := math.Ceil(exact)", "micros := math.Round(exact)"}}},
+	{name: "interval-in-ms", edits: [][2]string{{"exact := 1e6 / r", "exact := 1e3 / r"}}},
+	{name: "tolerance-ignored", edits: [][2]string{{"if micros > exact*(1+RateTolerance) {", "if false {"}}},
+	{name: "float-noise-rounded-up", edits: [][2]string{{"math.Abs(exact-near) <= exact*snapTolerance", "false"}}},
 	{name: "TTL-rounded-down", edits: [][2]string{{"ttlMillis := (refill + 999) / 1000", "ttlMillis := refill / 1000"}}},
 }
 
