@@ -57,6 +57,7 @@ func modelRefill(now int64, spec Spec, st mstate, exists bool) (tk, ts int64) {
 		return burst, now // a fresh bucket is full
 	}
 	tk, ts = min(st.tokens, burst), st.ts // a smaller burst caps old state
+	ts = min(ts, now+(burst-1)*interval)  // a clock behind ts freezes at most one full refill
 	if now > ts {                         // a clock behind ts earns nothing
 		gained := (now - ts) / interval
 		if tk+gained >= burst {

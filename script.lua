@@ -15,11 +15,38 @@
 -- admitted, else the exact wait until the refusing bucket holds one token.
 --
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
--- validated before the first write, because Valkey does not roll back a
--- script's earlier writes when a later command fails.
+-- validated, and every write is checked against the caller's ACL, before the
+-- first write, because Valkey does not roll back a script's earlier writes
+-- when a later command fails.
 
 local n = #KEYS
-local t = redis.call('TIME')
+
+-- noperm names the command the ACL user lacks; nothing has been written.
+local function noperm(cmd, i)
+  return redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd ..
+    (i and (' on bucket ' .. i .. "'s key") or '') .. '; grant +' .. string.lower(cmd) ..
+    ' (README, "Least-privilege ACL")')
+end
+
+-- A user may read a key and not write it (%R~), or lack HSET or PEXPIRE:
+-- without this check the script would fail between two writes and leave a
+-- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
+-- Valkey 7.2+ and Redis 7.0+.
+if redis.acl_check_cmd then
+  for i = 1, n do
+    if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
+      return noperm('HSET', i)
+    end
+    if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then
+      return noperm('PEXPIRE', i)
+    end
+  end
+end
+
+local t = redis.pcall('TIME')
+if t.err then
+  return noperm('TIME')
+end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- valid accepts what the schema stores: a decimal integer below 2^53, the
@@ -28,11 +55,23 @@ local function valid(v)
   return string.match(v, '^%d+$') ~= nil and #v <= 16 and tonumber(v) < 9007199254740992
 end
 
+-- readErr turns a failed read into the script's error: a wrong type, or an
+-- ACL refusal (Redis 7.0's message does not name the command, so we do).
+local function readErr(err, cmd, i)
+  if string.sub(err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
+  end
+  if string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or string.find(err, "can't run", 1, true) then
+    return noperm(cmd, i)
+  end
+  return redis.error_reply(err)
+end
+
 local tokens, stamps = {}, {}
 for i = 1, n do
   local v = redis.pcall('HMGET', KEYS[i], 'tokens', 'ts')
   if v.err then
-    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
+    return readErr(v.err, 'HMGET', i)
   end
   local tk, ts = v[1], v[2]
   if tk or ts then
@@ -41,12 +80,28 @@ for i = 1, n do
         ' hash fields tokens and ts must both be decimal integers')
     end
     tokens[i], stamps[i] = tonumber(tk), tonumber(ts)
+  else
+    -- Neither field: a new bucket, unless the key holds a hash of someone
+    -- else's (HSET user:42 name alice), which must not gain our fields
+    -- and an expiry.
+    local e = redis.pcall('EXISTS', KEYS[i])
+    if type(e) == 'table' then
+      return readErr(e.err, 'EXISTS', i)
+    end
+    if e == 1 then
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i ..
+        ' key holds a hash without the fields tokens and ts: it is not a bucket')
+    end
   end
 end
 
 -- refill credits whole tokens earned since ts. A fresh bucket is full. The
--- remainder of a partial token stays in ts, so refill never drifts; ts never
--- moves backwards, so a server clock stepping back grants nothing.
+-- remainder of a partial token stays in ts, so refill never drifts. A
+-- server clock that stepped back grants nothing for the gap, but a ts in
+-- the future is pulled back to now + (burst - 1) * interval, so the freeze
+-- never outlasts one full refill: an empty bucket's next token comes at
+-- most burst * interval from now, whatever ts a lagging node or a bad
+-- write left.
 local function refill(i)
   local interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1])
   local tk, ts = tokens[i], stamps[i]
@@ -55,6 +110,10 @@ local function refill(i)
   end
   if tk > burst then
     tk = burst
+  end
+  local latest = now + (burst - 1) * interval
+  if ts > latest then
+    ts = latest
   end
   if now > ts then
     local gained = math.floor((now - ts) / interval)

@@ -162,17 +162,22 @@ func dialExisting(addr string) (*Server, error) {
 // Start starts bin on 127.0.0.1 at a free port, without persistence,
 // and waits (at most 10 s) until it answers. The caller stops it.
 func Start(bin string, extra ...string) (*Server, error) {
+	return StartEnv(bin, nil, extra...)
+}
+
+// StartEnv is Start with env added to the server's environment.
+func StartEnv(bin string, env []string, extra ...string) (*Server, error) {
 	var err error
 	for range 3 { // a free port may be taken between the probe and the bind
 		var srv *Server
-		if srv, err = tryStartServer(bin, extra); err == nil {
+		if srv, err = tryStartServer(bin, env, extra); err == nil {
 			return srv, nil
 		}
 	}
 	return nil, err
 }
 
-func tryStartServer(bin string, extra []string) (*Server, error) {
+func tryStartServer(bin string, env, extra []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -203,6 +208,9 @@ func tryStartServer(bin string, extra []string) (*Server, error) {
 		args = append(args, "--cluster-port", strconv.Itoa(busPort))
 	}
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = serverProcAttr()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	exited := make(chan struct{})
