@@ -48,8 +48,8 @@ var scriptMutants = []mutant{
 	{name: "first-written-before-second-read",
 		edits: [][2]string{
 			{"for i = 1, n do\n  local v = redis.pcall", "local function load(i)\n  local v = redis.pcall"},
-			{"    tokens[i], stamps[i] = tonumber(tk), tonumber(ts)\n  end\nend\n",
-				"    tokens[i], stamps[i] = tonumber(tk), tonumber(ts)\n  end\nend\nlocal e1 = load(1)\nif e1 then\n  return e1\nend\n"},
+			{"it is not a bucket')\n    end\n  end\nend\n",
+				"it is not a bucket')\n    end\n  end\nend\nlocal e1 = load(1)\nif e1 then\n  return e1\nend\n"},
 			{"if n == 2 then\n  local tk2, ts2 = refill(2)",
 				"if n == 2 then\n  store(1, tk1 - 1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local tk2, ts2 = refill(2)"},
 		}},
@@ -84,7 +84,7 @@ var scriptMutants = []mutant{
 	{name: "retry-from-the-wrong-bucket",
 		edits: [][2]string{{"return {2, ts2 + tonumber(ARGV[4]) - now}", "return {2, ts2 + tonumber(ARGV[1]) - now}"}}},
 	{name: "time-from-argument-not-TIME", // the host sends its clock and the script trusts it
-		edits: [][2]string{{"local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
+		edits: [][2]string{{"local now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "undeclared-key-written",
 		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},

@@ -49,6 +49,18 @@ var specBounds = []struct {
 // skipped there.
 var two50 = 1 << (50 * (strconv.IntSize / 64))
 
+// specBoundReasons: rows whose refusal must name its own reason, so that a
+// bound refused only by another check (a negative rate caught by the
+// rounding tolerance) still counts as a broken bound.
+var specBoundReasons = map[string]string{
+	"rate NaN":           "finite",
+	"rate zero":          "above zero",
+	"rate negative":      "above zero",
+	"rate 1.5 MaxLimit":  "MaxLimit",
+	"burst zero":         "at least 1",
+	"refill 2^50 + 1 µs": "to refill from empty",
+}
+
 func TestSpecBounds(t *testing.T) {
 	for _, tc := range specBounds {
 		if strconv.IntSize < 64 && strings.Contains(tc.name, "2^50") {
@@ -58,6 +70,8 @@ func TestSpecBounds(t *testing.T) {
 		switch {
 		case !tc.ok && (err == nil || !errors.Is(err, ErrInvalidSpec)):
 			t.Errorf("%s: NewSpec(%v, %d) = %v, %v; want ErrInvalidSpec", tc.name, float64(tc.rate), tc.burst, s, err)
+		case !tc.ok && !strings.Contains(err.Error(), specBoundReasons[tc.name]):
+			t.Errorf("%s: NewSpec(%v, %d): %v; want the reason %q", tc.name, float64(tc.rate), tc.burst, err, specBoundReasons[tc.name])
 		case tc.ok && err != nil:
 			t.Errorf("%s: NewSpec(%v, %d): %v; want a Spec", tc.name, float64(tc.rate), tc.burst, err)
 		case tc.ok && (s.Interval() != tc.interval || s.TTL() != tc.ttl || s.Burst() != tc.burst):
