@@ -25,8 +25,8 @@ func TestZeroDecisionIsNotAllowed(t *testing.T) {
 		first  Request
 		second *Request
 	}{
-		{"invalid request", Request{"", perSecond3}, nil},
-		{"server refusal", Request{"wrong-type", perSecond3}, nil},
+		{"invalid request", Request{Key: "", Spec: perSecond3}, nil},
+		{"server refusal", Request{Key: "wrong-type", Spec: perSecond3}, nil},
 	} {
 		e.srv.Set("wrong-type", "x")
 		d, err := e.l.AllowOrdered(context.Background(), tc.first, tc.second)
@@ -34,7 +34,7 @@ func TestZeroDecisionIsNotAllowed(t *testing.T) {
 			t.Errorf("%s: got %v, %v; want an error and a Decision that is not allowed", tc.name, d, err)
 		}
 	}
-	d, err := newUnitEnvScript(t, "return {0, 0}").l.AllowOrdered(context.Background(), Request{"k", perSecond3}, nil)
+	d, err := newUnitEnvScript(t, "return '0 0 2 -1'").l.AllowOrdered(context.Background(), Request{Key: "k", Spec: perSecond3}, nil)
 	if err != nil || !d.Allowed() || d.String() != "allowed" {
 		t.Errorf("a server admission: got %v, %v; want allowed", d, err)
 	}

@@ -96,7 +96,7 @@ const hour = 3600 * sec
 // server's own clock.
 func checkTransitions(ctx context.Context, e *env) error {
 	p := e.prefix("transitions")
-	std, shared := Request{p + "std", MustSpec(Every(time.Hour), 2)}, Request{p + "shared", hourly3}
+	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 2)}, Request{Key: p + "shared", Spec: hourly3}
 	step := func(name string, first Request, second *Request, want uint8) error {
 		d, err := e.l.AllowOrdered(ctx, first, second)
 		if err != nil || d.Denied != want || (want == 0) != (d.RetryAfter == 0) || d.RetryAfter > time.Hour {
@@ -171,7 +171,7 @@ func checkBucketStates(ctx context.Context, e *env) error {
 			p := e.prefix("bucket-states")
 			// other has another interval, so a RetryAfter computed from
 			// the wrong bucket shows.
-			b, other := Request{p + "bucket", hourly3}, Request{p + "other", halfHourly}
+			b, other := Request{Key: p + "bucket", Spec: hourly3}, Request{Key: p + "other", Spec: halfHourly}
 			seeds := map[string]seedAt{}
 			if bc.seed != nil {
 				seeds[b.Key] = *bc.seed
@@ -206,7 +206,7 @@ func checkFirstDenial(ctx context.Context, e *env) error {
 		{"second absent", nil},
 	} {
 		p := e.prefix("first-denial")
-		first, second := Request{p + "std", hourly3}, Request{p + "shared", hourly3}
+		first, second := Request{Key: p + "std", Spec: hourly3}, Request{Key: p + "shared", Spec: hourly3}
 		seeds := map[string]seedAt{first.Key: {0, -sec}}
 		if tc.second != nil {
 			seeds[second.Key] = *tc.second
@@ -236,7 +236,7 @@ func checkSecondDenial(ctx context.Context, e *env) error {
 		{"first just refilled", &seedAt{0, -hour - sec}, &seedAt{0, -sec}},
 	} {
 		p := e.prefix("second-denial")
-		first, second := Request{p + "std", hourly3}, Request{p + "shared", hourly3}
+		first, second := Request{Key: p + "std", Spec: hourly3}, Request{Key: p + "shared", Spec: hourly3}
 		seeds := map[string]seedAt{second.Key: *tc.second}
 		if tc.first != nil {
 			seeds[first.Key] = *tc.first
@@ -264,7 +264,7 @@ func checkBothAllow(ctx context.Context, e *env) error {
 		{"both on their last token", &seedAt{1, -sec}, &seedAt{1, -sec}},
 	} {
 		p := e.prefix("both-allow")
-		first, second := Request{p + "std", hourly3}, Request{p + "shared", MustSpec(Every(time.Hour), 5)}
+		first, second := Request{Key: p + "std", Spec: hourly3}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 5)}
 		seeds := map[string]seedAt{}
 		if tc.first != nil {
 			seeds[first.Key], seeds[second.Key] = *tc.first, *tc.second
@@ -348,7 +348,7 @@ func checkConcurrency(ctx context.Context, e *env) error {
 
 	// One bucket: 20 tokens stored, 2 earned since.
 	p := e.prefix("concurrency")
-	one := bucket{Request{p + "one", every20s(60)}, seedAt{20, -2*I - I/2}}
+	one := bucket{Request{Key: p + "one", Spec: every20s(60)}, seedAt{20, -2*I - I/2}}
 	counts, avail, err := race("one bucket", []bucket{one}, func(int) (Decision, error) { return e.l.AllowOrdered(ctx, one.r, nil) })
 	if err != nil {
 		return err
@@ -361,8 +361,8 @@ func checkConcurrency(ctx context.Context, e *env) error {
 	// Two buckets, the standard bucket runs out first: its denials leave
 	// the shared bucket alone, so premium can still take exactly the rest.
 	p = e.prefix("concurrency")
-	std := bucket{Request{p + "std", every20s(40)}, seedAt{8, -3*I - I/2}}
-	shared := bucket{Request{p + "shared", every20s(100)}, seedAt{25, -I - I/2}}
+	std := bucket{Request{Key: p + "std", Spec: every20s(40)}, seedAt{8, -3*I - I/2}}
+	shared := bucket{Request{Key: p + "shared", Spec: every20s(100)}, seedAt{25, -I - I/2}}
 	counts, avail, err = race("standard-limited", []bucket{std, shared}, func(int) (Decision, error) {
 		return e.l.AllowOrdered(ctx, std.r, &shared.r)
 	})
@@ -385,8 +385,8 @@ func checkConcurrency(ctx context.Context, e *env) error {
 	// Two buckets, the shared bucket runs out first: every second-bucket
 	// denial still charges the standard bucket.
 	p = e.prefix("concurrency")
-	std = bucket{Request{p + "std", every20s(40)}, seedAt{30, -I / 2}}
-	shared = bucket{Request{p + "shared", every20s(100)}, seedAt{6, -2*I - I/2}}
+	std = bucket{Request{Key: p + "std", Spec: every20s(40)}, seedAt{30, -I / 2}}
+	shared = bucket{Request{Key: p + "shared", Spec: every20s(100)}, seedAt{6, -2*I - I/2}}
 	counts, avail, err = race("shared-limited", []bucket{std, shared}, func(int) (Decision, error) {
 		return e.l.AllowOrdered(ctx, std.r, &shared.r)
 	})
@@ -406,7 +406,7 @@ func checkConcurrency(ctx context.Context, e *env) error {
 // standard capacity, and every shared token is accounted for.
 func checkPremiumReservation(ctx context.Context, e *env) error {
 	p := e.prefix("premium")
-	std, shared := Request{p + "std", MustSpec(Every(time.Hour), 30)}, Request{p + "shared", MustSpec(Every(time.Hour), 100)}
+	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 30)}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 100)}
 	before, err := e.serverTime(ctx, p)
 	if err != nil {
 		return err
@@ -460,7 +460,7 @@ func checkHostClock(ctx context.Context, e *env) error {
 	}
 	defer proxy.close()
 	defer c.Close()
-	first, second := Request{p + "std", MustSpec(Every(1500*time.Millisecond), 20)}, Request{p + "shared", MustSpec(Every(300*time.Millisecond), 100)}
+	first, second := Request{Key: p + "std", Spec: MustSpec(Every(1500*time.Millisecond), 20)}, Request{Key: p + "shared", Spec: MustSpec(Every(300*time.Millisecond), 100)}
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil {
 		return err
 	}
@@ -469,8 +469,8 @@ func checkHostClock(ctx context.Context, e *env) error {
 	}
 	sum := sha1.Sum([]byte(e.src))
 	wantArgs := map[string][]string{
-		"2": {"2", first.Key, second.Key, "1500000", "20", "30000", "300000", "100", "30000"},
-		"1": {"1", first.Key, "1500000", "20", "30000"},
+		"2": {"2", first.Key, second.Key, "t", "1500000", "20", "30000", "1", "300000", "100", "30000", "1"},
+		"1": {"1", first.Key, "t", "1500000", "20", "30000", "1"},
 	}
 	seen := map[string]bool{}
 	for _, cmd := range proxy.commands() {
@@ -499,16 +499,16 @@ func checkHostClock(ctx context.Context, e *env) error {
 		u.srv.FlushAll()
 		u.now = epoch
 		u.srv.SetTime(epoch)
-		r := Request{"clock", MustSpec(Every(time.Second), 2)}
+		r := Request{Key: "clock", Spec: MustSpec(Every(time.Second), 2)}
 		for i, st := range []struct {
 			advance time.Duration
 			want    Decision
 		}{
-			{0, Decision{decided: true}},
-			{0, Decision{decided: true}},
-			{0, Decision{Denied: 1, RetryAfter: time.Second, decided: true}},
-			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond, decided: true}},
-			{time.Microsecond, Decision{decided: true}},
+			{0, Decision{Remaining: [2]int{1, -1}, decided: true}},
+			{0, Decision{Remaining: [2]int{0, -1}, decided: true}},
+			{0, Decision{Denied: 1, RetryAfter: time.Second, Remaining: [2]int{0, -1}, decided: true}},
+			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond, Remaining: [2]int{0, -1}, decided: true}},
+			{time.Microsecond, Decision{Remaining: [2]int{0, -1}, decided: true}},
 		} {
 			u.advance(st.advance)
 			d, err := u.l.AllowOrdered(ctx, r, nil)
@@ -553,7 +553,7 @@ func checkWrongType(ctx context.Context, e *env) error {
 					continue
 				}
 				p := e.prefix("wrong-type")
-				good, bad := Request{p + "good", hourly3}, Request{p + "bad", hourly3}
+				good, bad := Request{Key: p + "good", Spec: hourly3}, Request{Key: p + "bad", Spec: hourly3}
 				setup := e.c.B().Set().Key(bad.Key).Value("x").Build()
 				if kind == "list" {
 					setup = e.c.B().Rpush().Key(bad.Key).Element("x").Build()
@@ -638,7 +638,7 @@ func checkCorruptState(ctx context.Context, e *env) error {
 	} {
 		for _, at := range []string{"first", "second"} {
 			p := e.prefix("corrupt")
-			good, bad := Request{p + "good", hourly3}, Request{p + "bad", hourly3}
+			good, bad := Request{Key: p + "good", Spec: hourly3}, Request{Key: p + "bad", Spec: hourly3}
 			b := e.c.B().Hset().Key(bad.Key).FieldValue()
 			for i := 0; i < len(tc.fields); i += 2 {
 				b = b.FieldValue(tc.fields[i], tc.fields[i+1])
@@ -656,7 +656,7 @@ func checkCorruptState(ctx context.Context, e *env) error {
 // key in the database).
 func checkDeclaredKeys(ctx context.Context, e *env) error {
 	sequence := func(l *Limiter, p string) (map[string]bool, error) {
-		a, b, c := Request{p + "a", MustSpec(Every(time.Hour), 2)}, Request{p + "b", MustSpec(Every(time.Hour), 1)}, Request{p + "c", hourly3}
+		a, b, c := Request{Key: p + "a", Spec: MustSpec(Every(time.Hour), 2)}, Request{Key: p + "b", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: p + "c", Spec: hourly3}
 		for _, call := range []struct {
 			first  Request
 			second *Request
@@ -722,7 +722,7 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 	defer proxy.close()
 	defer c.Close()
 	spec := MustSpec(1000, 1000)
-	first, second := Request{p + "a", spec}, Request{p + "b", spec}
+	first, second := Request{Key: p + "a", Spec: spec}, Request{Key: p + "b", Spec: spec}
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil { // loads the script if needed
 		return err
 	}
@@ -785,9 +785,9 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 	}
 	defer proxy.close()
 	defer c.Close()
-	r := Request{p + "r", MustSpec(Every(time.Hour), 5)}
+	r := Request{Key: p + "r", Spec: MustSpec(Every(time.Hour), 5)}
 	if e.target.Destructive() {
-		if _, err := l.AllowOrdered(ctx, Request{p + "warm", hourly3}, nil); err != nil {
+		if _, err := l.AllowOrdered(ctx, Request{Key: p + "warm", Spec: hourly3}, nil); err != nil {
 			return err
 		}
 		n, _, err := e.node(p)
@@ -863,8 +863,8 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 	}
 	defer proxy.close()
 	defer c.Close()
-	r := Request{p + "r", MustSpec(Every(time.Hour), 5)}
-	if _, err := l.AllowOrdered(ctx, Request{p + "warm", hourly3}, nil); err != nil { // loads the script
+	r := Request{Key: p + "r", Spec: MustSpec(Every(time.Hour), 5)}
+	if _, err := l.AllowOrdered(ctx, Request{Key: p + "warm", Spec: hourly3}, nil); err != nil { // loads the script
 		return err
 	}
 	n0 := len(proxy.commands())
@@ -982,8 +982,8 @@ func checkRefused(ctx context.Context, e *env) error {
 	}
 	defer proxy.close()
 	defer c.Close()
-	r := Request{p + "r", hourly3}
-	if _, err := l.AllowOrdered(ctx, Request{p + "warm", hourly3}, nil); err != nil {
+	r := Request{Key: p + "r", Spec: hourly3}
+	if _, err := l.AllowOrdered(ctx, Request{Key: p + "warm", Spec: hourly3}, nil); err != nil {
 		return err
 	}
 	s0, err := e.stats(ctx, p)
@@ -1030,7 +1030,7 @@ func checkRefused(ctx context.Context, e *env) error {
 // one budget, decision by decision as the model says.
 func checkSharedState(ctx context.Context, e *env) error {
 	p := e.prefix("shared-state")
-	a, b, c := Request{p + "a", MustSpec(Every(time.Hour), 10)}, Request{p + "b", MustSpec(Every(time.Hour), 6)}, Request{p + "c", hourly1000}
+	a, b, c := Request{Key: p + "a", Spec: MustSpec(Every(time.Hour), 10)}, Request{Key: p + "b", Spec: MustSpec(Every(time.Hour), 6)}, Request{Key: p + "c", Spec: hourly1000}
 	now, err := e.serverTime(ctx, p)
 	if err != nil {
 		return err
@@ -1087,7 +1087,7 @@ func callName(e *env, first Request, second *Request) string {
 // interval (TestKeySchema pins the same on miniredis).
 func checkKeySchema(ctx context.Context, e *env) error {
 	p := e.prefix("key-schema")
-	r := Request{p + "schema", hourly3}
+	r := Request{Key: p + "schema", Spec: hourly3}
 	if _, err := e.decideAndCompare(ctx, e.l, r, nil, nil); err != nil {
 		return err
 	}
@@ -1145,7 +1145,7 @@ func checkClusterHashTag(ctx context.Context, e *env) error {
 		return errors.New("the Limiter did not detect the cluster client")
 	}
 	p := e.prefix("cluster-hash-tag")
-	std, shared := Request{p + "std", hourly3}, Request{p + "shared", hourly3}
+	std, shared := Request{Key: p + "std", Spec: hourly3}, Request{Key: p + "shared", Spec: hourly3}
 	if keySlot(std.Key) != keySlot(shared.Key) {
 		return fmt.Errorf("test keys %q and %q in different slots", std.Key, shared.Key)
 	}
@@ -1179,7 +1179,7 @@ func checkClusterCrossSlot(ctx context.Context, e *env) error {
 		return skipf("needs a cluster (VALKEY_CLUSTER=1 or VALKEY_CLUSTER_ADDR)")
 	}
 	p := e.prefix("cross-slot")
-	first, second := Request{p + "std", hourly3}, Request{e.base + "{other}:shared", hourly3}
+	first, second := Request{Key: p + "std", Spec: hourly3}, Request{Key: e.base + "{other}:shared", Spec: hourly3}
 	for i := 0; i < 100 && keySlot(second.Key) == keySlot(first.Key); i++ {
 		second.Key = fmt.Sprintf("%s{other%d}:shared", e.base, i)
 	}
@@ -1239,14 +1239,14 @@ func checkClusterShards(ctx context.Context, e *env) error {
 		return fmt.Errorf("found buckets on %d primaries, want at least 3", len(prefixes))
 	}
 	spec := MustSpec(Every(time.Hour), 2)
-	drained := Request{prefixes[0] + "b", spec}
+	drained := Request{Key: prefixes[0] + "b", Spec: spec}
 	for i, want := range []uint8{0, 0, 1} {
 		if d, err := e.l.AllowOrdered(ctx, drained, nil); err != nil || d.Denied != want {
 			return fmt.Errorf("draining the bucket on the first primary, call %d: %v, %v; want Denied %d", i, d, err, want)
 		}
 	}
 	for _, p := range prefixes[1:] {
-		std, shared := Request{p + "std", spec}, Request{p + "shared", spec}
+		std, shared := Request{Key: p + "std", Spec: spec}, Request{Key: p + "shared", Spec: spec}
 		if _, err := e.decideAndCompare(ctx, e.l, std, &shared, nil); err != nil {
 			return fmt.Errorf("bucket pair on another primary: %w", err)
 		}
@@ -1331,7 +1331,7 @@ func differential(ctx context.Context, u *unitEnv, seed uint64, steps int) error
 			k := keys[rng.IntN(3)]
 			current[k] = 1 - current[k]
 		}
-		req := func(k string) Request { return Request{k, specs[k][current[k]]} }
+		req := func(k string) Request { return Request{Key: k, Spec: specs[k][current[k]]} }
 		i, j := rng.IntN(3), rng.IntN(3)
 		first, second := req(keys[i]), (*Request)(nil)
 		if i != j && rng.IntN(3) > 0 {

@@ -31,22 +31,29 @@ func modelDecide(now int64, states map[string]mstate, first Request, second *Req
 		}
 		writes[r.Key] = mwrite{tk, ts, ttl}
 	}
+	wait := func(r Request, tk, ts int64) time.Duration {
+		return micros(ts + (int64(r.cost())-tk)*r.Spec.Interval().Microseconds() - now)
+	}
+	c1 := int64(first.cost())
 	tk1, ts1 := refill(first)
-	if tk1 < 1 {
+	if tk1 < c1 {
 		store(first, tk1, ts1)
-		return Decision{Denied: 1, RetryAfter: micros(ts1 + first.Spec.Interval().Microseconds() - now), decided: true}, writes
+		return Decision{Denied: 1, RetryAfter: wait(first, tk1, ts1), Remaining: [2]int{int(tk1), -1}, decided: true}, writes
 	}
+	rem2 := int64(-1)
 	if second != nil {
+		c2 := int64(second.cost())
 		tk2, ts2 := refill(*second)
-		if tk2 < 1 {
-			store(first, tk1-1, ts1)
+		if tk2 < c2 {
+			store(first, tk1-c1, ts1)
 			store(*second, tk2, ts2)
-			return Decision{Denied: 2, RetryAfter: micros(ts2 + second.Spec.Interval().Microseconds() - now), decided: true}, writes
+			return Decision{Denied: 2, RetryAfter: wait(*second, tk2, ts2), Remaining: [2]int{int(tk1 - c1), int(tk2)}, decided: true}, writes
 		}
-		store(*second, tk2-1, ts2)
+		store(*second, tk2-c2, ts2)
+		rem2 = tk2 - c2
 	}
-	store(first, tk1-1, ts1)
-	return Decision{decided: true}, writes
+	store(first, tk1-c1, ts1)
+	return Decision{Remaining: [2]int{int(tk1 - c1), int(rem2)}, decided: true}, writes
 }
 
 // modelRefill returns a bucket's tokens and ts after crediting the refill

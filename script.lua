@@ -1,18 +1,24 @@
 -- admit: ordered token-bucket admission. One call decides one or two buckets.
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.
--- ARGV[3i-2]     microseconds per token (a whole number >= 1)
--- ARGV[3i-1]     burst: the most tokens the bucket holds
--- ARGV[3i]       expiry in milliseconds: burst * interval, rounded up
+-- ARGV[1]        mode: 't' take (AllowOrdered), 'p' peek (what take would
+--                decide, with no write: runs as EVALSHA_RO), 'r' refund
+-- ARGV[4i-2]     bucket i: microseconds per token (a whole number >= 1)
+-- ARGV[4i-1]     bucket i: burst, the most tokens the bucket holds
+-- ARGV[4i]       bucket i: expiry in milliseconds, burst * interval rounded up
+-- ARGV[4i+1]     bucket i: cost, the tokens this call takes (1 <= cost <= burst)
 --
 -- Hash fields (the key schema; README "Key schema (compatibility contract)"):
 --   tokens  whole tokens left, a decimal integer in [0, burst]
 --   ts      server time in microseconds since the Unix epoch up to which
 --           refill has been credited, a decimal integer
 --
--- Reply: {denied, retry_us}, integers only. denied is 0 when every bucket
--- admitted, else the index of the bucket that refused; retry_us is 0 when
--- admitted, else the exact wait until the refusing bucket holds one token.
+-- Reply: one string of four decimal integers, "denied retry_us rem1 rem2"
+-- (a string, so the client decodes it with one small allocation). denied is
+-- 0 when every bucket admitted, else the index of the bucket that refused;
+-- retry_us is 0 when admitted, else the exact wait until the refusing bucket
+-- holds its cost; remI is the tokens bucket I holds after the call, -1 for a
+-- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2".
 --
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
 -- validated, and every write is checked against the caller's ACL, before the
@@ -20,6 +26,7 @@
 -- when a later command fails.
 
 local n = #KEYS
+local mode = ARGV[1]
 
 -- noperm names the command the ACL user lacks; nothing has been written.
 local function noperm(cmd, i)
@@ -31,8 +38,9 @@ end
 -- A user may read a key and not write it (%R~), or lack HSET or PEXPIRE:
 -- without this check the script would fail between two writes and leave a
 -- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
--- Valkey 7.2+ and Redis 7.0+.
-if redis.acl_check_cmd then
+-- Valkey 7.2+ and Redis 7.0+. A peek writes nothing, so it needs no write
+-- permission.
+if mode ~= 'p' and redis.acl_check_cmd then
   for i = 1, n do
     if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
       return noperm('HSET', i)
@@ -103,7 +111,7 @@ end
 -- most burst * interval from now, whatever ts a lagging node or a bad
 -- write left.
 local function refill(i)
-  local interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1])
+  local interval, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
   local tk, ts = tokens[i], stamps[i]
   if tk == nil then
     return burst, now
@@ -135,26 +143,66 @@ end
 -- expiry is extended by that gap.
 local function store(i, tk, ts)
   redis.call('HSET', KEYS[i], 'tokens', string.format('%d', tk), 'ts', string.format('%d', ts))
-  local ttl = ARGV[3 * i]
+  local ttl = ARGV[4 * i]
   if ts > now then
     ttl = string.format('%d', tonumber(ttl) + math.ceil((ts - now) / 1000))
   end
   redis.call('PEXPIRE', KEYS[i], ttl)
 end
 
+local function reply(denied, retry, rem1, rem2)
+  return string.format('%d %d %d %d', denied, retry, rem1, rem2)
+end
+
+-- wait is the time until bucket i, holding tk tokens credited up to ts,
+-- holds its cost.
+local function wait(i, tk, ts)
+  return ts + (tonumber(ARGV[4 * i + 1]) - tk) * tonumber(ARGV[4 * i - 2]) - now
+end
+
+local write = mode == 't'
+
+if mode == 'r' then
+  -- A refund gives each bucket its cost back, capped at burst. A missing
+  -- key is a full bucket already: it is not created.
+  local rem = {-1, -1}
+  for i = 1, n do
+    local tk, ts = refill(i)
+    local burst = tonumber(ARGV[4 * i - 1])
+    tk = math.min(burst, tk + tonumber(ARGV[4 * i + 1]))
+    if tokens[i] ~= nil then
+      store(i, tk, ts)
+    end
+    rem[i] = tk
+  end
+  return reply(0, 0, rem[1], rem[2])
+end
+
+local c1 = tonumber(ARGV[5])
 local tk1, ts1 = refill(1)
-if tk1 < 1 then
-  store(1, tk1, ts1)
-  return {1, ts1 + tonumber(ARGV[1]) - now}
+if tk1 < c1 then
+  if write then
+    store(1, tk1, ts1)
+  end
+  return reply(1, wait(1, tk1, ts1), tk1, -1)
 end
 if n == 2 then
+  local c2 = tonumber(ARGV[9])
   local tk2, ts2 = refill(2)
-  if tk2 < 1 then
-    store(1, tk1 - 1, ts1)
-    store(2, tk2, ts2)
-    return {2, ts2 + tonumber(ARGV[4]) - now}
+  if tk2 < c2 then
+    if write then
+      store(1, tk1 - c1, ts1)
+      store(2, tk2, ts2)
+    end
+    return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end
-  store(2, tk2 - 1, ts2)
+  if write then
+    store(2, tk2 - c2, ts2)
+    store(1, tk1 - c1, ts1)
+  end
+  return reply(0, 0, tk1 - c1, tk2 - c2)
 end
-store(1, tk1 - 1, ts1)
-return {0, 0}
+if write then
+  store(1, tk1 - c1, ts1)
+end
+return reply(0, 0, tk1 - c1, -1)
