@@ -1,6 +1,6 @@
 module github.com/admitkit/admit/internal/containertest
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/admitkit/admit v0.0.0-00010101000000-000000000000
@@ -61,6 +61,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace github.com/admitkit/admit => ../..
