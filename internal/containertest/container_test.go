@@ -4,10 +4,10 @@ import (
 	"context"
 	"os"
 	"testing"
-	"time"
 
-	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/admittest"
 	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
 )
 
 // TestMain lets testserver start VALKEY_IMAGE through Start, and removes the
@@ -21,29 +21,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// image returns VALKEY_IMAGE, and skips the test when it is unset: the
-// container run is opt-in, whatever ADMIT_REQUIRE_SERVER says, as the root
-// module's tests cover the servers on the machine.
-func image(t *testing.T) string {
-	t.Helper()
-	img := os.Getenv("VALKEY_IMAGE")
-	if img == "" {
+// TestConformance runs admit's conformance suite on a server in a container
+// of VALKEY_IMAGE. It skips when VALKEY_IMAGE is unset, whatever
+// ADMIT_REQUIRE_SERVER says: the root module's tests cover the servers on
+// the machine, and this run is for where a Docker engine is.
+func TestConformance(t *testing.T) {
+	if os.Getenv("VALKEY_IMAGE") == "" {
 		t.Skip("set VALKEY_IMAGE=valkey/valkey:8.0 (or any Valkey or Redis image) where a Docker engine runs")
 	}
-	return img
-}
-
-func TestContainerTransitions(t *testing.T) {
-	image(t)
 	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	p := testserver.Prefix(t, c)
-	l := admit.New(c)
-	ctx := context.Background()
-	std, shared := admit.Request{Key: p + "std", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}, admit.Request{Key: p + "shared", Spec: admit.MustSpec(admit.Every(time.Hour), 5)}
-	for i, want := range []uint8{0, 1} {
-		if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != want {
-			t.Errorf("call %d on %s: %v, %v; want Denied %d", i, srv.Version, d, err, want)
-		}
+	opt := valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true}
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer c.Close()
+	t.Logf("VALKEY_IMAGE=%s: %s at %s", os.Getenv("VALKEY_IMAGE"), srv.Version, srv.Addr)
+	admittest.Run(t, c, admittest.WithClientOption(opt), admittest.Owned())
 }

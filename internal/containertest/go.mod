@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/admitkit/admit v0.0.0-00010101000000-000000000000
 	github.com/testcontainers/testcontainers-go v0.40.0
+	github.com/valkey-io/valkey-go v1.0.79
 )
 
 require (
@@ -48,7 +49,6 @@ require (
 	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/tklauser/go-sysconf v0.3.14 // indirect
 	github.com/tklauser/numcpus v0.8.0 // indirect
-	github.com/valkey-io/valkey-go v1.0.79 // indirect
 	github.com/yusufpapurcu/wmi v1.2.4 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0 // indirect
