@@ -1,3 +1,6 @@
+# make test                    the tests of every module of the repository (the
+#                              root and each nested go.mod): go test -race -count=1 ./...
+#
 # Benchmarks against a real server: see BENCHMARKS.md.
 #
 #   make bench                 run them all (about 9 minutes on 2 CPUs), save bench.txt, summarise
@@ -16,7 +19,13 @@ BENCH_OUT   ?= bench.txt
 # benchstat from PATH, else the pinned version through the Go toolchain.
 BENCHSTAT   ?= $(shell command -v benchstat 2>/dev/null || echo go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da)
 
-.PHONY: bench benchstat
+.PHONY: test bench benchstat
+
+# Every module: a nested go.mod is outside the root module's ./...
+MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
+
+test:
+	@set -e; for m in $(MODULES); do echo "== go test -race -count=1 ./... in $$m"; (cd $$m && go test -race -count=1 ./...); done
 
 bench:
 	set -o pipefail; ADMIT_REQUIRE_SERVER=1 go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) -timeout 30m . | tee $(BENCH_OUT)

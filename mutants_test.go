@@ -1,4 +1,4 @@
-package admit
+package admit_test
 
 // Mutation testing of the conformance suite itself: each mutant is a
 // deliberate, named bug in script.lua (or in spec.go's bounds), and
@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/suitehook"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -40,35 +42,35 @@ func (m mutant) apply(src string) (string, error) {
 
 var scriptMutants = []mutant{
 	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
-		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)\n",
-			"if tk1 < 1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  store(1, tk1, ts1)\n"}}},
+		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    store(1, tk1, ts1)\n",
+			"if tk1 < c1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  if write then\n    store(1, tk1, ts1)\n"}}},
 	{name: "second-refreshed-on-first-denial",
-		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)\n",
-			"if tk1 < 1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  store(1, tk1, ts1)\n"}}},
+		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    store(1, tk1, ts1)\n",
+			"if tk1 < c1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  if write then\n    store(1, tk1, ts1)\n"}}},
 	{name: "first-written-before-second-read",
 		edits: [][2]string{
 			{"for i = 1, n do\n  local v = redis.pcall", "local function load(i)\n  local v = redis.pcall"},
 			{"it is not a bucket')\n    end\n  end\nend\n",
 				"it is not a bucket')\n    end\n  end\nend\nlocal e1 = load(1)\nif e1 then\n  return e1\nend\n"},
-			{"if n == 2 then\n  local tk2, ts2 = refill(2)",
-				"if n == 2 then\n  store(1, tk1 - 1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local tk2, ts2 = refill(2)"},
+			{"if n == 2 then\n  local c2 = tonumber(ARGV[9])",
+				"if n == 2 then\n  store(1, tk1 - c1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local c2 = tonumber(ARGV[9])"},
 		}},
 	{name: "token-taken-on-first-denial",
-		edits: [][2]string{{"if tk1 < 1 then\n  store(1, tk1, ts1)", "if tk1 < 1 then\n  store(1, tk1 - 1, ts1)"}}},
+		edits: [][2]string{{"if write then\n    store(1, tk1, ts1)", "if write then\n    store(1, tk1 - 1, ts1)"}}},
 	{name: "second-token-taken-on-second-denial",
-		edits: [][2]string{{"    store(2, tk2, ts2)\n", "    store(2, tk2 - 1, ts2)\n"}}},
+		edits: [][2]string{{"      store(2, tk2, ts2)\n", "      store(2, tk2 - 1, ts2)\n"}}},
 	{name: "first-not-charged-on-second-denial",
-		edits: [][2]string{{"    store(1, tk1 - 1, ts1)\n    store(2, tk2, ts2)", "    store(1, tk1, ts1)\n    store(2, tk2, ts2)"}}},
+		edits: [][2]string{{"      store(1, tk1 - c1, ts1)\n      store(2, tk2, ts2)", "      store(1, tk1, ts1)\n      store(2, tk2, ts2)"}}},
 	{name: "expiry-dropped",
 		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", ""}}},
 	{name: "expiry-shorter-than-refill",
-		edits: [][2]string{{"local ttl = ARGV[3 * i]", "local ttl = string.format('%d', math.floor(tonumber(ARGV[3 * i]) / 2))"}}},
+		edits: [][2]string{{"local ttl = ARGV[4 * i]", "local ttl = string.format('%d', math.floor(tonumber(ARGV[4 * i]) / 2))"}}},
 	{name: "le-where-lt-is-meant",
-		edits: [][2]string{{"if tk1 < 1 then", "if tk1 <= 1 then"}}},
+		edits: [][2]string{{"if tk1 < c1 then", "if tk1 <= c1 then"}}},
 	{name: "field-validation-skipped",
 		edits: [][2]string{{"  return string.match(v, '^%d+$') ~= nil and #v <= 16 and tonumber(v) < 9007199254740992", "  return true"}}},
 	{name: "wrong-type-read-as-fresh",
-		edits: [][2]string{{"    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')", "    v = {false, false}"}}},
+		edits: [][2]string{{"  if v.err then\n    return readErr(v.err, 'HMGET', i)\n  end\n", "  if v.err then\n    v = {false, false}\n  end\n"}}},
 	{name: "timestamp-moves-backwards",
 		edits: [][2]string{{"  if now > ts then\n", "  if now < ts then\n    ts = now\n  end\n  if now > ts then\n"}}},
 	{name: "refill-drops-remainder",
@@ -78,14 +80,16 @@ var scriptMutants = []mutant{
 	{name: "fresh-bucket-not-full",
 		edits: [][2]string{{"    return burst, now\n", "    return burst - 1, now\n"}}},
 	{name: "retry-rounded-down-to-ms",
-		edits: [][2]string{{"return {1, ts1 + tonumber(ARGV[1]) - now}", "return {1, math.floor((ts1 + tonumber(ARGV[1]) - now) / 1000) * 1000}"}}},
-	{name: "retry-returned-as-float",
-		edits: [][2]string{{"return {2, ts2 + tonumber(ARGV[4]) - now}", "return {2, (ts2 + tonumber(ARGV[4]) - now) / 1000}"}}},
+		edits: [][2]string{{"return reply(1, wait(1, tk1, ts1), tk1, -1)", "return reply(1, math.floor(wait(1, tk1, ts1) / 1000) * 1000, tk1, -1)"}}},
+	{name: "retry-returned-in-ms",
+		edits: [][2]string{{"return reply(2, wait(2, tk2, ts2)", "return reply(2, wait(2, tk2, ts2) / 1000"}}},
 	{name: "retry-from-the-wrong-bucket",
-		edits: [][2]string{{"return {2, ts2 + tonumber(ARGV[4]) - now}", "return {2, ts2 + tonumber(ARGV[1]) - now}"}}},
+		edits: [][2]string{{"return reply(2, wait(2, tk2, ts2)", "return reply(2, wait(1, tk2, ts2)"}}},
 	{name: "time-from-argument-not-TIME", // the host sends its clock and the script trusts it
 		edits: [][2]string{{"local now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
+	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
+		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",
 		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},
 }
@@ -96,7 +100,7 @@ type hostClockClient struct{ valkey.Client }
 
 func (h hostClockClient) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
 	args := cmd.Commands()
-	if isScriptCommand(args) && len(args) >= 3 {
+	if len(args) >= 3 && (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "EVAL")) {
 		n, _ := strconv.Atoi(args[2])
 		rest := append(append([]string(nil), args[3+n:]...), strconv.FormatInt(time.Now().UnixMicro(), 10))
 		cmd = h.B().Arbitrary(args[0]).Args(args[1], args[2]).Keys(args[3 : 3+n]...).Args(rest...).Build()
@@ -120,8 +124,9 @@ var specMutants = []mutant{
 	{name: "TTL-rounded-down", edits: [][2]string{{"ttlMillis := (refill + 999) / 1000", "ttlMillis := refill / 1000"}}},
 }
 
-// TestMutants runs every conformance check against each script mutant and
-// requires each mutant to be caught by at least one check; then it builds
+// TestMutants runs every conformance rule of admittest against Limiters
+// built around each script mutant and requires each mutant to be caught by
+// at least one rule; then it builds
 // each Spec mutant in a copy of the package and requires TestSpecBounds to
 // fail there. It prints the table mutant → catching checks. It needs a
 // real server, and ADMIT_MUTANTS=1, since it tests the suite rather than a
@@ -130,42 +135,50 @@ func TestMutants(t *testing.T) {
 	if os.Getenv("ADMIT_MUTANTS") != "1" {
 		t.Skip("tests the conformance suite itself; set ADMIT_MUTANTS=1 to run it")
 	}
-	d := openDeployment(t)
-	t.Logf("target: %s", d.target.Name)
+	c, opts := openTarget(t)
+	var anyOpts []any
+	for _, o := range opts {
+		anyOpts = append(anyOpts, o)
+	}
+	suite := suitehook.Open(t, c, anyOpts...)
 	type row struct{ mutant, caught, evidence string }
 	var table []row
 
-	// A mutant "caught" by a check that the shipped script fails too would
+	// A mutant "caught" by a rule that the shipped script fails too would
 	// prove nothing.
-	shipped := newEnv(d, scriptSource, nil)
-	for _, c := range checks() {
-		if err := runCheck(c, shipped); err != nil {
-			if _, skip := isSkip(err); !skip {
-				t.Fatalf("the shipped script fails %s; fix that first:\n%v", c.rule, err)
+	for _, r := range suite.Rules(admit.New) {
+		if err := runRule(r); err != nil {
+			if _, skip := suitehook.IsSkip(err); !skip {
+				t.Fatalf("the shipped script fails %s; fix that first:\n%v", r.Name, err)
 			}
 		}
 	}
 	for _, m := range scriptMutants {
 		t.Run("script/"+m.name, func(t *testing.T) {
-			src, err := m.apply(scriptSource)
+			src, err := m.apply(admit.ScriptSource)
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := newEnv(d, src, m.wrap)
+			newLimiter := func(c valkey.Client) *admit.Limiter {
+				if m.wrap != nil {
+					c = m.wrap(c)
+				}
+				return admit.NewLimiterWithScript(c, src)
+			}
 			var caught []string
 			evidence := ""
-			for _, c := range checks() {
-				err := runCheck(c, e)
-				if _, skip := isSkip(err); err == nil || skip {
+			for _, r := range suite.Rules(newLimiter) {
+				err := runRule(r)
+				if _, skip := suitehook.IsSkip(err); err == nil || skip {
 					continue
 				}
-				caught = append(caught, c.rule)
+				caught = append(caught, r.Name)
 				if evidence == "" {
-					evidence = c.rule + ": " + firstLine(err.Error())
+					evidence = r.Name + ": " + firstLine(err.Error())
 				}
 			}
 			if len(caught) == 0 {
-				t.Errorf("mutant %s survived every check", m.name)
+				t.Errorf("mutant %s survived every rule", m.name)
 			}
 			t.Logf("evidence: %s", evidence)
 			table = append(table, row{"script: " + m.name, strings.Join(caught, ", "), evidence})
@@ -175,7 +188,7 @@ func TestMutants(t *testing.T) {
 		table = append(table, row{"spec: " + r[0], r[1], ""})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "mutant → checks that caught it (%s)\n", d.target.Name)
+	fmt.Fprintf(&b, "mutant → rules that caught it (%s)\n", suite.Target())
 	for _, r := range table {
 		caught := r.caught
 		if caught == "" {
@@ -186,11 +199,14 @@ func TestMutants(t *testing.T) {
 	t.Log(b.String())
 }
 
-func runCheck(c check, e *env) error {
-	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+func runRule(r suitehook.Rule) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ruleTimeout)
 	defer cancel()
-	return c.run(ctx, e)
+	return r.Run(ctx)
 }
+
+// ruleTimeout bounds every rule, whatever a broken script does.
+const ruleTimeout = 60 * time.Second
 
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")

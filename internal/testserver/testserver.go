@@ -4,8 +4,9 @@
 // Server selection for [Shared], in order:
 //
 //	VALKEY_ADDR=host:port     an existing server; tests never flush it
-//	VALKEY_IMAGE=image:tag    a container started through testcontainers-go
-//	                          (skips when no Docker engine answers)
+//	VALKEY_IMAGE=image:tag    a container, started by [StartImage] (set by the
+//	                          internal/containertest module, the only one
+//	                          that needs a container runtime)
 //	VALKEY_SERVER=/path/bin   a valkey-server or redis-server binary to start
 //	valkey-server, then redis-server, found on PATH
 //
@@ -42,6 +43,7 @@ import (
 // Help says how to provide a server.
 const Help = "no Valkey server: set VALKEY_ADDR=host:port, or VALKEY_SERVER=/path/to/valkey-server, " +
 	"or put valkey-server (or redis-server) on PATH, or set VALKEY_IMAGE=valkey/valkey:8.0 where Docker runs " +
+	"(for the tests of the internal/containertest module) " +
 	"(VALKEY_CLUSTER=1 or VALKEY_CLUSTER_ADDR=host:port,... for a cluster); ADMIT_REQUIRE_SERVER=1 makes this a failure"
 
 // Server is a server the tests talk to.
@@ -58,6 +60,17 @@ type Server struct {
 	exited chan struct{}
 	stop   func() // for a container
 }
+
+// StartImage starts a server from a container image for VALKEY_IMAGE and
+// returns its address and a function that removes it. It is nil in this
+// module, which stays free of container runtimes: the internal/containertest
+// module, whose tests run the conformance suite in containers, sets it. An
+// error wrapping [ErrNoEngine] skips the test (fails it under
+// ADMIT_REQUIRE_SERVER=1).
+var StartImage func(ctx context.Context, image string) (addr string, stop func(), err error)
+
+// ErrNoEngine says that no container engine answers.
+var ErrNoEngine = errors.New("no container engine answers")
 
 // Required reports whether ADMIT_REQUIRE_SERVER=1: no server is then a failure.
 func Required() bool { return os.Getenv("ADMIT_REQUIRE_SERVER") == "1" }
@@ -101,7 +114,7 @@ func Shared(tb testing.TB) *Server {
 			return
 		}
 		if image := os.Getenv("VALKEY_IMAGE"); image != "" {
-			shared.srv, shared.err = startContainer(image)
+			shared.srv, shared.err = startImage(image)
 			return
 		}
 		bin := Binary()
@@ -110,9 +123,8 @@ func Shared(tb testing.TB) *Server {
 		}
 		shared.srv, shared.err = Start(bin)
 	})
-	var noDocker *noDockerError
-	if errors.As(shared.err, &noDocker) {
-		SkipOrFail(tb, noDocker.Error())
+	if errors.Is(shared.err, ErrNoEngine) {
+		SkipOrFail(tb, shared.err.Error())
 	}
 	if shared.err != nil {
 		tb.Fatalf("server: %v", shared.err)
@@ -147,6 +159,27 @@ func Own(tb testing.TB, extra ...string) *Server {
 	}
 	tb.Cleanup(srv.Stop)
 	return srv
+}
+
+// startImage starts image through StartImage and returns it as an owned
+// server, removed by Stop.
+func startImage(image string) (*Server, error) {
+	if StartImage == nil {
+		return nil, fmt.Errorf("VALKEY_IMAGE=%s: container images are run by the tests of the internal/containertest module "+
+			"(cd internal/containertest && go test ./...), not by this one", image)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	addr, stop, err := StartImage(ctx, image)
+	if err != nil {
+		return nil, fmt.Errorf("VALKEY_IMAGE=%s: %w", image, err)
+	}
+	v, err := serverVersion(addr)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("VALKEY_IMAGE=%s at %s: %w", image, addr, err)
+	}
+	return &Server{Addr: addr, Owned: true, Version: v, stop: stop}, nil
 }
 
 func dialExisting(addr string) (*Server, error) {

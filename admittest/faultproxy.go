@@ -1,8 +1,9 @@
-package admit
+package admittest
 
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 type faultProxy struct {
 	ln     net.Listener
 	target string
+	tls    *tls.Config // dials target with TLS when set
 	mode   atomic.Int32
 	// executed receives once per script command whose reply the proxy
 	// withheld, after the server answered it: the script has run.
@@ -42,15 +44,18 @@ const (
 	relayReplies    = iota
 	dropScriptReply // execute the script, then cut the connection without its reply
 	holdScriptReply // execute the script, signal executed, keep the reply until release, then cut
+	noscriptOnce    // answer the next EVALSHA with NOSCRIPT without sending it, then relay
 )
 
-func startFaultProxy(target string) (*faultProxy, error) {
+// startFaultProxy listens on 127.0.0.1 and relays to target, over TLS when
+// tlsConfig is not nil, so that it sees the commands in the clear.
+func startFaultProxy(target string, tlsConfig *tls.Config) (*faultProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	p := &faultProxy{
-		ln: ln, target: target, conns: map[net.Conn]bool{},
+		ln: ln, target: target, tls: tlsConfig, conns: map[net.Conn]bool{},
 		executed: make(chan struct{}, 16), release: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.wg.Add(1)
@@ -90,7 +95,14 @@ func (p *faultProxy) track(c net.Conn) bool {
 func (p *faultProxy) relay(client net.Conn) {
 	defer p.wg.Done()
 	defer client.Close()
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	var server net.Conn
+	var err error
+	if p.tls != nil {
+		server, err = tls.DialWithDialer(dialer, "tcp", p.target, p.tls)
+	} else {
+		server, err = dialer.Dial("tcp", p.target)
+	}
 	if err != nil || !p.track(server) {
 		return
 	}
@@ -104,6 +116,12 @@ func (p *faultProxy) relay(client net.Conn) {
 		p.mu.Lock()
 		p.sent = append(p.sent, args)
 		p.mu.Unlock()
+		if len(args) > 0 && strings.EqualFold(args[0], "EVALSHA") && p.mode.CompareAndSwap(noscriptOnce, relayReplies) {
+			if _, err := client.Write([]byte("-NOSCRIPT No matching script. Please use EVAL.\r\n")); err != nil {
+				return
+			}
+			continue
+		}
 		if _, err := server.Write(raw); err != nil {
 			return
 		}

@@ -1,0 +1,519 @@
+package admittest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/model"
+)
+
+// deployment is the server or cluster under test: the client under test, the
+// admin client that prepares and inspects keys, and the suite's key prefix.
+// It is shared by the envs of every Limiter builder (TestMutants tries
+// many).
+type deployment struct {
+	client    valkey.Client
+	admin     valkey.Client
+	opt       valkey.ClientOption // what proxy clients copy
+	owned     bool
+	cluster   bool
+	version   string
+	slots     []slotRange // cluster slot map; nil on a standalone server
+	addr      string      // the standalone server's address
+	base      string      // every key the suite writes starts with base
+	seq       atomic.Int64
+	slotOfKey sync.Map // key → its slot, as CLUSTER KEYSLOT said
+}
+
+type slotRange struct {
+	lo, hi int64
+	addr   string
+}
+
+func newDeployment(client valkey.Client, cfg config) (*deployment, error) {
+	d := &deployment{client: client, admin: cfg.admin, owned: cfg.owned, base: cfg.prefix}
+	if d.admin == nil {
+		d.admin = client
+	}
+	if cfg.clientOpt != nil {
+		d.opt = *cfg.clientOpt
+	}
+	d.cluster = client.Mode() == valkey.ClientModeCluster
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := d.admin.Do(ctx, d.admin.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return nil, fmt.Errorf("INFO server: %w", err)
+	}
+	f := infoFields(info)
+	if v := f["valkey_version"]; v != "" {
+		d.version = "valkey " + v
+	} else {
+		d.version = "redis " + f["redis_version"]
+	}
+	if d.cluster {
+		if d.slots, err = readSlots(ctx, d.admin); err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
+	for addr := range client.Nodes() {
+		d.addr = addr
+	}
+	return d, nil
+}
+
+// target describes the deployment, for logs and failures.
+func (d *deployment) target() string {
+	s := d.version + ", standalone"
+	if d.cluster {
+		primaries := map[string]bool{}
+		for _, r := range d.slots {
+			primaries[r.addr] = true
+		}
+		s = fmt.Sprintf("%s, cluster of %d primaries", d.version, len(primaries))
+	}
+	if d.owned {
+		return s + ", the suite's alone"
+	}
+	return s + ", shared (no SCRIPT FLUSH, no server command counts)"
+}
+
+func readSlots(ctx context.Context, c valkey.Client) ([]slotRange, error) {
+	entries, err := c.Do(ctx, c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER SLOTS: %w", err)
+	}
+	var slots []slotRange
+	for _, e := range entries {
+		f, err := e.ToArray()
+		if err != nil || len(f) < 3 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: unexpected entry %v", e)
+		}
+		lo, _ := f[0].AsInt64()
+		hi, _ := f[1].AsInt64()
+		node, _ := f[2].ToArray()
+		if len(node) < 2 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: unexpected node %v", f[2])
+		}
+		host, _ := node[0].ToString()
+		port, _ := node[1].AsInt64()
+		slots = append(slots, slotRange{lo, hi, net.JoinHostPort(host, strconv.FormatInt(port, 10))})
+	}
+	return slots, nil
+}
+
+// env is a deployment with a Limiter builder under test: admit.New, or one
+// that builds Limiters around a deliberately broken script.
+type env struct {
+	*deployment
+	newLimiter func(valkey.Client) *admit.Limiter
+	l          *admit.Limiter // the Limiter under test, on the client under test
+}
+
+// prefix returns a fresh key prefix under the deployment's base, with a
+// hash tag, so every key of one rule is in one cluster slot.
+func (e *env) prefix(rule string) string {
+	return fmt.Sprintf("%s{%s:%d}:", e.base, rule, e.seq.Add(1))
+}
+
+// short is key without the suite's base, for messages.
+func (e *env) short(key string) string { return strings.TrimPrefix(key, e.base) }
+
+// slotOf returns the cluster slot of key, as the server computes it.
+func (e *env) slotOf(ctx context.Context, key string) (int64, error) {
+	if s, ok := e.slotOfKey.Load(key); ok {
+		return s.(int64), nil
+	}
+	n, err := e.slotNode()
+	if err != nil {
+		return 0, err
+	}
+	s, err := n.Do(ctx, n.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("CLUSTER KEYSLOT %q: %w", key, err)
+	}
+	e.slotOfKey.Store(key, s)
+	return s, nil
+}
+
+// slotNode returns a node client of the admin client; any node answers
+// CLUSTER KEYSLOT for every key.
+func (e *env) slotNode() (valkey.Client, error) {
+	for _, r := range e.slots {
+		if n, ok := e.admin.Nodes()[r.addr]; ok {
+			return n, nil
+		}
+	}
+	return nil, errors.New("no admin client for any node of the slot map")
+}
+
+// node returns an admin client for the node that holds key, and the
+// node's address.
+func (e *env) node(ctx context.Context, key string) (valkey.Client, string, error) {
+	if !e.cluster {
+		return e.admin, e.addr, nil
+	}
+	slot, err := e.slotOf(ctx, key)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, r := range e.slots {
+		if r.lo <= slot && slot <= r.hi {
+			if n, ok := e.admin.Nodes()[r.addr]; ok {
+				return n, r.addr, nil
+			}
+			return nil, "", fmt.Errorf("no admin client for node %s", r.addr)
+		}
+	}
+	return nil, "", fmt.Errorf("slot %d of %q has no node", slot, key)
+}
+
+// proxyClient returns a standalone client through the proxy at addr, with
+// the credentials of the client under test, and one connection, so that
+// which connection carries a command is known. Otherwise it has the options
+// users have by default, retries included.
+func (e *env) proxyClient(addr string) (valkey.Client, error) {
+	o := e.opt
+	return valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true, PipelineMultiplex: -1,
+		Username: o.Username, Password: o.Password, AuthCredentialsFn: o.AuthCredentialsFn,
+		SelectDB: o.SelectDB, ClientName: o.ClientName, Dialer: o.Dialer,
+	})
+}
+
+// viaProxy returns a fault proxy in front of the node that holds prefix,
+// a one-connection client through it, and a Limiter under test on it.
+func (e *env) viaProxy(ctx context.Context, prefix string) (*faultProxy, valkey.Client, *admit.Limiter, error) {
+	_, addr, err := e.node(ctx, prefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	proxy, err := startFaultProxy(addr, e.opt.TLSConfig)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c, err := e.proxyClient(proxy.addr())
+	if err != nil {
+		proxy.close()
+		return nil, nil, nil, fmt.Errorf("a client through the proxy to %s (WithClientOption gives it credentials and TLS): %w", addr, err)
+	}
+	return proxy, c, e.newLimiter(c), nil
+}
+
+// quiet reports whether the server's command counters move only with the
+// suite's own commands, so they can be compared exactly.
+func (e *env) quiet() bool { return e.owned }
+
+// serverTime returns TIME, in µs, of the node that holds key.
+func (e *env) serverTime(ctx context.Context, key string) (int64, error) {
+	n, _, err := e.node(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	t, err := n.Do(ctx, n.B().Time().Build()).AsIntSlice()
+	if err != nil || len(t) != 2 {
+		return 0, fmt.Errorf("TIME: %v %v", t, err)
+	}
+	return t[0]*1_000_000 + t[1], nil
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, failed int64 }
+
+// stats returns INFO commandstats of the node that holds key, by
+// lower-case command name, on a quiet server; nil otherwise.
+func (e *env) stats(ctx context.Context, key string) (map[string]cmdStat, error) {
+	if !e.quiet() {
+		return nil, nil
+	}
+	n, _, err := e.node(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return readCommandStats(ctx, n)
+}
+
+func readCommandStats(ctx context.Context, c valkey.Client) (map[string]cmdStat, error) {
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	stats := map[string]cmdStat{}
+	for k, v := range infoFields(info) {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
+			continue
+		}
+		var s cmdStat
+		for kv := range strings.SplitSeq(v, ",") {
+			key, val, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			switch key {
+			case "calls":
+				s.calls = n
+			case "failed_calls":
+				s.failed = n
+			}
+		}
+		stats[name] = s
+	}
+	return stats, nil
+}
+
+// scriptCalls is the number of EVALSHA and EVAL calls between two stats.
+func scriptCalls(s0, s1 map[string]cmdStat) int64 {
+	return s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls
+}
+
+// infoFields parses the "name:value" lines of an INFO reply.
+func infoFields(info string) map[string]string {
+	info = strings.TrimPrefix(info, "txt:") // a RESP3 verbatim string
+	m := map[string]string{}
+	for line := range strings.Lines(info) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// deleteWithPrefix deletes every key that starts with prefix, on every
+// node of c, and nothing else. prefix holds no glob characters.
+func deleteWithPrefix(c valkey.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, node := range c.Nodes() {
+		var cursor uint64
+		for range 10000 {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				break
+			}
+			for _, k := range e.Elements {
+				node.Do(ctx, node.B().Del().Key(k).Build())
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+}
+
+// snapshot is a key's state byte for byte: its DUMP payload and its
+// absolute expiry (PEXPIRETIME, which does not tick down as PTTL does).
+type snapshot struct {
+	exists   bool
+	dump     string
+	expireAt int64 // ms since the epoch; -1 without expiry
+}
+
+func (s snapshot) String() string {
+	if !s.exists {
+		return "absent"
+	}
+	return fmt.Sprintf("DUMP %q PEXPIRETIME %d", s.dump, s.expireAt)
+}
+
+func (e *env) snap(ctx context.Context, key string) (snapshot, error) {
+	a := e.admin
+	dump, err := a.Do(ctx, a.B().Dump().Key(key).Build()).ToString()
+	if valkey.IsValkeyNil(err) {
+		return snapshot{}, nil
+	}
+	if err != nil {
+		return snapshot{}, fmt.Errorf("DUMP %s: %w", key, err)
+	}
+	at, err := a.Do(ctx, a.B().Pexpiretime().Key(key).Build()).AsInt64()
+	if err != nil {
+		return snapshot{}, fmt.Errorf("PEXPIRETIME %s: %w", key, err)
+	}
+	return snapshot{exists: true, dump: dump, expireAt: at}, nil
+}
+
+// bucketObs is a stored bucket as the server holds it.
+type bucketObs struct {
+	exists   bool
+	fields   map[string]string
+	expireAt int64
+}
+
+func (e *env) readBucket(ctx context.Context, key string) (bucketObs, error) {
+	a := e.admin
+	m, err := a.Do(ctx, a.B().Hgetall().Key(key).Build()).AsStrMap()
+	if err != nil {
+		return bucketObs{}, fmt.Errorf("HGETALL %s: %w", key, err)
+	}
+	if len(m) == 0 {
+		return bucketObs{}, nil
+	}
+	at, err := a.Do(ctx, a.B().Pexpiretime().Key(key).Build()).AsInt64()
+	if err != nil {
+		return bucketObs{}, fmt.Errorf("PEXPIRETIME %s: %w", key, err)
+	}
+	return bucketObs{exists: true, fields: m, expireAt: at}, nil
+}
+
+// parse returns the schema fields of a bucket, or an error naming what
+// breaks the key schema: exactly the fields tokens and ts, each a decimal
+// integer in canonical form.
+func (b bucketObs) parse() (tokens, ts int64, err error) {
+	if !b.exists {
+		return 0, 0, errors.New("bucket absent")
+	}
+	if got := slices.Sorted(maps.Keys(b.fields)); !slices.Equal(got, []string{"tokens", "ts"}) {
+		return 0, 0, fmt.Errorf("hash fields %v, want exactly [tokens ts]", got)
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"tokens", &tokens}, {"ts", &ts}} {
+		s := b.fields[f.name]
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || strconv.FormatInt(n, 10) != s {
+			return 0, 0, fmt.Errorf("field %s = %q, want a decimal integer", f.name, s)
+		}
+		*f.v = n
+	}
+	return tokens, ts, nil
+}
+
+// tokensLeft returns a bucket's stored tokens, checking the key schema.
+func (e *env) tokensLeft(ctx context.Context, key string) (int64, error) {
+	obs, err := e.readBucket(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	tk, _, err := obs.parse()
+	return tk, err
+}
+
+// seed stores a bucket as given, with an expiry that the script never sets
+// (hours past any TTL it writes), so any refresh of the expiry shows.
+func (e *env) seed(ctx context.Context, key string, st model.State, nowMicros int64) error {
+	a := e.admin
+	cmds := valkey.Commands{
+		a.B().Del().Key(key).Build(),
+		a.B().Hset().Key(key).FieldValue().FieldValue("tokens", strconv.FormatInt(st.Tokens, 10)).FieldValue("ts", strconv.FormatInt(st.TS, 10)).Build(),
+		a.B().Pexpireat().Key(key).MillisecondsTimestamp(nowMicros/1000 + 7777*time.Hour.Milliseconds()).Build(),
+	}
+	for _, r := range a.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return fmt.Errorf("seeding %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// seedAt is a bucket to seed before a decision: tokens, and ts relative to
+// the server's TIME when seeding.
+type seedAt struct{ tokens, tsOffset int64 }
+
+const sec = int64(1_000_000) // µs
+
+// decideAndCompare seeds buckets, reads the server's TIME, makes one
+// decision with l, reads TIME again, and compares everything with the
+// model at both ends of that window: the decision, RetryAfter, the fields
+// and expiry of every bucket the model writes, and, byte for byte, every
+// key it does not write. Fields that depend on the exact instant (a fresh
+// ts, an expiry) must lie between the two ends; all else must be equal.
+func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, seeds map[string]seedAt) (admit.Decision, error) {
+	keys := []string{first.Key}
+	if second != nil {
+		keys = append(keys, second.Key)
+	}
+	t0, err := e.serverTime(ctx, first.Key)
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	states := map[string]model.State{}
+	for _, k := range keys {
+		if s, ok := seeds[k]; ok {
+			states[k] = model.State{Tokens: s.tokens, TS: t0 + s.tsOffset}
+			if err := e.seed(ctx, k, states[k], t0); err != nil {
+				return admit.Decision{}, err
+			}
+		} else if err := e.admin.Do(ctx, e.admin.B().Del().Key(k).Build()).Error(); err != nil {
+			return admit.Decision{}, err
+		}
+	}
+	before := map[string]snapshot{}
+	for _, k := range keys {
+		if before[k], err = e.snap(ctx, k); err != nil {
+			return admit.Decision{}, err
+		}
+	}
+	tBefore, err := e.serverTime(ctx, first.Key)
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	d, callErr := l.AllowOrdered(ctx, first, second)
+	tAfter, err := e.serverTime(ctx, first.Key)
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	if callErr != nil {
+		return d, fmt.Errorf("AllowOrdered: %w", callErr)
+	}
+	dLo, wLo := model.Decide(tBefore, states, first, second)
+	dHi, wHi := model.Decide(tAfter, states, first, second)
+	if dLo.Denied != dHi.Denied || len(wLo) != len(wHi) {
+		return d, fmt.Errorf("inconclusive: the model's decision changes within the server window of %dµs", tAfter-tBefore)
+	}
+	var errs []error
+	if d.Denied != dLo.Denied || !between(dLo.RetryAfter.Microseconds(), dHi.RetryAfter.Microseconds(), d.RetryAfter.Microseconds()) {
+		errs = append(errs, fmt.Errorf("decision %v, want %v (RetryAfter %v..%v by the server clock)", d, dLo, dLo.RetryAfter, dHi.RetryAfter))
+	}
+	for _, k := range keys {
+		lo, written := wLo[k]
+		if !written {
+			after, err := e.snap(ctx, k)
+			if err != nil {
+				return d, err
+			}
+			if after != before[k] {
+				errs = append(errs, fmt.Errorf("%s must not change: before %v, after %v", e.short(k), before[k], after))
+			}
+			continue
+		}
+		hi := wHi[k]
+		obs, err := e.readBucket(ctx, k)
+		if err != nil {
+			return d, err
+		}
+		tk, ts, err := obs.parse()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %v", e.short(k), err))
+			continue
+		}
+		// The expiry is the server's ms clock when the script ran plus the
+		// TTL the model gives at that instant; each lies between its
+		// values at the two ends of the window.
+		expLo := tBefore/1000 + min(lo.TTLMs, hi.TTLMs)
+		expHi := (tAfter+999)/1000 + max(lo.TTLMs, hi.TTLMs)
+		if !between(lo.Tokens, hi.Tokens, tk) || !between(lo.TS, hi.TS, ts) || !between(expLo, expHi, obs.expireAt) {
+			errs = append(errs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
+				e.short(k), tk, ts, obs.expireAt, lo.Tokens, hi.Tokens, lo.TS, hi.TS, expLo, expHi))
+		}
+	}
+	return d, errors.Join(errs...)
+}
+
+func between(a, b, x int64) bool {
+	return min(a, b) <= x && x <= max(a, b)
+}
+
+// req is a Request for key with spec.
+func req(key string, spec admit.Spec) admit.Request { return admit.Request{Key: key, Spec: spec} }

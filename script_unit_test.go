@@ -1,0 +1,67 @@
+package admit
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestServerClockFarFromHost: on a server whose clock is decades from the
+// host's, before and after it, refill follows the server clock to the
+// microsecond and the stored ts is in server µs. (admittest's
+// host-clock-plays-no-part checks on a real server that no time goes on the
+// wire.)
+func TestServerClockFarFromHost(t *testing.T) {
+	for _, epoch := range []time.Time{unitEpoch, time.Date(1999, 12, 31, 23, 59, 59, 999_999_000, time.UTC)} {
+		e := newUnitEnv(t)
+		e.now = epoch
+		e.srv.SetTime(epoch)
+		r := Request{Key: "clock", Spec: MustSpec(Every(time.Second), 2)}
+		for i, st := range []struct {
+			advance time.Duration
+			want    Decision
+		}{
+			{0, Decision{Remaining: [2]int{1, -1}, decided: true}},
+			{0, Decision{Remaining: [2]int{0, -1}, decided: true}},
+			{0, Decision{Denied: 1, RetryAfter: time.Second, Remaining: [2]int{0, -1}, decided: true}},
+			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond, Remaining: [2]int{0, -1}, decided: true}},
+			{time.Microsecond, Decision{Remaining: [2]int{0, -1}, decided: true}},
+		} {
+			e.advance(st.advance)
+			if d := e.allow(t, r, nil); d != st.want {
+				t.Errorf("server clock at %v, step %d: got %v, want %v", epoch, i, d, st.want)
+			}
+		}
+		if tk, ts := e.state(r.Key); tk != "0" || ts != strconv.FormatInt(epoch.Add(time.Second).UnixMicro(), 10) {
+			t.Errorf("server clock at %v: stored tokens %q ts %q, want 0 and %d (server µs)", epoch, tk, ts, epoch.Add(time.Second).UnixMicro())
+		}
+	}
+}
+
+// TestOnlyDeclaredKeys: after allowed and denied calls on both paths, the
+// database holds exactly the keys the calls named. (admittest's
+// only-declared-keys checks the same on a real server.)
+func TestOnlyDeclaredKeys(t *testing.T) {
+	e := newUnitEnv(t)
+	a, b, c := Request{Key: "m:{x}:a", Spec: MustSpec(Every(time.Hour), 2)}, Request{Key: "m:{x}:b", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "m:{x}:c", Spec: MustSpec(Every(time.Hour), 3)}
+	for i, call := range []struct {
+		first  Request
+		second *Request
+		want   uint8
+	}{{a, &b, 0}, {a, &b, 2}, {a, &b, 1}, {c, nil, 0}, {b, nil, 1}, {c, &a, 2}} {
+		if d, err := e.l.AllowOrdered(context.Background(), call.first, call.second); err != nil || d.Denied != call.want {
+			t.Fatalf("call %d: %v, %v; want Denied %d", i, d, err, call.want)
+		}
+	}
+	declared := map[string]bool{a.Key: true, b.Key: true, c.Key: true}
+	keys := e.srv.Keys()
+	for _, k := range keys {
+		if !declared[k] {
+			t.Errorf("the script wrote %q, a key it was not given", k)
+		}
+	}
+	if len(keys) != len(declared) {
+		t.Errorf("keys %v, want the %d declared", keys, len(declared))
+	}
+}
