@@ -20,6 +20,13 @@
 -- holds its cost; remI is the tokens bucket I holds after the call, -1 for a
 -- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2".
 --
+-- A denied bucket is not rewritten: its refill is a pure function of its
+-- stored fields and the server's time, so the next call recomputes the same
+-- state. Only its expiry may be lengthened (PEXPIREAT GT), for a Spec made
+-- slower since the last write; a no-op PEXPIREAT GT changes nothing and
+-- replicates nothing. The one exception is a ts pulled back from the future
+-- (a clock step): that is stored, or the freeze would restart each call.
+--
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
 -- validated, and every write is checked against the caller's ACL, before the
 -- first write, because Valkey does not roll back a script's earlier writes
@@ -35,7 +42,7 @@ local function noperm(cmd, i)
     ' (README, "Least-privilege ACL")')
 end
 
--- A user may read a key and not write it (%R~), or lack HSET or PEXPIRE:
+-- A user may read a key and not write it (%R~), or lack HSET or PEXPIREAT:
 -- without this check the script would fail between two writes and leave a
 -- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
 -- Valkey 7.2+ and Redis 7.0+. A peek writes nothing, so it needs no write
@@ -45,8 +52,8 @@ if mode ~= 'p' and redis.acl_check_cmd then
     if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
       return noperm('HSET', i)
     end
-    if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then
-      return noperm('PEXPIRE', i)
+    if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then
+      return noperm('PEXPIREAT', i)
     end
   end
 end
@@ -110,6 +117,7 @@ end
 -- never outlasts one full refill: an empty bucket's next token comes at
 -- most burst * interval from now, whatever ts a lagging node or a bad
 -- write left.
+local pulled = {}
 local function refill(i)
   local interval, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
   local tk, ts = tokens[i], stamps[i]
@@ -122,6 +130,7 @@ local function refill(i)
   local latest = now + (burst - 1) * interval
   if ts > latest then
     ts = latest
+    pulled[i] = true
   end
   if now > ts then
     local gained = math.floor((now - ts) / interval)
@@ -137,17 +146,30 @@ local function refill(i)
   return tk, ts
 end
 
--- store writes a bucket and its expiry. The expiry is never shorter than the
--- time to refill from empty to full; when the server clock has stepped back
--- behind ts, refill resumes only once the clock passes ts again, so the
--- expiry is extended by that gap.
+-- Expiries are absolute (PEXPIREAT, ms on the server's clock, rounded up),
+-- so that a denial's expiry and the last write's compare exactly.
+--
+-- store writes a bucket and its expiry: the later of now and ts, plus the
+-- time to refill from empty to full. Never shorter than the time the bucket
+-- needs to be full; when the server clock has stepped back behind ts,
+-- refill resumes only once the clock passes ts again, hence the later.
 local function store(i, tk, ts)
   redis.call('HSET', KEYS[i], 'tokens', string.format('%d', tk), 'ts', string.format('%d', ts))
-  local ttl = ARGV[4 * i]
-  if ts > now then
-    ttl = string.format('%d', tonumber(ttl) + math.ceil((ts - now) / 1000))
+  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))
+end
+
+-- keep leaves a denied bucket's fields as they are and makes sure its key
+-- outlives the moment the bucket is full again under this Spec,
+-- ts + (burst - tk) * interval, which refill leaves unchanged; PEXPIREAT GT
+-- only ever lengthens an expiry, so with an unchanged Spec it is a no-op.
+-- A ts pulled back from the future must be stored instead.
+local function keep(i, tk, ts)
+  if pulled[i] then
+    store(i, tk, ts)
+    return
   end
-  redis.call('PEXPIRE', KEYS[i], ttl)
+  local full = ts + (tonumber(ARGV[4 * i - 1]) - tk) * tonumber(ARGV[4 * i - 2])
+  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
 end
 
 local function reply(denied, retry, rem1, rem2)
@@ -182,7 +204,7 @@ local c1 = tonumber(ARGV[5])
 local tk1, ts1 = refill(1)
 if tk1 < c1 then
   if write then
-    store(1, tk1, ts1)
+    keep(1, tk1, ts1)
   end
   return reply(1, wait(1, tk1, ts1), tk1, -1)
 end
@@ -192,7 +214,7 @@ if n == 2 then
   if tk2 < c2 then
     if write then
       store(1, tk1 - c1, ts1)
-      store(2, tk2, ts2)
+      keep(2, tk2, ts2)
     end
     return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end
