@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,5 +138,45 @@ func TestIntegrationDenialKeepsSlowerSpecAlive(t *testing.T) {
 	pttl, err := c.Do(ctx, c.B().Pttl().Key(r.Key).Build()).AsInt64()
 	if want := (2 * time.Hour).Milliseconds(); err != nil || pttl < want-2000 || pttl > want+1 { // +1: rounded up to a ms
 		t.Errorf("PTTL %d ms, %v; want about %d (the new Spec's time to full), not the old 2 s", pttl, err, want)
+	}
+}
+
+// TestIntegrationDenialCacheFlood: once the server has denied a key at
+// its first bucket, a flood from 64 goroutines on that key with the cache
+// on sends nothing (commandstats), and every answer is that denial.
+func TestIntegrationDenialCacheFlood(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	l := New(c, WithDenialCache(16))
+	ctx := context.Background()
+	std, shared := Request{Key: "rl:{flood}:std", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "rl:{flood}:shared", Spec: MustSpec(Every(time.Millisecond), 20)}
+	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
+		t.Fatalf("drain: %v, %v", d, err)
+	}
+	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != 1 {
+		t.Fatalf("the server's denial: %v, %v", d, err)
+	}
+	before := testserver.CommandStats(t, c)
+	const goroutines, calls = 64, 100
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != 1 || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+					wrong.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	after := testserver.CommandStats(t, c)
+	if n := after["evalsha"].Calls + after["eval"].Calls - before["evalsha"].Calls - before["eval"].Calls; n != 0 || wrong.Load() != 0 {
+		t.Errorf("%d scripts ran and %d answers were not the cached denial, over %d calls; want 0 and 0", n, wrong.Load(), goroutines*calls)
+	}
+	if tk, _ := bucketFields(t, c, shared.Key); tk != 19 {
+		t.Errorf("shared bucket holds %d tokens, want 19: a local denial must not touch it", tk)
 	}
 }

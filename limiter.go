@@ -127,22 +127,30 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client valkey.Client
-	script *valkey.Lua // EVALSHA: take and refund
-	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
+	client  valkey.Client
+	script  *valkey.Lua  // EVALSHA: take and refund
+	peek    *valkey.Lua  // EVALSHA_RO: the same script, read-only
+	denials *denialCache // nil unless WithDenialCache
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
-// sentinel or cluster client, or a mock. New only stores the client: it
+// sentinel or cluster client, or a mock, configured by opts (by default,
+// none: every call goes to the server). New only stores the client: it
 // calls no method on it and sends nothing. Each two-bucket call asks the
 // client for its Mode, to check cluster hash slots before sending.
 //
 // Do not hand admit a client built with ClientOption.ConnLifetime > 0:
 // valkey-go (v1.0.79) re-sends a command that is in flight when its
 // connection expires, whatever its retry flag, so a script could run twice.
-func New(client valkey.Client) *Limiter {
+func New(client valkey.Client, opts ...Option) *Limiter {
 	s := scripts()
-	return &Limiter{client: client, script: s.take, peek: s.peek}
+	l := &Limiter{client: client, script: s.take, peek: s.peek}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(l)
+		}
+	}
+	return l
 }
 
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
@@ -167,7 +175,38 @@ const (
 // command is in flight gives ErrOutcomeUnknown, because the command may
 // still reach the server.
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
-	return l.run(ctx, modeTake, first, second)
+	if l == nil || l.denials == nil {
+		return l.run(ctx, modeTake, first, second)
+	}
+	if d, ok := l.denials.lookup(first); ok {
+		if err := l.check(ctx, first, second); err != nil { // bad input is refused, cached or not
+			return Decision{}, err
+		}
+		return d, nil
+	}
+	sent := l.denials.now()
+	d, err := l.run(ctx, modeTake, first, second)
+	if err == nil && d.Denied == 1 {
+		l.denials.add(first, sent, d)
+	}
+	return d, err
+}
+
+// check refuses what can be known client-side: the checks run sends.
+func (l *Limiter) check(ctx context.Context, first Request, second *Request) error {
+	switch {
+	case l == nil || l.client == nil:
+		return invalidRequest("the Limiter has no client; build it with admit.New")
+	case ctx == nil:
+		return invalidRequest("nil context")
+	}
+	if err := checkRequest("first", first); err != nil {
+		return err
+	}
+	if second != nil {
+		return l.checkPair(first, *second)
+	}
+	return nil
 }
 
 // run checks the call, sends the script in mode and decodes its reply.

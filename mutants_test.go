@@ -154,7 +154,7 @@ func TestMutants(t *testing.T) {
 
 	// A mutant "caught" by a rule that the shipped script fails too would
 	// prove nothing.
-	for _, r := range suite.Rules(admit.New) {
+	for _, r := range suite.Rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
 		if err := runRule(r); err != nil {
 			if _, skip := suitehook.IsSkip(err); !skip {
 				t.Fatalf("the shipped script fails %s; fix that first:\n%v", r.Name, err)

@@ -67,7 +67,7 @@ func Run(t *testing.T, client valkey.Client, opts ...Option) {
 	d := open(t, client, opts)
 	t.Logf("admittest: %s; keys under %q", d.target(), d.base)
 	start := time.Now()
-	for _, r := range d.rules(admit.New) {
+	for _, r := range d.rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
 		t.Run(r.Name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), ruleTimeout)
 			defer cancel()
