@@ -139,7 +139,7 @@ func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Reque
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
 	}
-	return decode(l.script.Exec(ctx, l.client, keys, args), uint8(len(keys)))
+	return decode(execScript(ctx, l.script, l.client, keys, args), uint8(len(keys)))
 }
 
 func checkRequest(which string, r Request) error {
