@@ -341,7 +341,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 			PipelineMultiplex: -1, // one connection, one shared attempt to open it
 			DialCtxFn: func(ctx context.Context, dst string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
 				if dials.Add(1) == 1 {
-					return nil, errors.New("refused by the test, to leave the client cold")
+					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("refused by the test, to leave the client cold")}
 				}
 				select {
 				case dialing <- struct{}{}:
@@ -403,7 +403,27 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 			t.Logf("the impatient caller (deadline 1ms): %v", ierr)
 		}
 		decided += roundDecided
+		// On the closed client, valkey-go repeats the last error of a
+		// connection attempt, or gives ErrClosing; either way it sends
+		// nothing, and the class follows the error: another call's
+		// context error is not executed, ErrClosing outcome unknown.
 		c.Close()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, cerr := l.AllowOrdered(pctx, Request{prefix + "closed", errclassSpec}, nil)
+		cancel()
+		if round == 0 {
+			t.Logf("called after Close: %v", cerr)
+		}
+		switch {
+		case errors.Is(cerr, valkey.ErrClosing):
+			ecWantClass(t, cerr, ErrOutcomeUnknown, nil, []string{"closed"}, nil)
+		case ecIsDial(cerr):
+			ecWantClass(t, cerr, ErrNotExecuted, nil, []string{"could not connect"}, []string{"in flight"})
+		case errors.Is(cerr, context.DeadlineExceeded):
+			ecWantClass(t, cerr, ErrNotExecuted, nil, []string{"another call's context"}, []string{"in flight"})
+		default:
+			t.Errorf("called after Close: %v; want ErrClosing or a failed connection attempt's error", cerr)
+		}
 		if n := ecScriptsSeen(t, admin) - calls; n != int64(roundDecided) {
 			t.Errorf("round %d: the server saw %d script commands for %d decided calls", round, n, roundDecided)
 		}
@@ -412,6 +432,11 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 	if sharedFailures == 0 {
 		t.Fatalf("in %d rounds no patient caller got the impatient caller's deadline; the test proved nothing", rounds)
 	}
+}
+
+func ecIsDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // ecHoldProxy relays one client's connections to a server, and once hold is

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +243,25 @@ func TestErrClassOwnContext(t *testing.T) {
 		if got := ownContextEnded(tc.ctx); got != tc.want {
 			t.Errorf("%s: ownContextEnded = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestErrClassValkeyGoPin: the proofs behind ErrNotExecuted in errors.go
+// are read from valkey-go v1.0.79's source (mux.go, pipe.go, cluster.go,
+// lua.go). Another version may return the same errors after writing a
+// command, so moving to it means reading those files again, then moving
+// this pin.
+func TestErrClassValkeyGoPin(t *testing.T) {
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*github\.com/valkey-io/valkey-go (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("go.mod does not require github.com/valkey-io/valkey-go")
+	}
+	if got := string(m[1]); got != "v1.0.79" {
+		t.Errorf("valkey-go %s; the error classes in errors.go are proven for v1.0.79: re-read its mux.go, pipe.go, "+
+			"cluster.go and lua.go for what is returned before a command is written, update errors.go, then this pin", got)
 	}
 }

@@ -222,9 +222,10 @@ func classify(err error) error {
 	}
 	var foreign *foreignContextError
 	if errors.As(err, &foreign) {
-		return notExecuted("this call's context is live, but valkey-go failed it with another call's context error: " +
-			"valkey-go shares one connection attempt among the calls waiting for a connection, and that " +
-			"attempt ended with the context of the call that started it; nothing was sent; a retry is safe")
+		return notExecuted("this call's context is live, but valkey-go failed it with another call's context error " +
+			"before sending it: valkey-go opens a connection once for all the calls waiting for it, with the context " +
+			"of the call that started the attempt, and gives that attempt's error to each of them (a closed client " +
+			"repeats the last one); nothing was sent; a retry is safe")
 	}
 	if errors.Is(err, valkey.ErrClosing) {
 		// A call made on a closed client sends nothing; but valkey-go
