@@ -113,6 +113,8 @@ func TestErrClassTable(t *testing.T) {
 			ErrNotExecuted, nil, valkey.ErrNoCache, []string{"CLIENT TRACKING", "DisableCache: true", "nothing was sent"}},
 		{"dial", live, fixed(dialErr),
 			ErrNotExecuted, nil, dialErr, []string{"could not connect", "nothing was sent"}},
+		{"dial-timeout", live, fixed(&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}),
+			ErrNotExecuted, nil, context.DeadlineExceeded, []string{"could not connect", "nothing was sent"}},
 		{"read-error", live, fixed(readErr),
 			ErrOutcomeUnknown, nil, readErr, []string{"may have been in flight"}},
 		{"eof", live, fixed(io.EOF),
@@ -132,7 +134,7 @@ func TestErrClassTable(t *testing.T) {
 		{"own-deadline-without-monotonic-clock", withDeadline(time.Now().Add(time.Hour).Round(0)), fixed(context.DeadlineExceeded),
 			ErrOutcomeUnknown, nil, context.DeadlineExceeded, []string{"this call's context ended"}},
 		{"wrapped-context-error", live, fixed(fmt.Errorf("auth credentials: %w", context.DeadlineExceeded)),
-			ErrOutcomeUnknown, nil, context.DeadlineExceeded, []string{"may have been in flight"}},
+			ErrOutcomeUnknown, nil, context.DeadlineExceeded, []string{"this call's context is live", "may have been in flight"}},
 		{"nil-reply", live, fixed(valkey.Nil),
 			ErrOutcomeUnknown, ErrBadReply, nil, []string{"unexpected reply", "nil"}},
 	}

@@ -104,8 +104,10 @@ var preExecCodes = map[string]bool{
 }
 
 // execScript runs script on client. When valkey-go fails the call with a
-// bare context error although this call's own context is live (see
-// ownContextEnded), the error is marked as another call's (foreignContext).
+// context error although this call's own context is live (see
+// ownContextEnded), the error is marked as another call's
+// (foreignContextError), proven so when it is one of the bare sentinels
+// context.Canceled and context.DeadlineExceeded.
 //
 // Why that proves nothing was sent, in valkey-go v1.0.79: a context error
 // reaches a call either from that call's own context (pipe.Do checks
@@ -122,8 +124,9 @@ var preExecCodes = map[string]bool{
 // written.
 func execScript(ctx context.Context, script *valkey.Lua, client valkey.Client, keys, args []string) valkey.ValkeyResult {
 	resp := script.Exec(ctx, client, keys, args)
-	if err := resp.Error(); (err == context.Canceled || err == context.DeadlineExceeded) && !ownContextEnded(ctx) {
-		return valkey.NewErrorResult(&foreignContextError{err})
+	if err := resp.Error(); (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && !ownContextEnded(ctx) {
+		bare := err == context.Canceled || err == context.DeadlineExceeded
+		return valkey.NewErrorResult(&foreignContextError{err: err, proven: bare})
 	}
 	return resp
 }
@@ -148,9 +151,15 @@ func ownContextEnded(ctx context.Context) bool {
 }
 
 // foreignContextError is a context error valkey-go returned for a call
-// whose own context is live: another call's context ended a connection
-// attempt or a command this call was waiting behind. See execScript.
-type foreignContextError struct{ err error }
+// whose own context is live. When proven (a bare sentinel), another call's
+// context ended a connection attempt or a command this call was waiting
+// behind, and nothing was sent; otherwise (a wrapped context error, from a
+// dial, an AuthCredentialsFn or a hook) its origin is not known. See
+// execScript.
+type foreignContextError struct {
+	err    error
+	proven bool
+}
 
 func (e *foreignContextError) Error() string { return e.err.Error() }
 func (e *foreignContextError) Unwrap() error { return e.err }
@@ -222,6 +231,10 @@ func classify(err error) error {
 	}
 	var foreign *foreignContextError
 	if errors.As(err, &foreign) {
+		if !foreign.proven {
+			return unknown("valkey-go reported a context error although this call's context is live, from somewhere " +
+				"admit cannot place; the command may have been in flight; tokens may have been consumed")
+		}
 		return notExecuted("this call's context is live, but valkey-go failed it with another call's context error " +
 			"before sending it: valkey-go opens a connection once for all the calls waiting for it, with the context " +
 			"of the call that started the attempt, and gives that attempt's error to each of them (a closed client " +
