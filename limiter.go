@@ -241,7 +241,7 @@ func (l *Limiter) run(ctx context.Context, mode string, first Request, second *R
 	if mode == modePeek {
 		script = l.peek
 	}
-	return decode(script.Exec(ctx, l.client, keys, args), uint8(len(keys)))
+	return decode(execScript(ctx, script, l.client, keys, args), uint8(len(keys)))
 }
 
 // costArg encodes a cost; strconv.Itoa does not allocate below 100.
