@@ -3,8 +3,8 @@
 // sends them to a third-party HTTP API (Twitch Helix) under its rate limits,
 // keeping part of every shared budget for premium traffic.
 //
-//	go run ./examples/outgress                              # in-process miniredis
-//	VALKEY_ADDR=127.0.0.1:6379 go run ./examples/outgress   # a real Valkey
+//	cd examples/outgress && go run .                              # in-process miniredis
+//	cd examples/outgress && VALKEY_ADDR=127.0.0.1:6379 go run .   # a real Valkey
 //
 // It starts two worker replicas, a fake Helix server and an in-memory bus,
 // pushes a mix of standard and premium chat plus Helix calls through them for
