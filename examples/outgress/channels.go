@@ -35,20 +35,26 @@ type ChannelCacheConfig struct {
 	TTL time.Duration
 	// MaxEntries bounds the cache. Default 100000.
 	MaxEntries int
+	// LoadTimeout bounds one HGETALL. A load is shared by every caller
+	// that misses the channel meanwhile and is cancelled by none of them.
+	// Default 2s.
+	LoadTimeout time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
 
 // ChannelCache serves channel metadata from memory for TTL after loading it
 // with one HGETALL of the hash at "<prefix>chan:{chan:<id>}" (fields login,
-// bot_mod "1" or "0"). Concurrent misses for one channel share one load. It is
-// safe for concurrent use.
+// bot_mod "1" or "0"). Concurrent misses for one channel share one load,
+// which no caller's cancellation stops. It is safe for concurrent use.
 type ChannelCache struct {
 	c      valkey.Client
 	prefix string
 	ttl    time.Duration
 	max    int
-	now    func() time.Time
+
+	loadTimeout time.Duration
+	now         func() time.Time
 
 	mu       sync.RWMutex
 	entries  map[string]cacheEntry
@@ -59,7 +65,7 @@ type ChannelCache struct {
 
 type cacheEntry struct {
 	ch      *Channel
-	expires int64 // UnixNano
+	expires time.Time // with the monotonic reading of time.Now, so a step of the wall clock moves no expiry
 }
 
 type channelLoad struct {
@@ -76,11 +82,14 @@ func NewChannelCache(c valkey.Client, cfg ChannelCacheConfig) *ChannelCache {
 	if cfg.MaxEntries <= 0 {
 		cfg.MaxEntries = 100000
 	}
+	if cfg.LoadTimeout <= 0 {
+		cfg.LoadTimeout = 2 * time.Second
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	return &ChannelCache{
-		c: c, prefix: cfg.Prefix, ttl: cfg.TTL, max: cfg.MaxEntries, now: cfg.Now,
+		c: c, prefix: cfg.Prefix, ttl: cfg.TTL, max: cfg.MaxEntries, now: cfg.Now, loadTimeout: cfg.LoadTimeout,
 		entries: map[string]cacheEntry{}, inflight: map[string]*channelLoad{},
 	}
 }
@@ -91,53 +100,65 @@ func NewChannelCache(c valkey.Client, cfg ChannelCacheConfig) *ChannelCache {
 // (CacheJoined: no command of its own). A channel Valkey does not know gives
 // ErrUnknownChannel and is not cached.
 func (cc *ChannelCache) Get(ctx context.Context, id string) (*Channel, CacheUse, error) {
-	now := cc.now().UnixNano()
+	now := cc.now()
 	cc.mu.RLock()
 	e, ok := cc.entries[id]
 	cc.mu.RUnlock()
-	if ok && now < e.expires {
+	if ok && now.Before(e.expires) {
 		return e.ch, CacheHit, nil
 	}
 
 	cc.mu.Lock()
-	if e, ok := cc.entries[id]; ok && now < e.expires {
+	if e, ok := cc.entries[id]; ok && now.Before(e.expires) {
 		cc.mu.Unlock()
 		return e.ch, CacheHit, nil
 	}
-	if l := cc.inflight[id]; l != nil {
-		cc.mu.Unlock()
+	l := cc.inflight[id]
+	use := CacheJoined
+	if l == nil {
+		// The load belongs to no caller: it runs on its own goroutine,
+		// bounded by LoadTimeout, with a context that keeps the first
+		// caller's values (the demo's command tally) but not its
+		// cancellation. A caller that gives up leaves the others served.
+		l = &channelLoad{done: make(chan struct{})}
+		cc.inflight[id] = l
+		use = CacheMiss
+		go cc.runLoad(context.WithoutCancel(ctx), id, l)
+	}
+	cc.mu.Unlock()
+	if use == CacheJoined {
 		cc.waiting.Add(1)
 		defer cc.waiting.Add(-1)
-		select {
-		case <-l.done:
-			return l.ch, CacheJoined, l.err
-		case <-ctx.Done():
-			return nil, CacheJoined, ctx.Err()
-		}
 	}
-	l := &channelLoad{done: make(chan struct{})}
-	cc.inflight[id] = l
-	cc.mu.Unlock()
+	select {
+	case <-l.done:
+		return l.ch, use, l.err
+	case <-ctx.Done():
+		return nil, use, ctx.Err()
+	}
+}
 
+// runLoad performs a shared load and publishes its result to every waiter.
+func (cc *ChannelCache) runLoad(ctx context.Context, id string, l *channelLoad) {
+	ctx, cancel := context.WithTimeout(ctx, cc.loadTimeout)
+	defer cancel()
 	l.ch, l.err = cc.load(ctx, id)
-
 	cc.mu.Lock()
 	delete(cc.inflight, id)
 	if l.err == nil {
-		cc.store(id, cacheEntry{ch: l.ch, expires: cc.now().Add(cc.ttl).UnixNano()})
+		cc.store(id, cacheEntry{ch: l.ch, expires: cc.now().Add(cc.ttl)})
 	}
 	cc.mu.Unlock()
 	close(l.done)
-	return l.ch, CacheMiss, l.err
 }
 
 // store adds an entry, evicting when full: expired entries first, else one
 // arbitrary entry. Called with mu held.
 func (cc *ChannelCache) store(id string, e cacheEntry) {
 	if _, ok := cc.entries[id]; !ok && len(cc.entries) >= cc.max {
-		now := cc.now().UnixNano()
+		now := cc.now()
 		for k, old := range cc.entries {
-			if now >= old.expires {
+			if !now.Before(old.expires) {
 				delete(cc.entries, k)
 			}
 		}

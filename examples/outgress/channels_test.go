@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -128,5 +129,74 @@ func TestChannelCacheBounded(t *testing.T) {
 	}
 	if _, use, _ := cc.Get(ctxT(t), "4"); use != CacheHit {
 		t.Errorf("the newest entry was evicted: %v", use)
+	}
+}
+
+// TestChannelCacheFirstCallerCancelled holds the first caller's HGETALL
+// while two more callers join its load, then cancels the first caller. The
+// load belongs to no caller: the first gets its own cancellation, the two
+// others get the channel, from the one HGETALL.
+func TestChannelCacheFirstCallerCancelled(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	if err := raw.Do(ctxT(t), raw.B().Hset().Key(channelKey(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var loads atomic.Int64
+	c := &CountingClient{Client: raw, Gate: func(cmd valkey.Completed) {
+		if isCommand(cmd, "HGETALL") {
+			loads.Add(1)
+			<-release
+		}
+	}}
+	cc := NewChannelCache(c, ChannelCacheConfig{Prefix: prefix})
+
+	firstCtx, cancelFirst := context.WithCancel(ctxT(t))
+	firstErr := make(chan error, 1)
+	go func() {
+		_, _, err := cc.Get(firstCtx, "8")
+		firstErr <- err
+	}()
+	if !waitFor(func() bool { return loads.Load() == 1 }) {
+		t.Fatal("the first caller's HGETALL was never sent")
+	}
+	type result struct {
+		ch  *Channel
+		use CacheUse
+		err error
+	}
+	others := make(chan result, 2)
+	for range 2 {
+		go func() {
+			ch, use, err := cc.Get(ctxT(t), "8")
+			others <- result{ch, use, err}
+		}()
+	}
+	if !waitFor(func() bool { return cc.waiting.Load() == 2 }) {
+		t.Fatalf("%d callers waiting on the load, want 2", cc.waiting.Load())
+	}
+	cancelFirst()
+	select {
+	case err := <-firstErr:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("first caller: %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the cancelled first caller did not return while the load was held")
+	}
+	close(release)
+	for i := range 2 {
+		r := <-others
+		if r.err != nil || r.ch == nil || r.ch.Login != "eight" || r.use != CacheJoined {
+			t.Errorf("caller %d: %+v, %v, %v; want channel eight, joined, no error", i+2, r.ch, r.use, r.err)
+		}
+	}
+	if n := loads.Load(); n != 1 {
+		t.Errorf("%d HGETALLs, want 1", n)
+	}
+	if _, use, err := cc.Get(ctxT(t), "8"); err != nil || use != CacheHit {
+		t.Errorf("after the load: %v, %v; want a hit (the detached load was cached)", use, err)
 	}
 }

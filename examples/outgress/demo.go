@@ -183,7 +183,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	for _, r := range replicas {
 		snap, _ := r.pause.Snapshot()
-		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(time.Now()), stats: r.pause.Stats()})
+		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(), stats: r.pause.Stats()})
 	}
 	res.helixConns = fake.Conns()
 	res.helixRequests = fake.Requests()

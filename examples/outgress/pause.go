@@ -25,6 +25,10 @@ var (
 	// is stored in Valkey but the event could not be published: other
 	// replicas learn it at their next reconcile instead of at once.
 	ErrNotPublished = errors.New("outgress: pause stored but not published")
+	// ErrVersionBehind is returned (wrapped) by SetPaused when the version
+	// it wrote is not newer than the one this replica holds: Valkey lost the
+	// version key, and no replica will apply the write.
+	ErrVersionBehind = errors.New("outgress: pause version in Valkey is behind the replicas'")
 )
 
 // PauseConfig configures a Pause. Zero fields take the defaults named.
@@ -39,7 +43,13 @@ type PauseConfig struct {
 	MaxAge time.Duration
 	// Timeout bounds each reconcile MGET. Default 1s.
 	Timeout time.Duration
-	// Now is the clock. Default time.Now.
+	// Elapsed is the monotonic clock that ages confirmations: the time
+	// since a fixed point, which a step of the wall clock (NTP, an
+	// operator) does not move. Default: time.Since of a time.Now taken by
+	// NewPause, which Go measures on the monotonic clock.
+	Elapsed func() time.Duration
+	// Now is the wall clock, used only to report when a confirmation
+	// happened (PauseSnapshot.Confirmed). Default time.Now.
 	Now func() time.Time
 }
 
@@ -59,13 +69,15 @@ type PauseStats struct {
 	EventsIgnored   int64 // events not newer: late or duplicate
 	EventsMalformed int64
 	Reconciles      int64 // successful MGETs, including the initial load
-	// ReconcileFailures counts failed MGETs. LastReconcileError is the
-	// latest one's message, "" if none.
+	// ReconcileFailures counts failed MGETs, and reads of a version older
+	// than the snapshot's (ErrVersionBehind), which confirm nothing.
+	// LastReconcileError is the latest one's message, "" if none.
 	ReconcileFailures  int64
 	LastReconcileError string
-	// ServerBehind counts reconciles that read a version older than the
-	// snapshot: a read racing a newer event, or a version key that went
-	// backwards (data loss). The snapshot never moves back; see Pause.
+	// ServerBehind counts reads older than the snapshot and writes not
+	// newer than it: a read racing a newer event, or a version key that
+	// went backwards (data loss). Neither moves the snapshot back nor
+	// counts as a confirmation; see Pause and SetPaused.
 	ServerBehind int64
 	// Subscriptions counts confirmed SUBSCRIBEs: 1 plus the reconnects.
 	Subscriptions int64
@@ -75,7 +87,8 @@ type PauseStats struct {
 type snapshot struct {
 	paused    bool
 	version   int64
-	confirmed int64 // UnixNano
+	confirmed time.Duration // on the Elapsed clock; staleness is measured on it alone
+	wall      time.Time     // the same moment on the wall clock, for reports
 }
 
 // Pause is the fleet-wide kill switch as seen by one replica: an immutable,
@@ -87,9 +100,11 @@ type snapshot struct {
 // changes both in one MULTI/EXEC, then publishes "<0|1>:<version>".
 //
 // A snapshot only moves to a newer version. The version key must therefore
-// never go backwards: should Valkey lose it, replicas keep their last good
-// state (counted in PauseStats.ServerBehind) until an operator sets the
-// version above theirs or restarts them.
+// never go backwards. Should Valkey lose it, SetPaused fails with
+// ErrVersionBehind, and the replicas, whose reconciles now read only older
+// versions (counted in PauseStats.ServerBehind, confirming nothing), fail
+// closed once MaxAge passes, until an operator sets the version above
+// theirs or restarts them. A write that cannot be applied fails loudly.
 //
 // Check, the message path's call, is safe for concurrent use and does one
 // atomic load: no lock, no allocation, no Valkey command.
@@ -97,6 +112,7 @@ type Pause struct {
 	c                           valkey.Client
 	flagKey, versionKey, events string
 	every, maxAge, timeout      time.Duration
+	elapsed                     func() time.Duration
 	now                         func() time.Time
 
 	snap atomic.Pointer[snapshot]
@@ -129,6 +145,10 @@ func NewPause(c valkey.Client, cfg PauseConfig) *Pause {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
+	if cfg.Elapsed == nil {
+		origin := time.Now()
+		cfg.Elapsed = func() time.Duration { return time.Since(origin) }
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -138,7 +158,7 @@ func NewPause(c valkey.Client, cfg PauseConfig) *Pause {
 		flagKey:    cfg.Prefix + "pause:{pause}:flag",
 		versionKey: cfg.Prefix + "pause:{pause}:version",
 		events:     cfg.Prefix + "pause:events",
-		every:      cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, now: cfg.Now,
+		every:      cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		ctx:        ctx, cancel: cancel,
@@ -175,13 +195,13 @@ func (p *Pause) Ready() bool { return p.snap.Load() != nil }
 
 // Check is the message path's question: may I send now? It returns nil,
 // ErrPaused, ErrPauseNotReady, or ErrPauseStale once Valkey last confirmed
-// the state more than MaxAge before now.
-func (p *Pause) Check(now time.Time) error {
+// the state more than MaxAge ago on the monotonic clock.
+func (p *Pause) Check() error {
 	s := p.snap.Load()
 	switch {
 	case s == nil:
 		return ErrPauseNotReady
-	case now.UnixNano()-s.confirmed > int64(p.maxAge):
+	case p.elapsed()-s.confirmed > p.maxAge:
 		return ErrPauseStale
 	case s.paused:
 		return ErrPaused
@@ -195,13 +215,14 @@ func (p *Pause) Snapshot() (s PauseSnapshot, ok bool) {
 	if cur == nil {
 		return PauseSnapshot{}, false
 	}
-	return PauseSnapshot{Paused: cur.paused, Version: cur.version, Confirmed: time.Unix(0, cur.confirmed)}, true
+	return PauseSnapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}, true
 }
 
-// Age is how long ago Valkey last confirmed the state; 0 before the load.
-func (p *Pause) Age(now time.Time) time.Duration {
+// Age is how long ago, on the monotonic clock, Valkey last confirmed the
+// state; 0 before the load.
+func (p *Pause) Age() time.Duration {
 	if cur := p.snap.Load(); cur != nil {
-		return time.Duration(now.UnixNano() - cur.confirmed)
+		return p.elapsed() - cur.confirmed
 	}
 	return 0
 }
@@ -227,6 +248,15 @@ func (p *Pause) Stats() PauseStats {
 // error, applies and publishes nothing, and reconciliation converges every
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
+//
+// If the version written is not newer than the one this replica holds,
+// Valkey has lost the version key (or a concurrent write overtook this
+// one): no replica would apply it. SetPaused then applies and publishes
+// nothing and returns an error wrapping ErrVersionBehind. From then on the
+// replicas' reconciles read an older version, which confirms nothing, so
+// the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
+// operator sets the version key above the replicas' (the error names the
+// key and the version) or restarts them.
 func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 	b := p.c.B()
 	write := b.Del().Key(p.flagKey).Build()
@@ -253,7 +283,10 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
-	p.confirm(paused, version, p.now())
+	if held, ok := p.confirm(paused, version, true); !ok {
+		return version, fmt.Errorf("%w: wrote version %d but this replica holds %d, so no replica applies it; "+
+			"replicas fail closed within %v unless %s is set above %d", ErrVersionBehind, version, held, p.maxAge, p.versionKey, held)
+	}
 	msg := encodePauseEvent(paused, version)
 	if err := p.c.Do(ctx, b.Publish().Channel(p.events).Message(msg).Build()).Error(); err != nil {
 		return version, fmt.Errorf("%w (version %d; other replicas reconcile within %v): %w", ErrNotPublished, version, p.every, err)
@@ -376,28 +409,43 @@ func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
 			return fmt.Errorf("outgress: pause version %q is not a counter", s)
 		}
 	}
-	p.confirm(paused, version, p.now())
+	if held, ok := p.confirm(paused, version, false); !ok {
+		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
+	}
 	return nil
 }
 
-// confirm applies a state read from (or written to) Valkey at time at. It
-// refreshes the confirmation time even when the snapshot is newer than what
-// was read: the read proves Valkey answered, and a newer snapshot can only
-// have come from an event published after the read's write.
-func (p *Pause) confirm(paused bool, version int64, at time.Time) {
+// confirm applies a state read from (or written to) Valkey just now. A
+// read (newerOnly false) may equal the snapshot's version; a write must
+// exceed it. ok is false when the snapshot already holds a version at
+// least that new (held): the read raced a newer event, or the version key
+// went backwards (data loss). That is counted in ServerBehind and is no
+// confirmation: the snapshot keeps its state and its confirmation time, so
+// a replica whose Valkey lost the version ages into failing closed instead
+// of sending on. (A read that merely raced an event is followed by a
+// current one at the next reconcile.)
+func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64, ok bool) {
+	at, wall := p.elapsed(), p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur := p.snap.Load()
-	if cur == nil {
-		cur = p.pending // an event that arrived between subscribe and load
+	if cur == nil && p.pending != nil {
+		// The initial load, with an event that arrived between subscribe
+		// and load: the newer of the two wins, and the load confirms it
+		// (the subscription was live before the read was sent).
+		pend := p.pending
 		p.pending = nil
+		if pend.version > version {
+			p.behind.Add(1)
+			paused, version = pend.paused, pend.version
+		}
 	}
-	next := &snapshot{paused: paused, version: version, confirmed: at.UnixNano()}
-	if cur != nil && cur.version > version {
+	if cur != nil && (cur.version > version || newerOnly && cur.version == version) {
 		p.behind.Add(1)
-		next.paused, next.version = cur.paused, cur.version
+		return cur.version, false
 	}
-	p.snap.Store(next)
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: at, wall: wall})
+	return version, true
 }
 
 // applyEvent applies a pub/sub event if it is newer than the snapshot.
@@ -419,7 +467,7 @@ func (p *Pause) applyEvent(paused bool, version int64) {
 		return
 	}
 	p.applied.Add(1)
-	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed})
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed, wall: cur.wall})
 }
 
 // The event format is "<0|1>:<version>", for example "1:42".

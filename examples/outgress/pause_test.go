@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -96,7 +97,7 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 	if p.Ready() {
 		t.Error("ready before the initial state was loaded")
 	}
-	if err := p.Check(time.Now()); !errors.Is(err, ErrPauseNotReady) {
+	if err := p.Check(); !errors.Is(err, ErrPauseNotReady) {
 		t.Errorf("Check before load: %v, want ErrPauseNotReady", err)
 	}
 	if _, ok := p.Snapshot(); ok {
@@ -109,7 +110,7 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 	if !p.Ready() {
 		t.Error("not ready after Start")
 	}
-	if err := p.Check(time.Now()); !errors.Is(err, ErrPaused) {
+	if err := p.Check(); !errors.Is(err, ErrPaused) {
 		t.Errorf("Check after load: %v, want ErrPaused (the stored state)", err)
 	}
 }
@@ -140,7 +141,7 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 			if paused {
 				want = ErrPaused
 			}
-			if err := p.Check(time.Now()); err != want {
+			if err := p.Check(); err != want {
 				t.Errorf("replica %d: Check %v, want %v", i, err, want)
 			}
 		}
@@ -170,7 +171,7 @@ func TestPauseLostEventRepairedByReconcile(t *testing.T) {
 	if s := snapshotOf(t, fast); !s.Paused {
 		t.Error("fast replica: reconciled the version but not the flag")
 	}
-	if err := fast.Check(time.Now()); !errors.Is(err, ErrPaused) {
+	if err := fast.Check(); !errors.Is(err, ErrPaused) {
 		t.Errorf("fast replica: Check %v, want ErrPaused", err)
 	}
 	if st := fast.Stats(); st.EventsApplied != 0 {
@@ -202,9 +203,10 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 		t.Errorf("after older events: %+v, want paused at version 7", s)
 	}
 
-	// Valkey holds version 0 (nothing stored): a reconcile read is older.
-	if err := p.reconcile(ctxT(t)); err != nil {
-		t.Fatal(err)
+	// Valkey holds version 0 (nothing stored): a reconcile read is older,
+	// and a failure, not a confirmation.
+	if err := p.reconcile(ctxT(t)); !errors.Is(err, ErrVersionBehind) {
+		t.Fatalf("reconcile reading version 0 under 7: %v, want ErrVersionBehind", err)
 	}
 	if s := snapshotOf(t, p); !s.Paused || s.Version != 7 {
 		t.Errorf("after an older reconcile read: %+v, want paused at version 7", s)
@@ -243,7 +245,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range reads {
-				if errors.Is(p.Check(time.Now()), ErrPaused) {
+				if errors.Is(p.Check(), ErrPaused) {
 					paused.Add(1)
 				}
 			}
@@ -259,55 +261,69 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 	if after, _ := c.Totals(); after != before {
 		t.Errorf("%d Valkey commands during %d hot reads, want 0", after-before, readers*reads)
 	}
-	now := time.Now()
-	if allocs := testing.AllocsPerRun(1000, func() { p.Check(now) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(1000, func() { p.Check() }); allocs != 0 {
 		t.Errorf("Check allocates %v times, want 0", allocs)
 	}
 }
 
-// TestPauseStaleFailsClosed moves the replica's clock past the maximum age
-// of the last confirmation: Check fails closed, paused or not, until a
-// reconcile succeeds again; failed reconciles are counted.
+// fakeClocks are a Pause's two clocks under a test's control: the
+// monotonic one that ages confirmations and the wall clock that only
+// labels them.
+type fakeClocks struct{ mono, wall atomic.Int64 }
+
+func (c *fakeClocks) elapsed() time.Duration { return time.Duration(c.mono.Load()) }
+func (c *fakeClocks) now() time.Time         { return time.Unix(0, c.wall.Load()) }
+
+// step moves the monotonic clock forward by d and the wall clock by wall
+// (which may be negative: an NTP step back).
+func (c *fakeClocks) step(d, wall time.Duration) {
+	c.mono.Add(int64(d))
+	c.wall.Add(int64(wall))
+}
+
+// TestPauseStaleFailsClosed moves the replica's monotonic clock past the
+// maximum age of the last confirmation: Check fails closed, paused or not,
+// until a reconcile succeeds again; failed reconciles are counted.
 func TestPauseStaleFailsClosed(t *testing.T) {
 	srv := testserver.Own(t)
 	if !srv.Owned {
 		t.Skip("stops the server; skipped on VALKEY_ADDR")
 	}
 	prefix := "stale:" // a server of its own, stopped below: no cleanup needed
-	var clock atomic.Int64
-	t0 := time.Now()
-	clock.Store(t0.UnixNano())
-	now := func() time.Time { return time.Unix(0, clock.Load()) }
-	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Now: now})
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
 
 	steps := []struct {
-		at   time.Duration
+		by   time.Duration
 		want error
 	}{
 		{0, nil},
 		{2 * time.Second, nil}, // exactly MaxAge: still fresh
-		{2*time.Second + 1, ErrPauseStale},
+		{1, ErrPauseStale},
 	}
 	for i, s := range steps {
-		if err := p.Check(t0.Add(s.at)); err != s.want {
-			t.Errorf("step %d: Check at +%v: %v, want %v", i, s.at, err, s.want)
+		clk.step(s.by, s.by)
+		if err := p.Check(); err != s.want {
+			t.Errorf("step %d: Check at +%v: %v, want %v", i, clk.elapsed(), err, s.want)
 		}
 	}
 
-	clock.Store(t0.Add(3 * time.Second).UnixNano())
+	clk.step(time.Second-1, time.Second-1) // +3s
 	if err := p.reconcile(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Check(t0.Add(3 * time.Second)); err != nil {
+	if err := p.Check(); err != nil {
 		t.Errorf("after a reconcile: %v, want nil", err)
 	}
-	if age := p.Age(t0.Add(4 * time.Second)); age != time.Second {
+	clk.step(time.Second, time.Second)
+	if age := p.Age(); age != time.Second {
 		t.Errorf("Age %v, want 1s", age)
 	}
 
 	// Valkey goes away: reconciles fail and are counted, and the snapshot
 	// ages into failing closed, paused or not.
-	if _, err := p.SetPaused(ctxT(t), true); err != nil {
+	if _, err := p.SetPaused(ctxT(t), true); err != nil { // confirmed at +4s
 		t.Fatal(err)
 	}
 	srv.Stop()
@@ -320,11 +336,44 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 	if st.ReconcileFailures != 1 || st.LastReconcileError == "" {
 		t.Errorf("stats %+v: want 1 reconcile failure with its error", st)
 	}
-	if err := p.Check(t0.Add(3 * time.Second)); err != ErrPaused {
+	clk.step(2*time.Second, 2*time.Second)
+	if err := p.Check(); err != ErrPaused {
 		t.Errorf("within MaxAge of the last confirmation: %v, want ErrPaused", err)
 	}
-	if err := p.Check(t0.Add(5*time.Second + 1)); err != ErrPauseStale {
+	clk.step(1, 1)
+	if err := p.Check(); err != ErrPauseStale {
 		t.Errorf("past MaxAge: %v, want ErrPauseStale", err)
+	}
+}
+
+// TestPauseStalenessIgnoresWallClock steps the wall clock back an hour
+// while the monotonic clock moves past MaxAge (an NTP correction after a
+// confirmation): the snapshot is stale, and Check fails closed. Measured
+// on the wall clock it would look fresh for another hour.
+func TestPauseStalenessIgnoresWallClock(t *testing.T) {
+	srv := testserver.Shared(t)
+	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
+	if err := p.Check(); err != nil {
+		t.Fatalf("fresh: %v", err)
+	}
+	clk.step(3*time.Second, -time.Hour)
+	if err := p.Check(); err != ErrPauseStale {
+		t.Errorf("3s after the confirmation, wall clock stepped back 1h: Check %v, want ErrPauseStale", err)
+	}
+	if age := p.Age(); age != 3*time.Second {
+		t.Errorf("Age %v, want 3s", age)
+	}
+
+	// And forward: a wall clock stepped ahead an hour ages nothing.
+	if err := p.reconcile(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	clk.step(time.Second, time.Hour)
+	if err := p.Check(); err != nil {
+		t.Errorf("1s after a reconcile, wall clock stepped ahead 1h: Check %v, want nil", err)
 	}
 }
 
@@ -413,6 +462,51 @@ func TestPauseEventEncoding(t *testing.T) {
 	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "1:3:4"} {
 		if _, _, ok := decodePauseEvent(bad); ok {
 			t.Errorf("decode(%q) accepted", bad)
+		}
+	}
+}
+
+// TestPauseLostKeysFailLoudly deletes both pause keys behind three
+// replicas' backs (Valkey lost them) and pauses. The write cannot take
+// effect: its version is older than the one every replica holds. SetPaused
+// must say so, and the reconciles that now read an older version must not
+// count as confirmations, so that every replica fails closed once MaxAge
+// passes instead of sending on.
+func TestPauseLostKeysFailLoudly(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	cfg := PauseConfig{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
+	var replicas []*Pause
+	for range 3 {
+		p, _ := replicaPause(t, srv, prefix, cfg)
+		replicas = append(replicas, p)
+	}
+	for _, paused := range []bool{true, false} {
+		if _, err := replicas[0].SetPaused(ctxT(t), paused); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range replicas {
+		if !waitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
+			t.Fatalf("replica %d never reached version 2", i)
+		}
+	}
+
+	if err := raw.Do(ctxT(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := replicas[0].SetPaused(ctxT(t), true)
+	if !errors.Is(err, ErrVersionBehind) {
+		t.Errorf("SetPaused(true) after the keys were lost: version %d, %v; want ErrVersionBehind", v, err)
+	}
+	for i, p := range replicas {
+		if !waitFor(func() bool { return errors.Is(p.Check(), ErrPauseStale) }) {
+			t.Errorf("replica %d: Check %v, stats %+v; want ErrPauseStale once reconciles read only an older version",
+				i, p.Check(), p.Stats())
+		}
+		if st := p.Stats(); st.ServerBehind == 0 || st.ReconcileFailures == 0 || !strings.Contains(st.LastReconcileError, "not a confirmation") {
+			t.Errorf("replica %d: stats %+v; want the older reads counted as behind and as failed reconciles", i, st)
 		}
 	}
 }

@@ -133,7 +133,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 	path.Decoded, path.Kind = true, cmd.Kind
 	w.metrics.command(lane, cmd.Kind)
 
-	err = w.pause.Check(t)
+	err = w.pause.Check()
 	t0, t := t, w.cfg.Now()
 	w.metrics.Observe(StagePause, t.Sub(t0))
 	if errors.Is(err, ErrPaused) {
