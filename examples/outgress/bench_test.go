@@ -75,7 +75,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 	}
 	fake := StartFakeHelix()
 	defer fake.Close()
-	metrics := &Metrics{}
+	metrics := NewMetrics()
 	helix, err := NewHelix(HelixConfig{BaseURL: fake.URL, ClientID: "bench", Token: "bench", BotID: botID}, metrics)
 	if err != nil {
 		b.Fatal(err)

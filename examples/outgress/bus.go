@@ -54,6 +54,8 @@ type MemBusConfig struct {
 	// (NoticeError and a warning log in production). It is never called for
 	// an ExpectedNack or a Dropped. It must be safe for concurrent use.
 	OnError func(subject string, err error)
+	// Metrics, if set, counts every delivery's outcome.
+	Metrics *Metrics
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// AfterFunc schedules redeliveries. Default time.AfterFunc.
@@ -194,14 +196,17 @@ func (b *MemBus) deliver(q chan *Message, m *Message, h Handler) {
 		b.abandon()
 	case err == nil:
 		b.acked.Add(1)
+		b.record(OutcomeAcked, 0)
 		b.busy.Add(-1)
 	case errors.As(err, &nack):
 		b.nacked[min(nack.Reason, numNackReasons-1)].Add(1)
+		b.record(OutcomeNacked, uint8(nack.Reason))
 		b.redeliver(q, m, nack.RetryAfter)
 	case errors.As(err, &drop):
 		b.finishDropped(drop.Reason)
 	default:
 		b.errs.Add(1)
+		b.record(OutcomeError, 0)
 		if b.cfg.OnError != nil {
 			b.cfg.OnError(m.Subject, err)
 		}
@@ -209,8 +214,15 @@ func (b *MemBus) deliver(q chan *Message, m *Message, h Handler) {
 	}
 }
 
+func (b *MemBus) record(o Outcome, reason uint8) {
+	if b.cfg.Metrics != nil {
+		b.cfg.Metrics.delivery(o, reason)
+	}
+}
+
 func (b *MemBus) finishDropped(r DropReason) {
 	b.dropped[min(r, numDropReasons-1)].Add(1)
+	b.record(OutcomeDropped, uint8(r))
 	b.busy.Add(-1)
 }
 

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +31,9 @@ type demoConfig struct {
 	PauseFor time.Duration // how long sending stays paused
 	Drain    time.Duration // the most to wait for redeliveries after publishing
 	Seed     uint64        // the mix's random seed
+
+	MetricsAddr string // where /metrics is served; "" is 127.0.0.1 on a free port
+	Hold        bool   // after the report, keep serving /metrics until ctx ends
 }
 
 func defaultDemo() demoConfig {
@@ -97,12 +105,17 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	fake := StartFakeHelix()
 	defer fake.Close()
 	res.helixURL = fake.URL
-	metrics := &Metrics{}
+	metrics := NewMetrics()
 	res.metrics = metrics
+	stopMetrics, err := serveMetrics(cfg.MetricsAddr, metrics, res)
+	if err != nil {
+		return nil, err
+	}
+	defer stopMetrics()
 
 	var reported atomic.Int64
 	var firstErr atomic.Pointer[string]
-	bus := NewMemBus(MemBusConfig{OnError: func(_ string, err error) {
+	bus := NewMemBus(MemBusConfig{Metrics: metrics, OnError: func(_ string, err error) {
 		reported.Add(1)
 		msg := err.Error()
 		firstErr.CompareAndSwap(nil, &msg)
@@ -127,6 +140,9 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		r := &replica{name: name, raw: raw, client: &CountingClient{Client: raw}}
 		replicas = append(replicas, r)
 		r.pause = NewPause(r.client, PauseConfig{Prefix: prefix})
+		if err := metrics.RegisterPause(name, r.pause); err != nil {
+			return nil, err
+		}
 		// Subscribe, then load, before consuming anything.
 		if err := r.pause.Start(ctx); err != nil {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
@@ -187,7 +203,59 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	res.helixConns = fake.Conns()
 	res.helixRequests = fake.Requests()
+	res.scrape = scrapeExcerpt(res.metricsURL)
+	if cfg.Hold && ctx.Err() == nil {
+		res.Print(os.Stdout)
+		fmt.Printf("\nServing %s until interrupted (Ctrl-C).\n", res.metricsURL)
+		<-ctx.Done()
+		return nil, nil
+	}
 	return res, ctx.Err()
+}
+
+// serveMetrics serves the metrics on http://addr/metrics until stop.
+func serveMetrics(addr string, m *Metrics, res *demoResult) (stop func(), err error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	res.metricsURL = "http://" + ln.Addr().String() + "/metrics"
+	return func() { srv.Close() }, nil
+}
+
+// scrapeExcerpt reads the demo's own /metrics, as Prometheus would, and
+// keeps the delivery, limiter-count and pause series.
+func scrapeExcerpt(url string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	var keep []string
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 4<<20))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, metricDeliver+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, metricLimiter+"_count{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, "outgress_pause_"):
+			keep = append(keep, line)
+		}
+	}
+	return keep
 }
 
 // handler wraps a worker's handler so that every message's Valkey commands
@@ -205,12 +273,12 @@ func (res *demoResult) handler(w *Worker, lane Lane) Handler {
 // own, through the old shape (LegacyPrepare): the first finds the channel
 // cache cold, the second warm.
 func measureOldShape(ctx context.Context, res *demoResult, a *replica, prefix, helixURL string, concurrency int) error {
-	helix, err := NewHelix(HelixConfig{BaseURL: helixURL, Concurrency: concurrency}, &Metrics{})
+	helix, err := NewHelix(HelixConfig{BaseURL: helixURL, Concurrency: concurrency}, NewMetrics())
 	if err != nil {
 		return err
 	}
 	defer helix.Close()
-	old := NewWorker(admit.New(a.client), a.pause, NewChannelCache(a.client, ChannelCacheConfig{Prefix: prefix}), helix, &Metrics{}, WorkerConfig{Prefix: prefix})
+	old := NewWorker(admit.New(a.client), a.pause, NewChannelCache(a.client, ChannelCacheConfig{Prefix: prefix}), helix, NewMetrics(), WorkerConfig{Prefix: prefix})
 	for _, c := range []struct {
 		lane    Lane
 		channel int

@@ -59,7 +59,7 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	e := &env{srv: srv, raw: testserver.NewClient(t, srv), fake: StartFakeHelix(), metrics: &Metrics{}}
+	e := &env{srv: srv, raw: testserver.NewClient(t, srv), fake: StartFakeHelix(), metrics: NewMetrics()}
 	t.Cleanup(e.fake.Close)
 	e.c = &CountingClient{Client: e.raw}
 	e.prefix = cfg.prefix

@@ -77,11 +77,7 @@ func NewHelix(cfg HelixConfig, m *Metrics) (*Helix, error) {
 	}
 	// One trace shared by all sampled requests: GotConn only counts.
 	h.trace = &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		if info.Reused {
-			m.conns[0].Add(1)
-		} else {
-			m.conns[1].Add(1)
-		}
+		m.sampledConn(info.Reused)
 	}}
 	return h, nil
 }
@@ -155,7 +151,7 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 	start := h.now()
 	resp, err := h.hc.Do(req)
 	if err != nil {
-		h.metrics.status[StatusError].Add(1)
+		h.metrics.response(StatusError)
 		h.metrics.Observe(StageHTTP, h.now().Sub(start))
 		return fmt.Errorf("outgress: Helix %s: %w", req.Method, err)
 	}
@@ -167,7 +163,7 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 	}()
 	now := h.now()
 	class := statusClass(resp.StatusCode)
-	h.metrics.status[class].Add(1)
+	h.metrics.response(class)
 	switch class {
 	case Status2xx:
 		return nil

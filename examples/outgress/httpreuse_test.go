@@ -230,7 +230,7 @@ func TestHelixSendCancellation(t *testing.T) {
 		case <-time.After(10 * time.Second):
 		}
 	})
-	m := &Metrics{}
+	m := NewMetrics()
 	h, err := NewHelix(HelixConfig{BaseURL: srv.URL, ClientID: "c", Token: "t"}, m)
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestHelixSendOutcomes(t *testing.T) {
 		}
 		statusHandler(w, r)
 	})
-	m := &Metrics{}
+	m := NewMetrics()
 	h, err := NewHelix(HelixConfig{BaseURL: srv.URL, ClientID: "c", Token: "t", TraceEvery: 1}, m)
 	if err != nil {
 		t.Fatal(err)

@@ -15,18 +15,25 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 )
 
 func main() {
+	cfg := defaultDemo()
+	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
+	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res, err := runDemo(ctx, defaultDemo())
+	res, err := runDemo(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outgress:", err)
 		os.Exit(1)
 	}
-	res.Print(os.Stdout)
+	if res != nil {
+		res.Print(os.Stdout)
+	}
 }

@@ -3,28 +3,33 @@ package main
 import (
 	"math"
 	"net/http"
-	"sync/atomic"
+	"slices"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Stage is a step of the message path, the label of its latency histogram.
 type Stage uint8
 
 // The stages, in path order. PreHTTP spans decode through build: the
-// worker's own cost before the third party is called.
+// worker's own cost before the third party is called. The limiter call has
+// a histogram of its own, split by lane and decision.
 const (
 	StageDecode  Stage = iota
 	StagePause         // the pause snapshot check
 	StageChannel       // channel cache lookup, hit or miss
 	StageLoad          // channel lookups that were not hits: a load, or joining one
-	StageLimiter       // the AllowOrdered call
 	StageBuild         // building the Helix request
 	StagePreHTTP       // decode through build
 	StageHTTP          // the Helix request, through draining the body
 	numStages
 )
 
-var stageNames = [numStages]string{"decode", "pause", "channel", "channel_load", "limiter", "build", "pre_http", "http"}
+var stageNames = [numStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
 
 func (s Stage) String() string {
 	if s < numStages {
@@ -71,130 +76,328 @@ func statusClass(code int) StatusClass {
 	}
 }
 
-// Metrics are the worker's counters and latency histograms. Every label is
-// a value of a small fixed set (stage, lane, kind, bucket class, status
-// class): never a channel id, a key or a URL, whose number is unbounded.
-// All methods are safe for concurrent use and allocate nothing.
+// Decision is the label of a limiter call's outcome: admitted, denied by a
+// bucket of a class, or failed.
+type Decision uint8
+
+// The decisions. DecisionDenied+c is a denial by a bucket of class c.
+const (
+	DecisionAllowed Decision = iota
+	DecisionDenied           // + BucketClass
+	DecisionError   = DecisionDenied + Decision(numClasses)
+	numDecisions    = DecisionError + 1
+)
+
+func (d Decision) String() string {
+	switch {
+	case d == DecisionAllowed:
+		return "allowed"
+	case d < DecisionError:
+		return "denied_" + BucketClass(d-DecisionDenied).String()
+	case d == DecisionError:
+		return "error"
+	}
+	return "invalid"
+}
+
+// Outcome is what became of one delivery, the bus counters' label.
+type Outcome uint8
+
+// The outcomes. Nacks and drops carry a reason label of their own.
+const (
+	OutcomeAcked   Outcome = iota
+	OutcomeNacked          // expected backpressure, redelivered later
+	OutcomeDropped         // acknowledged without doing the work
+	OutcomeError           // an unexpected error, reported and redelivered
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"acked", "nacked", "dropped", "error"}
+
+func (o Outcome) String() string {
+	if o < numOutcomes {
+		return outcomeNames[o]
+	}
+	return "invalid"
+}
+
+// Metric names. Every label value comes from one of the fixed lists above
+// (stage, lane, kind, decision, cache use, status class, outcome and
+// reason): never a channel id, a key or a URL, whose number is unbounded.
+const (
+	metricStage    = "outgress_stage_duration_seconds"
+	metricLimiter  = "outgress_limiter_duration_seconds"
+	metricCommands = "outgress_commands_total"
+	metricCache    = "outgress_channel_lookups_total"
+	metricHelix    = "outgress_helix_responses_total"
+	metricConns    = "outgress_helix_sampled_connections_total"
+	metricDeliver  = "outgress_deliveries_total"
+)
+
+// latencyBuckets: 1 µs to 10 s, two per doubling (each about 42% wider
+// than the one before).
+var latencyBuckets = prometheus.ExponentialBucketsRange(1e-6, 10, 47)
+
+// Metrics are the worker's Prometheus metrics, on a registry of their own.
+// Every series is created up front, so a scrape shows the whole fixed set
+// from the start and traffic can never add one. The recording methods are
+// safe for concurrent use and allocate nothing.
 type Metrics struct {
-	stages [numStages]Histogram
-	// cache counts channel lookups by CacheUse.
-	cache [numCacheUses]atomic.Int64
-	// decisions counts limiter outcomes by lane: [lane][0] admitted,
-	// [lane][1+class] denied by a bucket of that class.
-	decisions [numLanes][1 + numClasses]atomic.Int64
-	// kinds counts decoded commands by lane and kind.
-	kinds [numLanes][numKinds]atomic.Int64
-	// status counts Helix responses by class.
-	status [numStatus]atomic.Int64
-	// conns counts sampled connections: [0] reused, [1] new.
-	conns [2]atomic.Int64
+	reg *prometheus.Registry
+
+	stages   [numStages]prometheus.Histogram
+	limiter  [numLanes][numDecisions]prometheus.Histogram
+	commands [numLanes][numKinds]prometheus.Counter
+	cache    [numCacheUses]prometheus.Counter
+	status   [numStatus]prometheus.Counter
+	conns    [2]prometheus.Counter // reused, new
+	acked    prometheus.Counter
+	errs     prometheus.Counter
+	nacked   [numNackReasons]prometheus.Counter
+	dropped  [numDropReasons]prometheus.Counter
+}
+
+// NewMetrics returns the metrics, registered with a new registry together
+// with the Go runtime and process collectors.
+func NewMetrics() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricStage,
+		Help: "Latency of each stage of the message path.", Buckets: latencyBuckets}, []string{"stage"})
+	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricLimiter,
+		Help: "Latency of the one AllowOrdered call of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
+	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricCommands,
+		Help: "Decoded commands by lane and kind."}, []string{"lane", "kind"})
+	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricCache,
+		Help: "Channel cache lookups: hit, miss (one HGETALL) or joined (another caller's load)."}, []string{"result"})
+	status := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHelix,
+		Help: "Helix responses by status class; error is no response."}, []string{"status_class"})
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricConns,
+		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
+	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricDeliver,
+		Help: "Bus deliveries by outcome and reason (none for acked and error)."}, []string{"outcome", "reason"})
+	m.reg.MustRegister(stage, limiter, commands, cache, status, conns, deliveries)
+
+	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
+	for s := range numStages {
+		m.stages[s] = hist(stage.WithLabelValues(s.String()))
+	}
+	for lane := range numLanes {
+		for d := range numDecisions {
+			m.limiter[lane][d] = hist(limiter.WithLabelValues(lane.String(), d.String()))
+		}
+		for k := range numKinds {
+			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
+		}
+	}
+	for u := range numCacheUses {
+		if u != CacheNone {
+			m.cache[u] = cache.WithLabelValues(u.String())
+		}
+	}
+	for c := range numStatus {
+		m.status[c] = status.WithLabelValues(c.String())
+	}
+	m.conns[0], m.conns[1] = conns.WithLabelValues("true"), conns.WithLabelValues("false")
+	m.acked = deliveries.WithLabelValues(OutcomeAcked.String(), "")
+	m.errs = deliveries.WithLabelValues(OutcomeError.String(), "")
+	for r := range numNackReasons {
+		m.nacked[r] = deliveries.WithLabelValues(OutcomeNacked.String(), r.String())
+	}
+	for r := range numDropReasons {
+		m.dropped[r] = deliveries.WithLabelValues(OutcomeDropped.String(), r.String())
+	}
+	return m
+}
+
+// Registry is the registry the metrics are on; register more collectors
+// (a Pause's, with RegisterPause) there.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format: mount it
+// on /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
 // Observe records one duration of a stage.
 func (m *Metrics) Observe(s Stage, d time.Duration) {
 	if s < numStages {
-		m.stages[s].Observe(d)
+		m.stages[s].Observe(d.Seconds())
 	}
 }
 
-// Stage returns a stage's histogram.
-func (m *Metrics) Stage(s Stage) *Histogram { return &m.stages[s%numStages] }
-
-func (m *Metrics) cacheLookup(u CacheUse) { m.cache[u%numCacheUses].Add(1) }
-
-func (m *Metrics) decision(lane Lane, allowed bool, class BucketClass) {
-	if lane >= numLanes || class >= numClasses {
-		return
+// limiterCall records one limiter call of lane with its decision.
+func (m *Metrics) limiterCall(lane Lane, d Decision, took time.Duration) {
+	if lane < numLanes && d < numDecisions {
+		m.limiter[lane][d].Observe(took.Seconds())
 	}
-	if allowed {
-		m.decisions[lane][0].Add(1)
-	} else {
-		m.decisions[lane][1+class].Add(1)
+}
+
+func (m *Metrics) cacheLookup(u CacheUse) {
+	if u != CacheNone && u < numCacheUses {
+		m.cache[u].Inc()
 	}
 }
 
 func (m *Metrics) command(lane Lane, k Kind) {
 	if lane < numLanes && k < numKinds {
-		m.kinds[lane][k].Add(1)
+		m.commands[lane][k].Inc()
 	}
+}
+
+func (m *Metrics) response(c StatusClass) { m.status[c%numStatus].Inc() }
+
+func (m *Metrics) sampledConn(reused bool) {
+	if reused {
+		m.conns[0].Inc()
+	} else {
+		m.conns[1].Inc()
+	}
+}
+
+// delivery records what became of one delivery; reason is a NackReason or
+// DropReason for those outcomes and ignored otherwise.
+func (m *Metrics) delivery(o Outcome, reason uint8) {
+	switch o {
+	case OutcomeAcked:
+		m.acked.Inc()
+	case OutcomeError:
+		m.errs.Inc()
+	case OutcomeNacked:
+		m.nacked[min(NackReason(reason), numNackReasons-1)].Inc()
+	case OutcomeDropped:
+		m.dropped[min(DropReason(reason), numDropReasons-1)].Inc()
+	}
+}
+
+// RegisterPause exports a Pause's state: the age of its last confirmation,
+// whether it is paused, its version and its reconcile counters. replica is
+// one of a fixed set of replica names (one per process in production).
+func (m *Metrics) RegisterPause(replica string, p *Pause) error {
+	labels := prometheus.Labels{"replica": replica}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	snap := func() (PauseSnapshot, bool) { return p.Snapshot() }
+	for _, c := range []prometheus.Collector{
+		gauge("outgress_pause_snapshot_age_seconds", "Time since Valkey last confirmed the pause state (monotonic); past the maximum age sending fails closed.",
+			func() float64 { return p.Age().Seconds() }),
+		gauge("outgress_pause_paused", "1 while sending is paused, 0 otherwise (also 0 before the first load).", func() float64 {
+			if s, ok := snap(); ok && s.Paused {
+				return 1
+			}
+			return 0
+		}),
+		gauge("outgress_pause_version", "Version of the pause state the replica acts on.", func() float64 {
+			s, _ := snap()
+			return float64(s.Version)
+		}),
+		counter("outgress_pause_reconciles_total", "Successful reconciles of the pause state, the initial load included.",
+			func() float64 { return float64(p.Stats().Reconciles) }),
+		counter("outgress_pause_reconcile_failures_total", "Failed reconciles: errors, and reads older than the snapshot.",
+			func() float64 { return float64(p.Stats().ReconcileFailures) }),
+	} {
+		if err := m.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Readers for the demo's report and the tests.
+
+func counterValue(c prometheus.Counter) int64 {
+	var pb dto.Metric
+	if c == nil || c.Write(&pb) != nil {
+		return 0
+	}
+	return int64(pb.GetCounter().GetValue())
 }
 
 // Admitted returns the limiter's admissions on lane.
-func (m *Metrics) Admitted(lane Lane) int64 { return m.decisions[lane%numLanes][0].Load() }
+func (m *Metrics) Admitted(lane Lane) int64 {
+	return histCount(m.limiter[lane%numLanes][DecisionAllowed])
+}
 
 // Denied returns the limiter's denials on lane by a bucket of class.
 func (m *Metrics) Denied(lane Lane, class BucketClass) int64 {
-	return m.decisions[lane%numLanes][1+class%numClasses].Load()
+	return histCount(m.limiter[lane%numLanes][DecisionDenied+Decision(class%numClasses)])
+}
+
+// LimiterErrors returns the failed limiter calls on lane.
+func (m *Metrics) LimiterErrors(lane Lane) int64 {
+	return histCount(m.limiter[lane%numLanes][DecisionError])
 }
 
 // CacheLookups counts channel lookups of one kind (hit, miss or joined).
-func (m *Metrics) CacheLookups(u CacheUse) int64 { return m.cache[u%numCacheUses].Load() }
+func (m *Metrics) CacheLookups(u CacheUse) int64 { return counterValue(m.cache[u%numCacheUses]) }
 
 // Status counts Helix outcomes of a class.
-func (m *Metrics) Status(c StatusClass) int64 { return m.status[c%numStatus].Load() }
+func (m *Metrics) Status(c StatusClass) int64 { return counterValue(m.status[c%numStatus]) }
 
 // Conns returns the sampled connection counts: reused and newly dialled.
-func (m *Metrics) Conns() (reused, fresh int64) { return m.conns[0].Load(), m.conns[1].Load() }
+func (m *Metrics) Conns() (reused, fresh int64) {
+	return counterValue(m.conns[0]), counterValue(m.conns[1])
+}
 
 // Commands counts decoded commands on lane of kind k.
-func (m *Metrics) Commands(lane Lane, k Kind) int64 { return m.kinds[lane%numLanes][k%numKinds].Load() }
-
-// Histogram is a latency histogram with logarithmic buckets, 8 per doubling
-// (each bucket's bounds differ by about 9%), from 64 ns to about 70 s.
-// Quantiles report the upper bound of the bucket they fall in. Observe is
-// lock-free and allocation-free.
-type Histogram struct {
-	counts [histBuckets]atomic.Int64
-	total  atomic.Int64
+func (m *Metrics) Commands(lane Lane, k Kind) int64 {
+	return counterValue(m.commands[lane%numLanes][k%numKinds])
 }
 
-const (
-	histPerDoubling = 8
-	histMin         = 64 // ns: the upper bound of bucket 0
-	histBuckets     = 30*histPerDoubling + 1
-)
-
-// Observe records d.
-func (h *Histogram) Observe(d time.Duration) {
-	h.counts[histBucket(int64(d))].Add(1)
-	h.total.Add(1)
+// Latency summarises histograms (merged when several): the observation
+// count and upper bounds of the p50, p95 and p99 (the upper bound of the
+// bucket holding the quantile; +Inf past the last bucket).
+type Latency struct {
+	Count         uint64
+	P50, P95, P99 float64 // seconds
 }
 
-// Count returns the number of observations.
-func (h *Histogram) Count() int64 { return h.total.Load() }
+// StageLatency summarises a stage's histogram.
+func (m *Metrics) StageLatency(s Stage) Latency { return merge(m.stages[s%numStages]) }
 
-// Quantile returns an upper bound of the q-quantile (0 < q <= 1): the upper
-// bound of the bucket holding the ceil(q×count)-th smallest observation; 0
-// when empty.
-func (h *Histogram) Quantile(q float64) time.Duration {
-	var counts [histBuckets]int64
-	var total int64
-	for i := range counts {
-		counts[i] = h.counts[i].Load()
-		total += counts[i]
+// LimiterLatency summarises the limiter histograms of every lane and
+// decision.
+func (m *Metrics) LimiterLatency() Latency {
+	var hs []prometheus.Histogram
+	for lane := range numLanes {
+		hs = append(hs, m.limiter[lane][:]...)
 	}
-	if total == 0 {
-		return 0
-	}
-	rank := int64(math.Ceil(q * float64(total)))
-	rank = min(max(rank, 1), total)
-	var seen int64
-	for i, c := range counts {
-		if seen += c; seen >= rank {
-			return histUpper(i)
+	return merge(hs...)
+}
+
+func histCount(h prometheus.Histogram) int64 { return int64(merge(h).Count) }
+
+func merge(hs ...prometheus.Histogram) Latency {
+	var bounds []float64
+	var cum []uint64
+	var total uint64
+	for _, h := range hs {
+		var pb dto.Metric
+		if h.Write(&pb) != nil {
+			continue
+		}
+		total += pb.GetHistogram().GetSampleCount()
+		for i, b := range pb.GetHistogram().GetBucket() {
+			if i >= len(cum) {
+				bounds, cum = append(bounds, b.GetUpperBound()), append(cum, 0)
+			}
+			cum[i] += b.GetCumulativeCount()
 		}
 	}
-	return histUpper(histBuckets - 1)
-}
-
-func histBucket(ns int64) int {
-	if ns <= histMin {
-		return 0
+	q := func(q float64) float64 {
+		if total == 0 {
+			return 0
+		}
+		rank := uint64(math.Ceil(q * float64(total)))
+		if i := slices.IndexFunc(cum, func(c uint64) bool { return c >= rank }); i >= 0 {
+			return bounds[i]
+		}
+		return math.Inf(1)
 	}
-	i := int(math.Ceil(math.Log2(float64(ns)/histMin) * histPerDoubling))
-	return min(i, histBuckets-1)
-}
-
-func histUpper(i int) time.Duration {
-	return time.Duration(math.Round(histMin * math.Exp2(float64(i)/histPerDoubling)))
+	return Latency{Count: total, P50: q(0.5), P95: q(0.95), P99: q(0.99)}
 }

@@ -1,58 +1,26 @@
 package main
 
 import (
-	"math/rand/v2"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
-
-func TestHistogramQuantiles(t *testing.T) {
-	var h Histogram
-	if q := h.Quantile(0.5); q != 0 {
-		t.Errorf("empty: %v, want 0", q)
-	}
-	for i := 1; i <= 100; i++ {
-		h.Observe(time.Duration(i) * time.Microsecond)
-	}
-	for _, c := range []struct {
-		q    float64
-		rank time.Duration // the exact quantile
-	}{{0.5, 50 * time.Microsecond}, {0.95, 95 * time.Microsecond}, {0.99, 99 * time.Microsecond}, {1, 100 * time.Microsecond}} {
-		got := h.Quantile(c.q)
-		if got < c.rank || float64(got) > float64(c.rank)*1.0906 { // 2^(1/8)
-			t.Errorf("q%v = %v, want within one bucket above %v", c.q, got, c.rank)
-		}
-	}
-	if h.Count() != 100 {
-		t.Errorf("count %d, want 100", h.Count())
-	}
-}
-
-// TestHistogramBucketBounds: every value lands in a bucket whose upper
-// bound is at least the value and less than one bucket width above it.
-func TestHistogramBucketBounds(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 10000 {
-		ns := int64(histMin) + rng.Int64N(int64(60*time.Second))
-		i := histBucket(ns)
-		if up := int64(histUpper(i)); up < ns || (i > 0 && int64(histUpper(i-1)) >= ns) {
-			t.Fatalf("%d ns in bucket %d, bounds (%d, %d]", ns, i, histUpper(i-1), up)
-		}
-	}
-	if histBucket(-5) != 0 || histBucket(int64(time.Hour)) != histBuckets-1 {
-		t.Error("out-of-range values not clamped")
-	}
-}
 
 // TestMetricsNoAllocs: recording allocates nothing, so the hot path can
 // afford it.
 func TestMetricsNoAllocs(t *testing.T) {
-	var m Metrics
+	m := NewMetrics()
 	if a := testing.AllocsPerRun(1000, func() {
-		m.Observe(StageLimiter, time.Millisecond)
-		m.decision(LaneStandard, false, ClassShared)
+		m.Observe(StagePause, time.Millisecond)
+		m.limiterCall(LaneStandard, DecisionDenied+Decision(ClassShared), time.Millisecond)
 		m.cacheLookup(CacheHit)
 		m.command(LanePremium, KindChat)
+		m.delivery(OutcomeNacked, uint8(NackLimited))
 	}); a != 0 {
 		t.Errorf("%v allocations, want 0", a)
 	}
@@ -65,27 +33,20 @@ func TestMetricsNoAllocs(t *testing.T) {
 // out-of-range value is named "invalid", never formatted from its input.
 func TestLabelsAreFixed(t *testing.T) {
 	names := map[string][]string{}
-	for i := range numStages + 1 {
-		names["stage"] = append(names["stage"], i.String())
+	add := func(label string, n int, name func(int) string) {
+		for i := range n + 1 {
+			names[label] = append(names[label], name(i))
+		}
 	}
-	for i := range numLanes + 1 {
-		names["lane"] = append(names["lane"], i.String())
-	}
-	for i := range numClasses + 1 {
-		names["class"] = append(names["class"], i.String())
-	}
-	for i := range numStatus + 1 {
-		names["status"] = append(names["status"], i.String())
-	}
-	for i := range numNackReasons + 1 {
-		names["nack"] = append(names["nack"], i.String())
-	}
-	for i := range numDropReasons + 1 {
-		names["drop"] = append(names["drop"], i.String())
-	}
-	for i := range numKinds + 1 {
-		names["kind"] = append(names["kind"], i.String())
-	}
+	add("stage", int(numStages), func(i int) string { return Stage(i).String() })
+	add("lane", int(numLanes), func(i int) string { return Lane(i).String() })
+	add("class", int(numClasses), func(i int) string { return BucketClass(i).String() })
+	add("status", int(numStatus), func(i int) string { return StatusClass(i).String() })
+	add("nack", int(numNackReasons), func(i int) string { return NackReason(i).String() })
+	add("drop", int(numDropReasons), func(i int) string { return DropReason(i).String() })
+	add("kind", int(numKinds), func(i int) string { return Kind(i).String() })
+	add("decision", int(numDecisions), func(i int) string { return Decision(i).String() })
+	add("outcome", int(numOutcomes), func(i int) string { return Outcome(i).String() })
 	for label, vals := range names {
 		seen := map[string]bool{}
 		for i, v := range vals {
@@ -100,5 +61,129 @@ func TestLabelsAreFixed(t *testing.T) {
 		if got := statusClass(code); got != want {
 			t.Errorf("status %d: %v, want %v", code, got, want)
 		}
+	}
+}
+
+// allowedLabels is every value each label of an outgress_ metric may take.
+func allowedLabels() map[string][]string {
+	vals := func(n int, name func(int) string) []string {
+		var v []string
+		for i := range n {
+			v = append(v, name(i))
+		}
+		return v
+	}
+	return map[string][]string{
+		"stage":        vals(int(numStages), func(i int) string { return Stage(i).String() }),
+		"lane":         vals(int(numLanes), func(i int) string { return Lane(i).String() }),
+		"kind":         vals(int(numKinds), func(i int) string { return Kind(i).String() }),
+		"decision":     vals(int(numDecisions), func(i int) string { return Decision(i).String() }),
+		"result":       {"hit", "miss", "joined"},
+		"status_class": vals(int(numStatus), func(i int) string { return StatusClass(i).String() }),
+		"reused":       {"true", "false"},
+		"outcome":      vals(int(numOutcomes), func(i int) string { return Outcome(i).String() }),
+		"reason": append(append([]string{""},
+			vals(int(numNackReasons), func(i int) string { return NackReason(i).String() })...),
+			vals(int(numDropReasons), func(i int) string { return DropReason(i).String() })...),
+		"replica": {"A"},
+	}
+}
+
+// TestMetricsLabelSetsFixed sends traffic on 60 channels through a worker
+// and checks, on the gathered registry, that every outgress_ series' labels
+// take only the fixed values and that the traffic created no series: the
+// set after equals the set created up front.
+func TestMetricsLabelSetsFixed(t *testing.T) {
+	e := newEnv(t, nil)
+	if err := e.metrics.RegisterPause("A", e.pause); err != nil {
+		t.Fatal(err)
+	}
+	series := func() []string {
+		t.Helper()
+		mfs, err := e.metrics.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := allowedLabels()
+		var out []string
+		for _, mf := range mfs {
+			if !strings.HasPrefix(mf.GetName(), "outgress_") {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				id := mf.GetName()
+				for _, lp := range m.GetLabel() {
+					if !slices.Contains(allowed[lp.GetName()], lp.GetValue()) {
+						t.Errorf("%s: label %s=%q is not one of the fixed values", mf.GetName(), lp.GetName(), lp.GetValue())
+					}
+					id += "," + lp.GetName() + "=" + lp.GetValue()
+				}
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	before := series()
+	for i := range 60 {
+		id := strconv.Itoa(5000 + i)
+		e.seed(t, id, i%5 == 0)
+		for _, body := range []string{chat(id), `{"kind":"api","method":"GET","path":"/helix/users?id=` + id + `"}`, chat("999" + id)} {
+			e.process(t, Lane(i%2), body)
+		}
+	}
+	if after := series(); !slices.Equal(before, after) {
+		t.Errorf("traffic changed the series: %d before, %d after", len(before), len(after))
+	}
+	// 60 standard/premium chats, 60 API calls, 60 unknown channels.
+	if got := e.metrics.Commands(LaneStandard, KindChat) + e.metrics.Commands(LanePremium, KindChat); got != 120 {
+		t.Errorf("%d chat commands counted, want 120", got)
+	}
+	if got := e.metrics.CacheLookups(CacheMiss); got != 120 {
+		t.Errorf("%d cache misses, want 120 (60 channels, 60 unknown)", got)
+	}
+}
+
+// TestMetricsScrape serves the registry over HTTP, as the demo does on
+// /metrics, and compares what a scraper reads for the delivery and cache
+// counters with what was recorded.
+func TestMetricsScrape(t *testing.T) {
+	m := NewMetrics()
+	m.delivery(OutcomeAcked, 0)
+	m.delivery(OutcomeAcked, 0)
+	m.delivery(OutcomeNacked, uint8(NackPaused))
+	m.delivery(OutcomeDropped, uint8(DropNoTimeToRetry))
+	m.delivery(OutcomeError, 0)
+	m.cacheLookup(CacheHit)
+	m.cacheLookup(CacheMiss)
+	m.cacheLookup(CacheNone) // a command in no channel: not a lookup
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+
+	want := `
+# HELP outgress_channel_lookups_total Channel cache lookups: hit, miss (one HGETALL) or joined (another caller's load).
+# TYPE outgress_channel_lookups_total counter
+outgress_channel_lookups_total{result="hit"} 1
+outgress_channel_lookups_total{result="joined"} 0
+outgress_channel_lookups_total{result="miss"} 1
+# HELP outgress_deliveries_total Bus deliveries by outcome and reason (none for acked and error).
+# TYPE outgress_deliveries_total counter
+outgress_deliveries_total{outcome="acked",reason=""} 2
+outgress_deliveries_total{outcome="dropped",reason="expired"} 0
+outgress_deliveries_total{outcome="dropped",reason="malformed"} 0
+outgress_deliveries_total{outcome="dropped",reason="max_attempts"} 0
+outgress_deliveries_total{outcome="dropped",reason="no_time_to_retry"} 1
+outgress_deliveries_total{outcome="dropped",reason="rejected"} 0
+outgress_deliveries_total{outcome="dropped",reason="unknown_channel"} 0
+outgress_deliveries_total{outcome="error",reason=""} 1
+outgress_deliveries_total{outcome="nacked",reason="limited"} 0
+outgress_deliveries_total{outcome="nacked",reason="paused"} 1
+outgress_deliveries_total{outcome="nacked",reason="throttled"} 0
+`
+	if err := testutil.ScrapeAndCompare(srv.URL, strings.NewReader(want), metricCache, metricDeliver); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.Registry(), metricLimiter); n != int(numLanes)*int(numDecisions) {
+		t.Errorf("%d limiter series, want %d (every lane × decision, created up front)", n, int(numLanes)*int(numDecisions))
 	}
 }

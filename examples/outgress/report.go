@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -139,6 +140,8 @@ type demoResult struct {
 	replicas       []replicaReport
 	helixConns     int64
 	helixRequests  int64
+	metricsURL     string
+	scrape         []string // the /metrics excerpt
 }
 
 // Print writes the report for a newcomer.
@@ -243,11 +246,16 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
 	fmt.Fprintln(out)
 
-	fmt.Fprintln(out, "5. Latency by stage, both replicas (histogram bucket upper bounds, about 9% wide)")
+	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")
 	fmt.Fprintln(w, "   stage\tcount\tp50\tp95\tp99\t")
+	row := func(name string, l Latency) {
+		fmt.Fprintf(w, "   %s\t%d\t%v\t%v\t%v\t\n", name, l.Count, seconds(l.P50), seconds(l.P95), seconds(l.P99))
+	}
 	for s := range numStages {
-		h := r.metrics.Stage(s)
-		fmt.Fprintf(w, "   %v\t%d\t%v\t%v\t%v\t\n", s, h.Count(), round(h.Quantile(0.50)), round(h.Quantile(0.95)), round(h.Quantile(0.99)))
+		if s == StageBuild {
+			row("limiter", r.metrics.LimiterLatency())
+		}
+		row(s.String(), r.metrics.StageLatency(s))
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   pre_http is decode through build: the worker's own latency before calling Helix.")
@@ -259,6 +267,13 @@ func (r *demoResult) Print(out io.Writer) {
 		r.metrics.Status(Status4xx), r.metrics.Status(Status429), r.metrics.Status(Status5xx), r.metrics.Status(StatusError))
 	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled\n",
 		r.helixRequests, r.helixConns, reused, fresh)
+	fmt.Fprintln(out)
+
+	fmt.Fprintf(out, "7. Prometheus: served on %s during the run; an excerpt of the last scrape\n", r.metricsURL)
+	fmt.Fprintln(out, "   (deliveries and limiter calls that happened, and each replica's pause state; run with -hold to keep serving)")
+	for _, line := range r.scrape {
+		fmt.Fprintln(out, "   "+line)
+	}
 }
 
 func sum(xs []int64) int64 {
@@ -277,6 +292,14 @@ func labelled[R ~uint8](counts []int64, name func(R) string) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// seconds formats a histogram bound.
+func seconds(s float64) string {
+	if math.IsInf(s, 1) {
+		return "> 10s"
+	}
+	return round(time.Duration(s * float64(time.Second))).String()
 }
 
 func round(d time.Duration) time.Duration {

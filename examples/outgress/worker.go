@@ -162,9 +162,9 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 	}
 
 	plan := w.plan(lane, cmd.Kind, ch)
-	d, err := w.decide(ctx, lane, plan)
+	d, err := w.decide(ctx, plan)
 	t0, t = t, w.cfg.Now()
-	w.metrics.Observe(StageLimiter, t.Sub(t0))
+	w.metrics.limiterCall(lane, decisionOf(plan, d, err), t.Sub(t0))
 	if err != nil {
 		return nil, path, err
 	}
@@ -196,7 +196,7 @@ func (w *Worker) plan(lane Lane, k Kind, ch *Channel) *bucketPlan {
 // decide is the one limiter call of a message: one script, one round trip.
 // A denial is a Decision; only a failed call is an error, and it stays one
 // (a dependency failure is not backpressure).
-func (w *Worker) decide(ctx context.Context, lane Lane, p *bucketPlan) (admit.Decision, error) {
+func (w *Worker) decide(ctx context.Context, p *bucketPlan) (admit.Decision, error) {
 	var second *admit.Request
 	if p.hasSecond {
 		second = &p.second
@@ -205,6 +205,16 @@ func (w *Worker) decide(ctx context.Context, lane Lane, p *bucketPlan) (admit.De
 	if err != nil {
 		return d, fmt.Errorf("outgress: limiter: %w", err)
 	}
-	w.metrics.decision(lane, d.Allowed(), p.deniedClass(d))
 	return d, nil
+}
+
+// decisionOf is the metric label of a limiter call's result.
+func decisionOf(p *bucketPlan, d admit.Decision, err error) Decision {
+	switch {
+	case err != nil:
+		return DecisionError
+	case d.Allowed():
+		return DecisionAllowed
+	}
+	return DecisionDenied + Decision(p.deniedClass(d))
 }
