@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net/http"
 	"os"
 	"slices"
@@ -87,10 +88,10 @@ func BenchmarkPreHTTP(b *testing.B) {
 	for _, lane := range []Lane{LaneStandard, LanePremium} {
 		for _, shape := range []struct {
 			name    string
-			prepare func(context.Context, Lane, *Message) (*http.Request, Path, error)
+			prepare func(context.Context, Lane, *bus.Message) (*http.Request, Path, error)
 		}{{"old", w.LegacyPrepare}, {"new", w.Prepare}} {
 			b.Run("lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
-				m := &Message{Data: data}
+				m := &bus.Message{Data: data}
 				call := func(warm bool) time.Duration {
 					m.Published = time.Now()
 					t0 := time.Now()

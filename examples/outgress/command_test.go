@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
 )
@@ -54,8 +55,8 @@ func TestMalformedDroppedWithoutValkey(t *testing.T) {
 		before, _ := e.c.Totals()
 		_, err := e.process(t, c.lane, c.body)
 		after, _ := e.c.Totals()
-		var drop *Dropped
-		if !errors.As(err, &drop) || drop.Reason != DropMalformed || after != before {
+		var drop *bus.Dropped
+		if !errors.As(err, &drop) || drop.Reason != bus.DropMalformed || after != before {
 			t.Errorf("%v %s: %v after %d commands; want dropped as malformed after 0", c.lane, c.body, err, after-before)
 		}
 	}

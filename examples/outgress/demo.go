@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -29,8 +29,11 @@ type demoConfig struct {
 	Channels int           // channels in the mix; the first three are hot
 	PauseAt  time.Duration // when replica A pauses sending, from the start
 	PauseFor time.Duration // how long sending stays paused
-	Drain    time.Duration // the most to wait for redeliveries after publishing
+	Drain    time.Duration // the most to wait for redeliveries after publishing: past a message's 5 s lifetime, all are finished
 	Seed     uint64        // the mix's random seed
+	// RestartAt is when replica B's bus connection restarts (Close, then
+	// Connect and Consume), from the start.
+	RestartAt time.Duration
 
 	MetricsAddr string // where /metrics is served; "" is 127.0.0.1 on a free port
 	Hold        bool   // after the report, keep serving /metrics until ctx ends
@@ -40,7 +43,7 @@ func defaultDemo() demoConfig {
 	return demoConfig{
 		Duration: 2 * time.Second, Rate: 600, Channels: 40,
 		PauseAt: 800 * time.Millisecond, PauseFor: 400 * time.Millisecond,
-		Drain: 1500 * time.Millisecond, Seed: 1,
+		Drain: 6 * time.Second, Seed: 1, RestartAt: 1500 * time.Millisecond,
 	}
 }
 
@@ -69,9 +72,30 @@ type replica struct {
 	channels *ChannelCache
 	helix    *Helix
 	worker   *Worker
+	bus      *bus.Bus   // the current connection
+	buses    []*bus.Bus // every connection it had, for the counters
+}
+
+// startBus connects the replica to the stream and starts its workers on
+// every lane.
+func (r *replica) startBus(ctx context.Context, res *demoResult, url string, cfg bus.Config) error {
+	b, err := bus.Connect(ctx, url, "outgress-"+r.name, cfg)
+	if err != nil {
+		return err
+	}
+	r.bus, r.buses = b, append(r.buses, b)
+	for lane := range numLanes {
+		if err := b.Consume(ctx, cfg.Subjects[lane], laneWorkers[lane], res.handler(r.worker, lane)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (r *replica) close() {
+	if r.bus != nil {
+		r.bus.Close()
+	}
 	if r.pause != nil {
 		r.pause.Close()
 	}
@@ -113,13 +137,39 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	defer stopMetrics()
 
+	natsURL, natsWhere, stopNATS, err := natsServer()
+	if err != nil {
+		return nil, err
+	}
+	defer stopNATS()
+	res.natsWhere = natsWhere
+	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	var reported atomic.Int64
 	var firstErr atomic.Pointer[string]
-	bus := NewMemBus(MemBusConfig{Metrics: metrics, OnError: func(_ string, err error) {
-		reported.Add(1)
-		msg := err.Error()
-		firstErr.CompareAndSwap(nil, &msg)
-	}})
+	busCfg := bus.Config{
+		Stream:   "OUTGRESS_DEMO_" + run,
+		Subjects: []string{"outgress-demo-" + run + ".standard", "outgress-demo-" + run + ".premium", "outgress-demo-" + run + ".system"},
+		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
+			metrics.Delivery(m, o, reason)
+			if o.Final() {
+				res.finals.Add(1)
+			}
+		},
+		OnError: func(_ string, err error) {
+			reported.Add(1)
+			msg := err.Error()
+			firstErr.CompareAndSwap(nil, &msg)
+		},
+	}
+	publisher, err := bus.Connect(ctx, natsURL, "outgress-demo-publisher", busCfg)
+	if err != nil {
+		return nil, err
+	}
+	defer publisher.Close()
+	if err := bus.Setup(ctx, publisher.JetStream(), busCfg); err != nil {
+		return nil, err
+	}
+	defer publisher.JetStream().DeleteStream(context.Background(), busCfg.Stream)
 
 	concurrency := 0
 	for _, n := range laneWorkers {
@@ -127,9 +177,8 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	var replicas []*replica
 	defer func() {
-		bus.Close() // first: no handler may run on a closed replica
 		for _, r := range replicas {
-			r.close()
+			r.close() // its bus first: no handler may run on a closed replica
 		}
 	}()
 	for _, name := range []string{"A", "B"} {
@@ -170,29 +219,49 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 
 	for _, r := range replicas {
-		for lane := range numLanes {
-			if err := bus.Consume(laneSubjects[lane], laneWorkers[lane], res.handler(r.worker, lane)); err != nil {
-				return nil, err
-			}
+		if err := r.startBus(ctx, res, natsURL, busCfg); err != nil {
+			return nil, err
 		}
 	}
 
 	start := time.Now()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		res.pauseLog = pauseMidRun(ctx, start, cfg, a, b)
 	}()
-	published, full := publishMix(ctx, bus, cfg)
-	res.published, res.busFull = published, full
-	for deadline := time.Now().Add(cfg.Drain); !bus.Idle() && time.Now().Before(deadline) && ctx.Err() == nil; {
+	go func() { // replica B's bus restarts: Close, then Connect and Consume again
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(start.Add(cfg.RestartAt))):
+		}
+		b.bus.Close()
+		if err := b.startBus(ctx, res, natsURL, busCfg); err != nil {
+			res.restartErr = err
+		}
+	}()
+	res.published, res.refused = publishMix(ctx, publisher, busCfg.Subjects, cfg)
+	for deadline := time.Now().Add(cfg.Drain); res.finals.Load() < int64(res.published) && time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(10 * time.Millisecond)
 	}
 	wg.Wait()
 	res.elapsed = time.Since(start)
-	bus.Close()
-	res.bus = bus.Stats()
+	for _, r := range replicas {
+		r.bus.Close()
+	}
+	for _, r := range replicas {
+		for _, bb := range r.buses {
+			res.bus = addStats(res.bus, bb.Stats())
+		}
+	}
+	if s, err := publisher.JetStream().Stream(ctx, busCfg.Stream); err == nil {
+		if info, err := s.Info(ctx); err == nil {
+			res.unfinished = int64(info.State.Msgs)
+		}
+	}
 	res.reported = reported.Load()
 	if p := firstErr.Load(); p != nil {
 		res.firstError = *p
@@ -260,8 +329,8 @@ func scrapeExcerpt(url string) []string {
 
 // handler wraps a worker's handler so that every message's Valkey commands
 // are counted into its path's row.
-func (res *demoResult) handler(w *Worker, lane Lane) Handler {
-	return func(ctx context.Context, m *Message) error {
+func (res *demoResult) handler(w *Worker, lane Lane) bus.Handler {
+	return func(ctx context.Context, m *bus.Message) error {
 		var t Tally
 		path, err := w.Process(WithTally(ctx, &t), lane, m)
 		res.rows.add(path, t.Commands.Load(), t.RoundTrips.Load())
@@ -286,7 +355,7 @@ func measureOldShape(ctx context.Context, res *demoResult, a *replica, prefix, h
 		data := chatBody(c.channel, "measuring the old shape")
 		for range 2 {
 			var t Tally
-			_, path, err := old.LegacyPrepare(WithTally(ctx, &t), c.lane, &Message{Data: data, Published: time.Now()})
+			_, path, err := old.LegacyPrepare(WithTally(ctx, &t), c.lane, &bus.Message{Data: data, Published: time.Now()})
 			if err != nil {
 				return fmt.Errorf("old shape, %v lane: %w", c.lane, err)
 			}
@@ -342,12 +411,12 @@ func pauseMidRun(ctx context.Context, start time.Time, cfg demoConfig, replicas 
 }
 
 // publishMix publishes cfg.Rate messages a second for cfg.Duration, in
-// 10 ms ticks. The mix: 60% standard chat, 15% premium chat, 10% Helix API
-// calls (any lane), 8% announcements, 7% shoutouts; 30% of chat goes to
-// three hot channels, enough to exhaust their standard share. A few
-// messages are malformed, name an unknown channel, or shout a channel out
-// to itself (which Helix refuses).
-func publishMix(ctx context.Context, bus Bus, cfg demoConfig) (published, full int) {
+// 10 ms ticks, on the lanes' subjects. The mix: 60% standard chat, 15%
+// premium chat, 10% Helix API calls (any lane), 8% announcements, 7%
+// shoutouts; 30% of chat goes to three hot channels, enough to exhaust
+// their standard share. A few messages are malformed, name an unknown
+// channel, or shout a channel out to itself (which Helix refuses).
+func publishMix(ctx context.Context, pub *bus.Bus, subjects []string, cfg demoConfig) (published, refused int) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 2))
 	perTick := max(cfg.Rate/100, 1)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -360,14 +429,11 @@ func publishMix(ctx context.Context, bus Bus, cfg demoConfig) (published, full i
 		}
 		for range perTick {
 			lane, data := mixMessage(rng, cfg.Channels)
-			switch err := bus.Publish(ctx, laneSubjects[lane], data); {
-			case err == nil:
-				published++
-			case errors.Is(err, ErrBusFull):
-				full++
-			default:
-				return
+			if _, err := pub.Publish(ctx, subjects[lane], data); err != nil {
+				refused++
+				continue
 			}
+			published++
 		}
 	}
 	return
@@ -436,6 +502,19 @@ func seedChannels(ctx context.Context, c valkey.Client, prefix string, n int) er
 		}
 	}
 	return nil
+}
+
+// natsServer returns NATS_URL, or the URL of an embedded nats-server with
+// JetStream that it starts.
+func natsServer() (url, where string, stop func(), err error) {
+	if u := os.Getenv("NATS_URL"); u != "" {
+		return u, "NATS at " + u, func() {}, nil
+	}
+	e, err := bus.StartEmbedded()
+	if err != nil {
+		return "", "", nil, err
+	}
+	return e.URL(), "embedded nats-server with JetStream at " + e.URL() + " (set NATS_URL to use another)", e.Close, nil
 }
 
 // valkeyServer returns a dialer for VALKEY_ADDR, or for an in-process

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestDemo(t *testing.T) {
 			cfg := demoConfig{
 				Duration: 600 * time.Millisecond, Rate: 400, Channels: 20,
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
-				Drain: 300 * time.Millisecond, Seed: 3,
+				Drain: 6 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
 			res, err := runDemo(ctxT(t), cfg)
 			if err != nil {
@@ -80,10 +81,14 @@ func checkDemo(t *testing.T, res *demoResult) {
 	if res.reported != 0 || b.Errors != 0 {
 		t.Errorf("%d errors reported (first: %s); want none", res.reported, res.firstError)
 	}
-	if got := b.Acked + sum(b.Dropped[:]) + b.Abandoned; got != int64(res.published) {
-		t.Errorf("acked %d + dropped %d + abandoned %d = %d, want the %d published", b.Acked, sum(b.Dropped[:]), b.Abandoned, got, res.published)
+	if got := b.Acked + sum(b.Dropped[:]); got != int64(res.published) || res.unfinished != 0 || res.refused != 0 {
+		t.Errorf("acked %d + dropped %d = %d, %d unfinished, %d refused; want the %d published, all finished",
+			b.Acked, sum(b.Dropped[:]), got, res.unfinished, res.refused, res.published)
 	}
-	if b.Nacked[NackPaused] == 0 || b.Dropped[DropMalformed] == 0 {
+	if res.restartErr != nil || b.AckFailures != 0 {
+		t.Errorf("restart: %v; %d unconfirmed acks", res.restartErr, b.AckFailures)
+	}
+	if b.Nacked[bus.NackPaused] == 0 || b.Dropped[bus.DropMalformed] == 0 {
 		t.Errorf("stats %+v: the mix should include paused and malformed messages", b)
 	}
 	if res.metrics.Status(Status2xx) != b.Acked {

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,11 +16,71 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// TestMain stops the shared test server after the last test.
+// TestMain stops the shared test servers after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testserver.StopShared()
+	if sharedNATS.e != nil {
+		sharedNATS.e.Close()
+	}
 	os.Exit(code)
+}
+
+// sharedNATS is the embedded NATS server the package's tests share,
+// started by the first that needs it.
+var sharedNATS struct {
+	once sync.Once
+	e    *bus.Embedded
+	err  error
+}
+
+// natsURL is NATS_URL, else the shared embedded server's URL.
+func natsURL(t *testing.T) string {
+	t.Helper()
+	if u := os.Getenv("NATS_URL"); u != "" {
+		return u
+	}
+	sharedNATS.once.Do(func() { sharedNATS.e, sharedNATS.err = bus.StartEmbedded() })
+	if sharedNATS.err != nil {
+		t.Fatal(sharedNATS.err)
+	}
+	return sharedNATS.e.URL()
+}
+
+// testBus is a bus on a stream of the test's own, deleted at the end.
+type testBus struct {
+	*bus.Bus
+	cfg bus.Config
+}
+
+// newTestBus sets up a stream and consumers for the test's own subjects
+// (one per lane) and connects to it.
+func newTestBus(t *testing.T, cfg bus.Config) *testBus {
+	t.Helper()
+	url := natsURL(t)
+	id := fmt.Sprintf("t%x", rand.Uint64())
+	cfg.Stream = strings.ToUpper(id)
+	cfg.Subjects = nil
+	for lane := range numLanes {
+		cfg.Subjects = append(cfg.Subjects, id+"."+lane.String())
+	}
+	b, err := bus.Connect(ctxT(t), url, t.Name(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.Setup(ctxT(t), b.JetStream(), cfg); err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		// A connection of its own: b's is closed.
+		if c, err := bus.Connect(context.Background(), url, "cleanup", cfg); err == nil {
+			c.JetStream().DeleteStream(context.Background(), cfg.Stream)
+			c.Close()
+		}
+	})
+	return &testBus{Bus: b, cfg: cfg}
 }
 
 // env is one worker replica on a real server, with a fake Helix server.
@@ -100,7 +164,7 @@ func (e *env) seed(t *testing.T, id string, mod bool) {
 // process runs one fresh message through the worker.
 func (e *env) process(t *testing.T, lane Lane, body string) (Path, error) {
 	t.Helper()
-	return e.worker.Process(ctxT(t), lane, &Message{Data: []byte(body), Published: time.Now()})
+	return e.worker.Process(ctxT(t), lane, &bus.Message{Data: []byte(body), Published: time.Now()})
 }
 
 // ctxT is a context that ends with the test, bounded at 30 s.

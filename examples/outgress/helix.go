@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -168,9 +169,9 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 	case Status2xx:
 		return nil
 	case Status429:
-		return retryOrDrop(NackThrottled, resetDelay(resp.Header.Get("Ratelimit-Reset"), now), deadline.Sub(now))
+		return bus.RetryOrDrop(bus.NackThrottled, resetDelay(resp.Header.Get("Ratelimit-Reset"), now), deadline.Sub(now))
 	case Status4xx:
-		return &Dropped{Reason: DropRejected, Err: fmt.Errorf("Helix answered %d", resp.StatusCode)}
+		return &bus.Dropped{Reason: bus.DropRejected, Err: fmt.Errorf("Helix answered %d", resp.StatusCode)}
 	default:
 		return fmt.Errorf("outgress: Helix answered %d", resp.StatusCode)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
 	"time"
@@ -53,11 +54,11 @@ func TestHelixRoutesShareOneHelper(t *testing.T) {
 		path, err := e.process(t, s.lane, s.body)
 		// The shares refill hourly: a denial's delay outlives the message,
 		// so it is dropped rather than nacked.
-		var drop *Dropped
+		var drop *bus.Dropped
 		switch {
 		case s.allowed && (err != nil || !path.Admitted):
 			t.Errorf("step %d (%v %s): %+v, %v; want admitted and sent", i, s.lane, s.body, path, err)
-		case !s.allowed && (!errors.As(err, &drop) || drop.Reason != DropNoTimeToRetry || !path.Decided || path.Admitted):
+		case !s.allowed && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry || !path.Decided || path.Admitted):
 			t.Errorf("step %d (%v %s): %+v, %v; want denied", i, s.lane, s.body, path, err)
 		}
 		if !s.allowed {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -278,20 +279,20 @@ func TestHelixSendOutcomes(t *testing.T) {
 		{"status=200&size=50", long, func(err error) bool { return err == nil }},
 		{"status=204", long, func(err error) bool { return err == nil }},
 		{"status=429&size=50&reset=" + strconv.FormatInt(reset, 10), long, func(err error) bool {
-			var n *ExpectedNack
-			return errors.As(err, &n) && n.Reason == NackThrottled && n.RetryAfter > time.Second && n.RetryAfter <= 3*time.Second
+			var n *bus.ExpectedNack
+			return errors.As(err, &n) && n.Reason == bus.NackThrottled && n.RetryAfter > time.Second && n.RetryAfter <= 3*time.Second
 		}},
 		{"status=429&size=50&reset=" + strconv.FormatInt(reset, 10), short, func(err error) bool {
-			var d *Dropped
-			return errors.As(err, &d) && d.Reason == DropNoTimeToRetry
+			var d *bus.Dropped
+			return errors.As(err, &d) && d.Reason == bus.DropNoTimeToRetry
 		}},
 		{"status=400&size=50", long, func(err error) bool {
-			var d *Dropped
-			return errors.As(err, &d) && d.Reason == DropRejected
+			var d *bus.Dropped
+			return errors.As(err, &d) && d.Reason == bus.DropRejected
 		}},
 		{"status=503&size=50", long, func(err error) bool {
-			var n *ExpectedNack
-			var d *Dropped
+			var n *bus.ExpectedNack
+			var d *bus.Dropped
 			return err != nil && !errors.As(err, &n) && !errors.As(err, &d)
 		}},
 	} {

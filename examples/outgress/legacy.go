@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net/http"
 
 	"github.com/valkey-io/valkey-go"
@@ -15,12 +16,12 @@ import (
 // cache, and for a two-bucket decision two scripts in sequence, the second
 // sent only when the first admitted. Warm, that is 3 round trips on the
 // standard lane and 2 on the premium lane.
-func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *Message) (*http.Request, Path, error) {
+func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *bus.Message) (*http.Request, Path, error) {
 	path := Path{Lane: lane}
 	deadline := m.Published.Add(w.cfg.Lifetime)
 	cmd, err := decodeCommand(m.Data)
 	if err != nil {
-		return nil, path, &Dropped{Reason: DropMalformed, Err: err}
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	path.Decoded, path.Kind = true, cmd.Kind
 
@@ -28,7 +29,7 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *Message) (*htt
 	switch {
 	case err == nil && flag == "1":
 		path.Paused = true
-		return nil, path, retryOrDrop(NackPaused, w.cfg.PausedRetry, deadline.Sub(w.cfg.Now()))
+		return nil, path, bus.RetryOrDrop(bus.NackPaused, w.cfg.PausedRetry, deadline.Sub(w.cfg.Now()))
 	case err != nil && !valkey.IsValkeyNil(err):
 		return nil, path, fmt.Errorf("outgress: pause lookup: %w", err)
 	}
@@ -37,7 +38,7 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *Message) (*htt
 	if cmd.Kind.needsChannel() {
 		ch, path.Cache, err = w.channels.Get(ctx, cmd.Channel)
 		if errors.Is(err, ErrUnknownChannel) {
-			return nil, path, &Dropped{Reason: DropUnknownChannel}
+			return nil, path, &bus.Dropped{Reason: bus.DropUnknownChannel}
 		}
 		if err != nil {
 			return nil, path, err
@@ -57,11 +58,11 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *Message) (*htt
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
 	if !d.Allowed() {
-		return nil, path, retryOrDrop(NackLimited, d.RetryAfter, deadline.Sub(w.cfg.Now()))
+		return nil, path, bus.RetryOrDrop(bus.NackLimited, d.RetryAfter, deadline.Sub(w.cfg.Now()))
 	}
 	req, err := w.helix.NewRequest(ctx, &cmd, ch)
 	if err != nil {
-		return nil, path, &Dropped{Reason: DropMalformed, Err: err}
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	return req, path, nil
 }

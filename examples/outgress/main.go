@@ -6,7 +6,7 @@
 //	cd examples/outgress && go run .                              # in-process miniredis
 //	cd examples/outgress && VALKEY_ADDR=127.0.0.1:6379 go run .   # a real Valkey
 //
-// It starts two worker replicas, a fake Helix server and an in-memory bus,
+// It starts two worker replicas, a fake Helix server and NATS JetStream,
 // pushes a mix of standard and premium chat plus Helix calls through them for
 // a few seconds, pauses and resumes sending mid-run, and prints the Valkey
 // commands each message cost by path, the decisions by lane, the delivery

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"math"
 	"net/http"
 	"slices"
@@ -100,27 +101,6 @@ func (d Decision) String() string {
 	return "invalid"
 }
 
-// Outcome is what became of one delivery, the bus counters' label.
-type Outcome uint8
-
-// The outcomes. Nacks and drops carry a reason label of their own.
-const (
-	OutcomeAcked   Outcome = iota
-	OutcomeNacked          // expected backpressure, redelivered later
-	OutcomeDropped         // acknowledged without doing the work
-	OutcomeError           // an unexpected error, reported and redelivered
-	numOutcomes
-)
-
-var outcomeNames = [numOutcomes]string{"acked", "nacked", "dropped", "error"}
-
-func (o Outcome) String() string {
-	if o < numOutcomes {
-		return outcomeNames[o]
-	}
-	return "invalid"
-}
-
 // Metric names. Every label value comes from one of the fixed lists above
 // (stage, lane, kind, decision, cache use, status class, outcome and
 // reason): never a channel id, a key or a URL, whose number is unbounded.
@@ -153,8 +133,9 @@ type Metrics struct {
 	conns    [2]prometheus.Counter // reused, new
 	acked    prometheus.Counter
 	errs     prometheus.Counter
-	nacked   [numNackReasons]prometheus.Counter
-	dropped  [numDropReasons]prometheus.Counter
+	released prometheus.Counter
+	nacked   [bus.NumNackReasons]prometheus.Counter
+	dropped  [bus.NumDropReasons]prometheus.Counter
 }
 
 // NewMetrics returns the metrics, registered with a new registry together
@@ -175,7 +156,7 @@ func NewMetrics() *Metrics {
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricConns,
 		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricDeliver,
-		Help: "Bus deliveries by outcome and reason (none for acked and error)."}, []string{"outcome", "reason"})
+		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
 	m.reg.MustRegister(stage, limiter, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
@@ -199,13 +180,14 @@ func NewMetrics() *Metrics {
 		m.status[c] = status.WithLabelValues(c.String())
 	}
 	m.conns[0], m.conns[1] = conns.WithLabelValues("true"), conns.WithLabelValues("false")
-	m.acked = deliveries.WithLabelValues(OutcomeAcked.String(), "")
-	m.errs = deliveries.WithLabelValues(OutcomeError.String(), "")
-	for r := range numNackReasons {
-		m.nacked[r] = deliveries.WithLabelValues(OutcomeNacked.String(), r.String())
+	m.acked = deliveries.WithLabelValues(bus.OutcomeAcked.String(), "")
+	m.errs = deliveries.WithLabelValues(bus.OutcomeError.String(), "")
+	m.released = deliveries.WithLabelValues(bus.OutcomeReleased.String(), "")
+	for r := range bus.NumNackReasons {
+		m.nacked[r] = deliveries.WithLabelValues(bus.OutcomeNacked.String(), r.String())
 	}
-	for r := range numDropReasons {
-		m.dropped[r] = deliveries.WithLabelValues(OutcomeDropped.String(), r.String())
+	for r := range bus.NumDropReasons {
+		m.dropped[r] = deliveries.WithLabelValues(bus.OutcomeDropped.String(), r.String())
 	}
 	return m
 }
@@ -256,18 +238,21 @@ func (m *Metrics) sampledConn(reused bool) {
 	}
 }
 
-// delivery records what became of one delivery; reason is a NackReason or
-// DropReason for those outcomes and ignored otherwise.
-func (m *Metrics) delivery(o Outcome, reason uint8) {
+// Delivery records what became of one delivery; reason is a NackReason or
+// DropReason for those outcomes and ignored otherwise. Its signature fits
+// bus.Config.Observe (with the message ignored).
+func (m *Metrics) Delivery(_ *bus.Message, o bus.Outcome, reason uint8) {
 	switch o {
-	case OutcomeAcked:
+	case bus.OutcomeAcked:
 		m.acked.Inc()
-	case OutcomeError:
+	case bus.OutcomeError:
 		m.errs.Inc()
-	case OutcomeNacked:
-		m.nacked[min(NackReason(reason), numNackReasons-1)].Inc()
-	case OutcomeDropped:
-		m.dropped[min(DropReason(reason), numDropReasons-1)].Inc()
+	case bus.OutcomeReleased:
+		m.released.Inc()
+	case bus.OutcomeNacked:
+		m.nacked[min(bus.NackReason(reason), bus.NumNackReasons-1)].Inc()
+	case bus.OutcomeDropped:
+		m.dropped[min(bus.DropReason(reason), bus.NumDropReasons-1)].Inc()
 	}
 }
 

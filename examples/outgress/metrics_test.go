@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net/http/httptest"
 	"slices"
 	"strconv"
@@ -20,7 +21,7 @@ func TestMetricsNoAllocs(t *testing.T) {
 		m.limiterCall(LaneStandard, DecisionDenied+Decision(ClassShared), time.Millisecond)
 		m.cacheLookup(CacheHit)
 		m.command(LanePremium, KindChat)
-		m.delivery(OutcomeNacked, uint8(NackLimited))
+		m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackLimited))
 	}); a != 0 {
 		t.Errorf("%v allocations, want 0", a)
 	}
@@ -42,11 +43,11 @@ func TestLabelsAreFixed(t *testing.T) {
 	add("lane", int(numLanes), func(i int) string { return Lane(i).String() })
 	add("class", int(numClasses), func(i int) string { return BucketClass(i).String() })
 	add("status", int(numStatus), func(i int) string { return StatusClass(i).String() })
-	add("nack", int(numNackReasons), func(i int) string { return NackReason(i).String() })
-	add("drop", int(numDropReasons), func(i int) string { return DropReason(i).String() })
+	add("nack", int(bus.NumNackReasons), func(i int) string { return bus.NackReason(i).String() })
+	add("drop", int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })
 	add("kind", int(numKinds), func(i int) string { return Kind(i).String() })
 	add("decision", int(numDecisions), func(i int) string { return Decision(i).String() })
-	add("outcome", int(numOutcomes), func(i int) string { return Outcome(i).String() })
+	add("outcome", int(bus.NumOutcomes), func(i int) string { return bus.Outcome(i).String() })
 	for label, vals := range names {
 		seen := map[string]bool{}
 		for i, v := range vals {
@@ -81,10 +82,10 @@ func allowedLabels() map[string][]string {
 		"result":       {"hit", "miss", "joined"},
 		"status_class": vals(int(numStatus), func(i int) string { return StatusClass(i).String() }),
 		"reused":       {"true", "false"},
-		"outcome":      vals(int(numOutcomes), func(i int) string { return Outcome(i).String() }),
+		"outcome":      vals(int(bus.NumOutcomes), func(i int) string { return bus.Outcome(i).String() }),
 		"reason": append(append([]string{""},
-			vals(int(numNackReasons), func(i int) string { return NackReason(i).String() })...),
-			vals(int(numDropReasons), func(i int) string { return DropReason(i).String() })...),
+			vals(int(bus.NumNackReasons), func(i int) string { return bus.NackReason(i).String() })...),
+			vals(int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })...),
 		"replica": {"A"},
 	}
 }
@@ -149,11 +150,11 @@ func TestMetricsLabelSetsFixed(t *testing.T) {
 // counters with what was recorded.
 func TestMetricsScrape(t *testing.T) {
 	m := NewMetrics()
-	m.delivery(OutcomeAcked, 0)
-	m.delivery(OutcomeAcked, 0)
-	m.delivery(OutcomeNacked, uint8(NackPaused))
-	m.delivery(OutcomeDropped, uint8(DropNoTimeToRetry))
-	m.delivery(OutcomeError, 0)
+	m.Delivery(nil, bus.OutcomeAcked, 0)
+	m.Delivery(nil, bus.OutcomeAcked, 0)
+	m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackPaused))
+	m.Delivery(nil, bus.OutcomeDropped, uint8(bus.DropNoTimeToRetry))
+	m.Delivery(nil, bus.OutcomeError, 0)
 	m.cacheLookup(CacheHit)
 	m.cacheLookup(CacheMiss)
 	m.cacheLookup(CacheNone) // a command in no channel: not a lookup
@@ -166,7 +167,7 @@ func TestMetricsScrape(t *testing.T) {
 outgress_channel_lookups_total{result="hit"} 1
 outgress_channel_lookups_total{result="joined"} 0
 outgress_channel_lookups_total{result="miss"} 1
-# HELP outgress_deliveries_total Bus deliveries by outcome and reason (none for acked and error).
+# HELP outgress_deliveries_total Bus deliveries by outcome and reason (none for acked, error and released).
 # TYPE outgress_deliveries_total counter
 outgress_deliveries_total{outcome="acked",reason=""} 2
 outgress_deliveries_total{outcome="dropped",reason="expired"} 0
@@ -179,6 +180,7 @@ outgress_deliveries_total{outcome="error",reason=""} 1
 outgress_deliveries_total{outcome="nacked",reason="limited"} 0
 outgress_deliveries_total{outcome="nacked",reason="paused"} 1
 outgress_deliveries_total{outcome="nacked",reason="throttled"} 0
+outgress_deliveries_total{outcome="released",reason=""} 0
 `
 	if err := testutil.ScrapeAndCompare(srv.URL, strings.NewReader(want), metricCache, metricDeliver); err != nil {
 		t.Error(err)

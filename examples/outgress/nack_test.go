@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,55 +24,74 @@ func TestRetryOrDrop(t *testing.T) {
 		{3 * time.Second, 2 * time.Second, false},
 		{time.Second, -time.Second, false},
 	} {
-		err := retryOrDrop(NackLimited, c.retry, c.remaining)
-		var nack *ExpectedNack
-		var drop *Dropped
+		err := bus.RetryOrDrop(bus.NackLimited, c.retry, c.remaining)
+		var nack *bus.ExpectedNack
+		var drop *bus.Dropped
 		switch {
-		case c.nack && (!errors.As(err, &nack) || nack.RetryAfter != c.retry || nack.Reason != NackLimited):
+		case c.nack && (!errors.As(err, &nack) || nack.RetryAfter != c.retry || nack.Reason != bus.NackLimited):
 			t.Errorf("retry %v, remaining %v: %v, want a limited nack after %v", c.retry, c.remaining, err, c.retry)
-		case !c.nack && (!errors.As(err, &drop) || drop.Reason != DropNoTimeToRetry):
+		case !c.nack && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry):
 			t.Errorf("retry %v, remaining %v: %v, want dropped (no time to retry)", c.retry, c.remaining, err)
 		}
 	}
 }
 
 // TestDenialIsExpectedNack sends 11 standard messages to one channel over
-// the bus: its standard share admits 10; the 11th is nacked with the
-// limiter's delay, counted, and never reported as an error.
+// NATS: its standard share admits 10; the 11th is nacked with the
+// limiter's delay, counted by reason, never reported as an error, and
+// acked once redelivered after that delay (the share has refilled).
 func TestDenialIsExpectedNack(t *testing.T) {
 	e := newEnv(t, nil)
 	e.seed(t, "42", false)
-	var rec delays
-	var reports atomic.Int64
-	bus := NewMemBus(MemBusConfig{AfterFunc: func(d time.Duration, f func()) *time.Timer {
-		rec.record(d)
-		return time.AfterFunc(time.Hour, f) // not redelivered within the test
-	}, OnError: func(string, error) { reports.Add(1) }})
-	defer bus.Close()
-	if err := bus.Consume("std", 1, e.worker.Handler(LaneStandard)); err != nil {
-		t.Fatal(err)
+	var reports, finals atomic.Int64
+	var mu sync.Mutex
+	var delays []time.Duration
+	b := newTestBus(t, bus.Config{
+		OnError: func(string, error) { reports.Add(1) },
+		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
+			e.metrics.Delivery(m, o, reason)
+			if o.Final() {
+				finals.Add(1)
+			}
+		},
+	})
+	subject := b.cfg.Subjects[LaneStandard]
+	handler := func(ctx context.Context, m *bus.Message) error {
+		err := e.worker.Handler(LaneStandard)(ctx, m)
+		var nack *bus.ExpectedNack
+		if errors.As(err, &nack) {
+			mu.Lock()
+			delays = append(delays, nack.RetryAfter)
+			mu.Unlock()
+		}
+		return err
 	}
 	for range 11 {
-		if err := bus.Publish(ctxT(t), "std", []byte(chat("42"))); err != nil {
+		if _, err := b.Publish(ctxT(t), subject, []byte(chat("42"))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if !waitFor(func() bool { return bus.Stats().Delivered == 11 && len(rec.get()) == 1 }) {
-		t.Fatalf("stats %+v", bus.Stats())
+	if err := b.Consume(ctxT(t), subject, 1, handler); err != nil {
+		t.Fatal(err)
 	}
-	want := BusStats{Published: 11, Delivered: 11, Acked: 10}
-	want.Nacked[NackLimited] = 1
-	if got := bus.Stats(); got != want {
+	if !waitFor(func() bool { return finals.Load() == 11 }) {
+		t.Fatalf("%d of 11 messages finished; stats %+v", finals.Load(), b.Stats())
+	}
+	want := bus.Stats{Delivered: 12, Acked: 11}
+	want.Nacked[bus.NackLimited] = 1
+	if got := b.Stats(); got != want {
 		t.Errorf("stats\n got %+v\nwant %+v", got, want)
 	}
-	if d := rec.get()[0]; d <= 0 || d > chatStandard.Interval() {
-		t.Errorf("redelivery delay %v, want the limiter's RetryAfter, in (0, %v]", d, chatStandard.Interval())
+	mu.Lock()
+	defer mu.Unlock()
+	if len(delays) != 1 || delays[0] <= 0 || delays[0] > chatStandard.Interval() {
+		t.Errorf("nack delays %v, want one: the limiter's RetryAfter, in (0, %v]", delays, chatStandard.Interval())
 	}
 	if n := reports.Load(); n != 0 {
 		t.Errorf("%d error reports for a denial, want 0", n)
 	}
-	if a, d := e.metrics.Admitted(LaneStandard), e.metrics.Denied(LaneStandard, ClassStandard); a != 10 || d != 1 {
-		t.Errorf("metrics: %d admitted, %d denied by the standard share; want 10 and 1", a, d)
+	if a, d := e.metrics.Admitted(LaneStandard), e.metrics.Denied(LaneStandard, ClassStandard); a != 11 || d != 1 {
+		t.Errorf("metrics: %d admitted, %d denied by the standard share; want 11 and 1", a, d)
 	}
 }
 
@@ -85,16 +106,16 @@ func TestDenialBeyondLifetimeDropped(t *testing.T) {
 		}
 	}
 	// The share refills one token every 3 s; this message has 1 s left.
-	old := &Message{Data: []byte(chat("42")), Published: time.Now().Add(-4 * time.Second)}
+	old := &bus.Message{Data: []byte(chat("42")), Published: time.Now().Add(-4 * time.Second)}
 	path, err := e.worker.Process(ctxT(t), LaneStandard, old)
-	var drop *Dropped
-	if !errors.As(err, &drop) || drop.Reason != DropNoTimeToRetry || !path.Decided || path.Admitted {
+	var drop *bus.Dropped
+	if !errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry || !path.Decided || path.Admitted {
 		t.Errorf("path %+v, err %v: want denied and dropped (no time to retry)", path, err)
 	}
 	// The same denial with the whole lifetime left is a nack.
 	path, err = e.process(t, LaneStandard, chat("42"))
-	var nack *ExpectedNack
-	if !errors.As(err, &nack) || nack.Reason != NackLimited || path.Admitted {
+	var nack *bus.ExpectedNack
+	if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || path.Admitted {
 		t.Errorf("path %+v, err %v: want a limited nack", path, err)
 	}
 }
@@ -114,8 +135,8 @@ func TestValkeyDownIsRealError(t *testing.T) {
 	srv.Stop()
 
 	_, err := e.process(t, LaneStandard, chat("42"))
-	var nack *ExpectedNack
-	var drop *Dropped
+	var nack *bus.ExpectedNack
+	var drop *bus.Dropped
 	if err == nil || errors.As(err, &nack) || errors.As(err, &drop) {
 		t.Fatalf("limiter with the server down: %v, want a real error", err)
 	}
@@ -124,19 +145,27 @@ func TestValkeyDownIsRealError(t *testing.T) {
 	}
 
 	var reports atomic.Int64
-	bus := NewMemBus(MemBusConfig{ErrorDelay: time.Hour, OnError: func(string, error) { reports.Add(1) }})
-	defer bus.Close()
-	bus.Consume("std", 1, func(ctx context.Context, m *Message) error {
+	var events sync.Map // outcome -> count
+	b := newTestBus(t, bus.Config{
+		ErrorDelay: 10 * time.Second, // past the lifetime: the error is reported, then the message dropped
+		OnError:    func(string, error) { reports.Add(1) },
+		Observe: func(_ *bus.Message, o bus.Outcome, _ uint8) {
+			n, _ := events.LoadOrStore(o, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+		},
+	})
+	subject := b.cfg.Subjects[LaneStandard]
+	b.Consume(ctxT(t), subject, 1, func(ctx context.Context, m *bus.Message) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		_, err := e.worker.Process(ctx, LaneStandard, m)
 		return err
 	})
-	bus.Publish(ctxT(t), "std", []byte(chat("42")))
-	if !waitFor(func() bool { return bus.Stats().Errors == 1 }) {
-		t.Fatalf("stats %+v: want 1 error", bus.Stats())
+	b.Publish(ctxT(t), subject, []byte(chat("42")))
+	if !waitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeToRetry] == 1 }) {
+		t.Fatalf("stats %+v: want the error, then a drop (no time to retry)", b.Stats())
 	}
-	if s := bus.Stats(); reports.Load() != 1 || s.Acked != 0 || s.Nacked != [numNackReasons]int64{} {
+	if s := b.Stats(); reports.Load() != 1 || s.Errors != 0 || s.Acked != 0 || s.Nacked != [bus.NumNackReasons]int64{} {
 		t.Errorf("stats %+v, %d reports: want the error reported once, nothing acked or nacked as expected", s, reports.Load())
 	}
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"io"
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 )
@@ -131,10 +133,14 @@ type demoResult struct {
 	oldShape       pathTable
 	metrics        *Metrics
 	pauseLog       []pauseEvent
+	natsWhere      string
 	published      int
-	busFull        int
+	refused        int          // publishes the stream did not acknowledge
+	finals         atomic.Int64 // deliveries that ended a message: acked or dropped
+	unfinished     int64        // still in the stream at the end
+	restartErr     error
 	elapsed        time.Duration
-	bus            BusStats
+	bus            bus.Stats // summed over every replica's connections
 	reported       int64
 	firstError     string
 	replicas       []replicaReport
@@ -150,6 +156,7 @@ func (r *demoResult) Print(out io.Writer) {
 	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[LaneStandard], laneWorkers[LanePremium], laneWorkers[LaneSystem])
 	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
 	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
+	fmt.Fprintf(out, "  NATS    %s\n", r.natsWhere)
 	fmt.Fprintf(out, "  Helix   fake server at %s (HTTP/1.1)\n", r.helixURL)
 	fmt.Fprintf(out, "  fleet   2 replicas (A, B), each with its own Valkey client, pause snapshot,\n")
 	fmt.Fprintf(out, "          channel cache and HTTP transport, and %s\n", workers)
@@ -231,19 +238,24 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintln(out)
 
 	b := r.bus
-	fmt.Fprintln(out, "4. Delivery outcomes on the bus (a message lives 5s; redeliveries included)")
-	fmt.Fprintf(w, "   published\t%d\t(refused, queue full: %d)\t\n", r.published, r.busFull)
+	fmt.Fprintln(out, "4. Delivery on NATS JetStream (a work-queue stream, one durable consumer per lane shared by")
+	fmt.Fprintf(out, "   both replicas; a message lives 5s); replica B's connection restarted at %v\n", r.cfg.RestartAt)
+	fmt.Fprintf(w, "   published\t%d\t(refused by the stream: %d)\t\n", r.published, r.refused)
 	fmt.Fprintf(w, "   handler calls\t%d\t\t\n", b.Delivered)
 	fmt.Fprintf(w, "   acked: sent\t%d\t\t\n", b.Acked)
-	fmt.Fprintf(w, "   nacked, expected\t%d\t%s\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], NackReason.String))
-	fmt.Fprintf(w, "   dropped\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], DropReason.String))
-	fmt.Fprintf(w, "   errors reported\t%d\t%s\t\n", r.reported, r.firstError)
-	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(in flight or awaiting redelivery when the run ended)\t\n", b.Abandoned)
+	fmt.Fprintf(w, "   dropped (Term)\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], bus.DropReason.String))
+	fmt.Fprintf(w, "   redelivered: expected nacks\t%d\t%s (NakWithDelay, no error report)\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], bus.NackReason.String))
+	fmt.Fprintf(w, "   redelivered: errors\t%d\treported %d%s\t\n", b.Errors, r.reported, prefixed(": ", r.firstError))
+	fmt.Fprintf(w, "   redelivered: released\t%d\t(fetched by B as it restarted, handed back unhandled)\t\n", b.Released)
+	fmt.Fprintf(w, "   unconfirmed acks\t%d\t\t\n", b.AckFailures)
+	fmt.Fprintf(w, "   unfinished\t%d\t(still in the stream when the run ended)\t\n", r.unfinished)
 	w.Flush()
-	fmt.Fprintf(out, "   Every message is accounted for: %d sent + %d dropped + %d abandoned = %d published.\n",
-		b.Acked, sum(b.Dropped[:]), b.Abandoned, b.Acked+sum(b.Dropped[:])+b.Abandoned)
-	fmt.Fprintln(out, "   Expected nacks are backpressure: counted by reason, redelivered after their delay, never")
-	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
+	fmt.Fprintf(out, "   Every message is accounted for: %d acked + %d dropped + %d unfinished = %d, published %d.\n",
+		b.Acked, sum(b.Dropped[:]), r.unfinished, b.Acked+sum(b.Dropped[:])+r.unfinished, r.published)
+	if r.restartErr != nil {
+		fmt.Fprintf(out, "   Replica B's restart failed: %v\n", r.restartErr)
+	}
+	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_to_retry).")
 	fmt.Fprintln(out)
 
 	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")
@@ -274,6 +286,29 @@ func (r *demoResult) Print(out io.Writer) {
 	for _, line := range r.scrape {
 		fmt.Fprintln(out, "   "+line)
 	}
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}
+
+// addStats adds two buses' counters.
+func addStats(a, b bus.Stats) bus.Stats {
+	a.Delivered += b.Delivered
+	a.Acked += b.Acked
+	a.Errors += b.Errors
+	a.Released += b.Released
+	a.AckFailures += b.AckFailures
+	for i := range a.Nacked {
+		a.Nacked[i] += b.Nacked[i]
+	}
+	for i := range a.Dropped {
+		a.Dropped[i] += b.Dropped[i]
+	}
+	return a
 }
 
 func sum(xs []int64) int64 {

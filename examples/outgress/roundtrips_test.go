@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"testing"
 
 	"github.com/admitkit/admit/internal/testserver"
@@ -32,7 +33,7 @@ func TestCommandsPerMessage(t *testing.T) {
 	}
 	legacy := func(lane Lane, body string) func() (Path, error) {
 		return func() (Path, error) {
-			_, p, err := e.worker.LegacyPrepare(ctxT(t), lane, &Message{Data: []byte(body), Published: e.worker.cfg.Now()})
+			_, p, err := e.worker.LegacyPrepare(ctxT(t), lane, &bus.Message{Data: []byte(body), Published: e.worker.cfg.Now()})
 			return p, err
 		}
 	}
@@ -82,8 +83,8 @@ func TestCommandsPerMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 		p, err := measure(t, map[string]int64{}, send(LaneStandard, chat("1")))
-		var nack *ExpectedNack
-		if !p.Paused || !errors.As(err, &nack) || nack.Reason != NackPaused {
+		var nack *bus.ExpectedNack
+		if !p.Paused || !errors.As(err, &nack) || nack.Reason != bus.NackPaused {
 			t.Errorf("path %+v, err %v: want stopped by the pause with an expected nack", p, err)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"net/http"
 	"time"
 
@@ -61,8 +62,8 @@ func NewWorker(lim *admit.Limiter, pause *Pause, channels *ChannelCache, helix *
 }
 
 // Handler returns the bus handler for a lane's subject.
-func (w *Worker) Handler(lane Lane) Handler {
-	return func(ctx context.Context, m *Message) error {
+func (w *Worker) Handler(lane Lane) bus.Handler {
+	return func(ctx context.Context, m *bus.Message) error {
 		_, err := w.Process(ctx, lane, m)
 		return err
 	}
@@ -102,7 +103,7 @@ func (c CacheUse) String() string {
 }
 
 // Process handles one delivery and returns its path and the bus outcome.
-func (w *Worker) Process(ctx context.Context, lane Lane, m *Message) (Path, error) {
+func (w *Worker) Process(ctx context.Context, lane Lane, m *bus.Message) (Path, error) {
 	deadline := m.Published.Add(w.cfg.Lifetime)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -116,7 +117,7 @@ func (w *Worker) Process(ctx context.Context, lane Lane, m *Message) (Path, erro
 // Prepare is the path before the third party: it decodes the command,
 // checks the pause snapshot, looks the channel up, asks the limiter once
 // and builds the Helix request. ctx should carry the message's deadline.
-func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Request, Path, error) {
+func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.Request, Path, error) {
 	path := Path{Lane: lane}
 	deadline := m.Published.Add(w.cfg.Lifetime)
 	start := w.cfg.Now()
@@ -128,7 +129,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 		err = malformed("chat is never sent on the system lane")
 	}
 	if err != nil {
-		return nil, path, &Dropped{Reason: DropMalformed, Err: err}
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	path.Decoded, path.Kind = true, cmd.Kind
 	w.metrics.command(lane, cmd.Kind)
@@ -138,7 +139,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 	w.metrics.Observe(StagePause, t.Sub(t0))
 	if errors.Is(err, ErrPaused) {
 		path.Paused = true
-		return nil, path, retryOrDrop(NackPaused, w.cfg.PausedRetry, deadline.Sub(t))
+		return nil, path, bus.RetryOrDrop(bus.NackPaused, w.cfg.PausedRetry, deadline.Sub(t))
 	}
 	if err != nil { // not ready or stale: fail closed, and say so
 		return nil, path, err
@@ -154,7 +155,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 		}
 		w.metrics.cacheLookup(path.Cache)
 		if errors.Is(err, ErrUnknownChannel) {
-			return nil, path, &Dropped{Reason: DropUnknownChannel}
+			return nil, path, &bus.Dropped{Reason: bus.DropUnknownChannel}
 		}
 		if err != nil {
 			return nil, path, err
@@ -170,7 +171,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
 	if !d.Allowed() {
-		return nil, path, retryOrDrop(NackLimited, d.RetryAfter, deadline.Sub(t))
+		return nil, path, bus.RetryOrDrop(bus.NackLimited, d.RetryAfter, deadline.Sub(t))
 	}
 
 	req, err := w.helix.NewRequest(ctx, &cmd, ch)
@@ -178,7 +179,7 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *Message) (*http.Requ
 	w.metrics.Observe(StageBuild, t.Sub(t0))
 	w.metrics.Observe(StagePreHTTP, t.Sub(start))
 	if err != nil {
-		return nil, path, &Dropped{Reason: DropMalformed, Err: err}
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	return req, path, nil
 }

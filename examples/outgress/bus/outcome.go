@@ -1,16 +1,18 @@
-package main
+package bus
 
 import (
 	"time"
 )
 
-// A handler's error tells the bus what to do with the message:
+// A [Handler]'s error tells the bus what to do with the message:
 //
-//	nil              ack
-//	*ExpectedNack    nack: redeliver after RetryAfter; count by reason; no
-//	                 error report, no log (expected backpressure)
-//	*Dropped         ack without doing the work; count by reason
-//	any other error  nack: redeliver after the bus's delay; report it
+//	nil              Ack (confirmed by the server)
+//	*ExpectedNack    NakWithDelay(RetryAfter); count by reason; no error
+//	                 report, no log (expected backpressure). Term instead,
+//	                 counted as DropNoTimeToRetry, when RetryAfter reaches
+//	                 past the message's lifetime
+//	*Dropped         Term: never redelivered; count by reason
+//	any other error  NakWithDelay(Config.ErrorDelay); report it
 //
 // Expected nacks and drops are values of a fixed set of reasons, so metrics
 // labelled by reason stay bounded.
@@ -23,13 +25,13 @@ const (
 	NackPaused    NackReason = iota // the kill switch is on
 	NackLimited                     // a bucket refused; RetryAfter is the limiter's
 	NackThrottled                   // Helix answered 429
-	numNackReasons
+	NumNackReasons
 )
 
-var nackNames = [numNackReasons]string{"paused", "limited", "throttled"}
+var nackNames = [NumNackReasons]string{"paused", "limited", "throttled"}
 
 func (r NackReason) String() string {
-	if r < numNackReasons {
+	if r < NumNackReasons {
 		return nackNames[r]
 	}
 	return "invalid"
@@ -56,13 +58,13 @@ const (
 	DropNoTimeToRetry                    // the retry delay reaches past the message's lifetime
 	DropExpired                          // the bus found it past its lifetime
 	DropMaxAttempts                      // the bus gave up redelivering it
-	numDropReasons
+	NumDropReasons
 )
 
-var dropNames = [numDropReasons]string{"malformed", "unknown_channel", "rejected", "no_time_to_retry", "expired", "max_attempts"}
+var dropNames = [NumDropReasons]string{"malformed", "unknown_channel", "rejected", "no_time_to_retry", "expired", "max_attempts"}
 
 func (r DropReason) String() string {
-	if r < numDropReasons {
+	if r < NumDropReasons {
 		return dropNames[r]
 	}
 	return "invalid"
@@ -83,12 +85,39 @@ func (d *Dropped) Error() string {
 
 func (d *Dropped) Unwrap() error { return d.Err }
 
-// retryOrDrop postpones work by retryAfter, or drops it at once when the
+// RetryOrDrop postpones work by retryAfter, or drops it at once when the
 // message would reach its deadline (remaining from now) before the retry:
 // redelivering it then would only expire it later, at a cost.
-func retryOrDrop(reason NackReason, retryAfter, remaining time.Duration) error {
+func RetryOrDrop(reason NackReason, retryAfter, remaining time.Duration) error {
 	if retryAfter >= remaining {
 		return &Dropped{Reason: DropNoTimeToRetry}
 	}
 	return &ExpectedNack{Reason: reason, RetryAfter: retryAfter}
 }
+
+// Outcome is what became of one delivery.
+type Outcome uint8
+
+// The outcomes. Acked and Dropped are final: the stream forgets the
+// message. Nacked and Error redeliver it later; Released hands it back at
+// once, unhandled, to another replica when this one stops.
+const (
+	OutcomeAcked    Outcome = iota
+	OutcomeNacked           // expected backpressure: NakWithDelay(RetryAfter)
+	OutcomeDropped          // Term: acknowledged without doing the work
+	OutcomeError            // an unexpected error: reported, NakWithDelay(ErrorDelay)
+	OutcomeReleased         // Nak without delay: the replica is stopping
+	NumOutcomes
+)
+
+var outcomeNames = [NumOutcomes]string{"acked", "nacked", "dropped", "error", "released"}
+
+func (o Outcome) String() string {
+	if o < NumOutcomes {
+		return outcomeNames[o]
+	}
+	return "invalid"
+}
+
+// Final reports whether the outcome ends the message's life in the stream.
+func (o Outcome) Final() bool { return o == OutcomeAcked || o == OutcomeDropped }
