@@ -19,6 +19,10 @@ type CountingClient struct {
 	commands, roundTrips atomic.Int64
 	// Gate, if set, runs before each Do; tests use it to hold a command.
 	Gate func(cmd valkey.Completed)
+	// Fault, if set, runs before each Do; a non-nil error is returned as
+	// the command's result and the command is not sent (nor counted). The
+	// demo uses it to show admit's two error classes.
+	Fault func(cmd valkey.Completed) error
 }
 
 // Tally counts the commands and round trips of one unit of work.
@@ -50,6 +54,11 @@ func (c *CountingClient) count(ctx context.Context, commands int) {
 func (c *CountingClient) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
 	if c.Gate != nil {
 		c.Gate(cmd)
+	}
+	if c.Fault != nil {
+		if err := c.Fault(cmd); err != nil {
+			return valkey.NewErrorResult(err)
+		}
 	}
 	c.count(ctx, 1)
 	return c.Client.Do(ctx, cmd)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -217,6 +218,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	if err := measureOldShape(ctx, res, a, prefix, fake.URL, concurrency); err != nil {
 		return nil, err
 	}
+	res.contract = showErrorContract(ctx, a, metrics, prefix)
 
 	for _, r := range replicas {
 		if err := r.startBus(ctx, res, natsURL, busCfg); err != nil {
@@ -363,6 +365,49 @@ func measureOldShape(ctx context.Context, res *demoResult, a *replica, prefix, h
 		}
 	}
 	return nil
+}
+
+// contractCase is one message run with an injected fault.
+type contractCase struct {
+	fault        string
+	limiterCalls int
+	admitted     bool
+	err          error
+}
+
+// showErrorContract runs two chat messages through a worker on replica A's
+// connection whose first script call fails, once in each of admit's error
+// classes: refused before it was sent (no connection: ErrNotExecuted, so
+// the worker retries), and lost with the command in flight
+// (ErrOutcomeUnknown: the worker does not repeat it; the error nacks the
+// message).
+func showErrorContract(ctx context.Context, a *replica, m *Metrics, prefix string) []contractCase {
+	faults := []struct {
+		name string
+		err  error
+	}{
+		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}},
+		{"connection lost with the script in flight", io.ErrUnexpectedEOF},
+	}
+	var out []contractCase
+	for _, f := range faults {
+		var calls atomic.Int64
+		c := &CountingClient{Client: a.raw, Fault: func(cmd valkey.Completed) error {
+			if isScript(cmd) && calls.Add(1) == 1 {
+				return f.err
+			}
+			return nil
+		}}
+		w := NewWorker(admit.New(c), a.pause, NewChannelCache(c, ChannelCacheConfig{Prefix: prefix}), a.helix, m, WorkerConfig{Prefix: prefix})
+		_, path, err := w.Prepare(ctx, LanePremium, &bus.Message{Data: chatBody(measurePremium, "error contract"), Published: time.Now()})
+		out = append(out, contractCase{fault: f.name, limiterCalls: path.LimiterCalls, admitted: path.Admitted, err: err})
+	}
+	return out
+}
+
+func isScript(cmd valkey.Completed) bool {
+	c := cmd.Commands()
+	return len(c) > 0 && (strings.EqualFold(c[0], "EVALSHA") || strings.EqualFold(c[0], "EVAL"))
 }
 
 // pauseMidRun has replica A pause sending at PauseAt and resume PauseFor

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"errors"
+
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
@@ -63,6 +66,10 @@ func checkDemo(t *testing.T, res *demoResult) {
 		if s := res.oldShape.row(pathRow(row)); s.n != 1 || s.commands != int64(n) {
 			t.Errorf("old shape, %s: %d commands over %d messages, want %d over 1", rowNames[row], s.commands, s.n, n)
 		}
+	}
+	if c := res.contract; len(c) != 2 || c[0].limiterCalls != 2 || !c[0].admitted || c[0].err != nil ||
+		c[1].limiterCalls != 1 || !errors.Is(c[1].err, admit.ErrOutcomeUnknown) {
+		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown not repeated", c)
 	}
 	if len(res.pauseLog) != 2 {
 		t.Fatalf("%d pause changes, want 2", len(res.pauseLog))

@@ -78,25 +78,28 @@ func statusClass(code int) StatusClass {
 }
 
 // Decision is the label of a limiter call's outcome: admitted, denied by a
-// bucket of a class, or failed.
+// bucket of a class, or failed in one of admit's two error classes.
 type Decision uint8
 
 // The decisions. DecisionDenied+c is a denial by a bucket of class c.
 const (
-	DecisionAllowed Decision = iota
-	DecisionDenied           // + BucketClass
-	DecisionError   = DecisionDenied + Decision(numClasses)
-	numDecisions    = DecisionError + 1
+	DecisionAllowed        Decision                                = iota
+	DecisionDenied                                                 // + BucketClass
+	DecisionNotExecuted    = DecisionDenied + Decision(numClasses) // admit.ErrNotExecuted: nothing ran
+	DecisionOutcomeUnknown = DecisionNotExecuted + 1               // admit.ErrOutcomeUnknown: it may have run
+	numDecisions           = DecisionOutcomeUnknown + 1
 )
 
 func (d Decision) String() string {
 	switch {
 	case d == DecisionAllowed:
 		return "allowed"
-	case d < DecisionError:
+	case d < DecisionNotExecuted:
 		return "denied_" + BucketClass(d-DecisionDenied).String()
-	case d == DecisionError:
-		return "error"
+	case d == DecisionNotExecuted:
+		return "not_executed"
+	case d == DecisionOutcomeUnknown:
+		return "outcome_unknown"
 	}
 	return "invalid"
 }
@@ -107,6 +110,7 @@ func (d Decision) String() string {
 const (
 	metricStage    = "outgress_stage_duration_seconds"
 	metricLimiter  = "outgress_limiter_duration_seconds"
+	metricRetries  = "outgress_limiter_retries_total"
 	metricCommands = "outgress_commands_total"
 	metricCache    = "outgress_channel_lookups_total"
 	metricHelix    = "outgress_helix_responses_total"
@@ -127,6 +131,7 @@ type Metrics struct {
 
 	stages   [numStages]prometheus.Histogram
 	limiter  [numLanes][numDecisions]prometheus.Histogram
+	retries  [numLanes]prometheus.Counter
 	commands [numLanes][numKinds]prometheus.Counter
 	cache    [numCacheUses]prometheus.Counter
 	status   [numStatus]prometheus.Counter
@@ -155,9 +160,11 @@ func NewMetrics() *Metrics {
 		Help: "Helix responses by status class; error is no response."}, []string{"status_class"})
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricConns,
 		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricRetries,
+		Help: "Limiter calls repeated within a delivery because the previous one provably did not run (admit.ErrNotExecuted)."}, []string{"lane"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, retries, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range numStages {
@@ -170,6 +177,7 @@ func NewMetrics() *Metrics {
 		for k := range numKinds {
 			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
 		}
+		m.retries[lane] = retries.WithLabelValues(lane.String())
 	}
 	for u := range numCacheUses {
 		if u != CacheNone {
@@ -213,6 +221,12 @@ func (m *Metrics) Observe(s Stage, d time.Duration) {
 func (m *Metrics) limiterCall(lane Lane, d Decision, took time.Duration) {
 	if lane < numLanes && d < numDecisions {
 		m.limiter[lane][d].Observe(took.Seconds())
+	}
+}
+
+func (m *Metrics) limiterRetry(lane Lane) {
+	if lane < numLanes {
+		m.retries[lane].Inc()
 	}
 }
 
@@ -313,10 +327,15 @@ func (m *Metrics) Denied(lane Lane, class BucketClass) int64 {
 	return histCount(m.limiter[lane%numLanes][DecisionDenied+Decision(class%numClasses)])
 }
 
-// LimiterErrors returns the failed limiter calls on lane.
-func (m *Metrics) LimiterErrors(lane Lane) int64 {
-	return histCount(m.limiter[lane%numLanes][DecisionError])
+// LimiterFailures returns the failed limiter calls on lane by class:
+// not executed (each retried call counts) and outcome unknown.
+func (m *Metrics) LimiterFailures(lane Lane) (notExecuted, outcomeUnknown int64) {
+	return histCount(m.limiter[lane%numLanes][DecisionNotExecuted]), histCount(m.limiter[lane%numLanes][DecisionOutcomeUnknown])
 }
+
+// LimiterRetries returns the limiter calls repeated on lane after a call
+// that did not run.
+func (m *Metrics) LimiterRetries(lane Lane) int64 { return counterValue(m.retries[lane%numLanes]) }
 
 // CacheLookups counts channel lookups of one kind (hit, miss or joined).
 func (m *Metrics) CacheLookups(u CacheUse) int64 { return counterValue(m.cache[u%numCacheUses]) }

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
+
 	"fmt"
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"io"
 	"math"
@@ -139,6 +142,7 @@ type demoResult struct {
 	finals         atomic.Int64 // deliveries that ended a message: acked or dropped
 	unfinished     int64        // still in the stream at the end
 	restartErr     error
+	contract       []contractCase
 	elapsed        time.Duration
 	bus            bus.Stats // summed over every replica's connections
 	reported       int64
@@ -235,6 +239,23 @@ func (r *demoResult) Print(out io.Writer) {
 	w.Flush()
 	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
 	fmt.Fprintln(out, "   limit: premium chat, which uses the shared limit alone, keeps getting through.")
+	fmt.Fprintln(out, "   admit's error contract, on two premium messages whose first script call fails (before the run):")
+	for _, c := range r.contract {
+		outcome := "admitted"
+		switch {
+		case errors.Is(c.err, admit.ErrOutcomeUnknown):
+			outcome = "ErrOutcomeUnknown: not repeated (it may have taken a token); the error nacks the message"
+		case c.err != nil:
+			outcome = "failed: " + c.err.Error()
+		case !c.admitted:
+			outcome = "denied"
+		}
+		retried := ""
+		if c.limiterCalls > 1 {
+			retried = " (ErrNotExecuted: nothing ran, so it was retried)"
+		}
+		fmt.Fprintf(out, "     %s: %d limiter call(s)%s, %s\n", c.fault, c.limiterCalls, retried, outcome)
+	}
 	fmt.Fprintln(out)
 
 	b := r.bus

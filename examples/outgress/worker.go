@@ -23,6 +23,12 @@ type WorkerConfig struct {
 	// PausedRetry is how long a message waits while sending is paused.
 	// Default 500ms.
 	PausedRetry time.Duration
+	// DecisionAttempts bounds the limiter calls of one delivery, when
+	// calls fail with admit.ErrNotExecuted. Default 3.
+	DecisionAttempts int
+	// DecisionBackoff is the pause before the first retry of a limiter
+	// call; the n-th retry waits n times as long. Default 5ms.
+	DecisionBackoff time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -53,6 +59,12 @@ func NewWorker(lim *admit.Limiter, pause *Pause, channels *ChannelCache, helix *
 	if cfg.PausedRetry <= 0 {
 		cfg.PausedRetry = 500 * time.Millisecond
 	}
+	if cfg.DecisionAttempts <= 0 {
+		cfg.DecisionAttempts = 3
+	}
+	if cfg.DecisionBackoff <= 0 {
+		cfg.DecisionBackoff = 5 * time.Millisecond
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -72,13 +84,16 @@ func (w *Worker) Handler(lane Lane) bus.Handler {
 // Path describes how far a message went and which way: what the demo and
 // tests group Valkey commands by.
 type Path struct {
-	Lane     Lane
-	Kind     Kind
-	Decoded  bool
-	Paused   bool // stopped by the pause snapshot
-	Cache    CacheUse
-	Decided  bool // reached the limiter and got an answer
-	Admitted bool
+	Lane    Lane
+	Kind    Kind
+	Decoded bool
+	Paused  bool // stopped by the pause snapshot
+	Cache   CacheUse
+	Decided bool // reached the limiter and got an answer
+	// LimiterCalls counts AllowOrdered calls: 1, or more when calls that
+	// did not run were retried.
+	LimiterCalls int
+	Admitted     bool
 }
 
 // CacheUse is how a message used the channel cache.
@@ -163,10 +178,15 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.
 	}
 
 	plan := w.plan(lane, cmd.Kind, ch)
-	d, err := w.decide(ctx, plan)
-	t0, t = t, w.cfg.Now()
-	w.metrics.limiterCall(lane, decisionOf(plan, d, err), t.Sub(t0))
+	d, err := w.decide(ctx, lane, plan, &path)
+	t = w.cfg.Now()
 	if err != nil {
+		// Either class is a dependency failure, not backpressure: the bus
+		// reports it and redelivers the message after its error delay. An
+		// ErrNotExecuted was already retried (bounded) by decide; an
+		// ErrOutcomeUnknown is never repeated here, since the first call
+		// may have taken tokens. (With retry-safe decisions keyed by the
+		// message id, it could be.)
 		return nil, path, err
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
@@ -196,24 +216,62 @@ func (w *Worker) plan(lane Lane, k Kind, ch *Channel) *bucketPlan {
 
 // decide is the one limiter call of a message: one script, one round trip.
 // A denial is a Decision; only a failed call is an error, and it stays one
-// (a dependency failure is not backpressure).
-func (w *Worker) decide(ctx context.Context, p *bucketPlan) (admit.Decision, error) {
+// (a dependency failure is not backpressure). admit's error contract
+// decides what happens next:
+//
+//   - admit.ErrNotExecuted (the server proves nothing ran, no token was
+//     taken): the call is repeated, at most DecisionAttempts calls in all,
+//     after a short pause, within the message's deadline. Refusals that
+//     cannot pass on a retry (an invalid request, a wrong-type or corrupt
+//     bucket) are not repeated.
+//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): never
+//     repeated within the delivery; the error nacks the message.
+//
+// Every call is timed into the limiter histogram under its lane and
+// decision; path.LimiterCalls counts them.
+func (w *Worker) decide(ctx context.Context, lane Lane, p *bucketPlan, path *Path) (admit.Decision, error) {
 	var second *admit.Request
 	if p.hasSecond {
 		second = &p.second
 	}
-	d, err := w.lim.AllowOrdered(ctx, p.first, second)
-	if err != nil {
-		return d, fmt.Errorf("outgress: limiter: %w", err)
+	for {
+		start := w.cfg.Now()
+		d, err := w.lim.AllowOrdered(ctx, p.first, second)
+		path.LimiterCalls++
+		w.metrics.limiterCall(lane, decisionOf(p, d, err), w.cfg.Now().Sub(start))
+		if err == nil {
+			return d, nil
+		}
+		if !retryable(err) || path.LimiterCalls >= w.cfg.DecisionAttempts {
+			return d, fmt.Errorf("outgress: limiter (%d calls): %w", path.LimiterCalls, err)
+		}
+		w.metrics.limiterRetry(lane)
+		pause := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
+		case <-pause.C:
+		}
 	}
-	return d, nil
+}
+
+// retryable reports whether a failed limiter call may be repeated at once:
+// it provably did not run, and for a reason that can pass (a refused or
+// missing connection, a server busy or loading), not a request or a bucket
+// that will be refused again.
+func retryable(err error) bool {
+	return errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrInvalidRequest) &&
+		!errors.Is(err, admit.ErrWrongType) && !errors.Is(err, admit.ErrCorruptState)
 }
 
 // decisionOf is the metric label of a limiter call's result.
 func decisionOf(p *bucketPlan, d admit.Decision, err error) Decision {
 	switch {
+	case errors.Is(err, admit.ErrNotExecuted):
+		return DecisionNotExecuted
 	case err != nil:
-		return DecisionError
+		return DecisionOutcomeUnknown
 	case d.Allowed():
 		return DecisionAllowed
 	}
