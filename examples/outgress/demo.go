@@ -1,15 +1,20 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/examples/outgress/worker"
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -50,10 +55,10 @@ func defaultDemo() demoConfig {
 
 // Workers per lane in each replica; the Helix transport keeps as many idle
 // connections as a replica has workers.
-var laneWorkers = [numLanes]int{LaneStandard: 6, LanePremium: 3, LaneSystem: 2}
+var laneWorkers = [limits.NumLanes]int{limits.LaneStandard: 6, limits.LanePremium: 3, limits.LaneSystem: 2}
 
 // The demo's bus subjects, one per lane.
-var laneSubjects = [numLanes]string{"outgress.standard", "outgress.premium", "outgress.system"}
+var laneSubjects = [limits.NumLanes]string{"outgress.standard", "outgress.premium", "outgress.system"}
 
 const (
 	firstChannel   = 1001 // the mix uses 1001 .. 1000+Channels
@@ -67,12 +72,12 @@ const (
 // cache, Helix transport and worker.
 type replica struct {
 	name     string
-	client   *CountingClient
+	client   *counting.Client
 	raw      valkey.Client
-	pause    *Pause
-	channels *ChannelCache
-	helix    *Helix
-	worker   *Worker
+	pause    *pause.Pause
+	channels *channels.Cache
+	helix    *helix.Helix
+	worker   *worker.Worker
 	bus      *bus.Bus   // the current connection
 	buses    []*bus.Bus // every connection it had, for the counters
 }
@@ -85,7 +90,7 @@ func (r *replica) startBus(ctx context.Context, res *demoResult, url string, cfg
 		return err
 	}
 	r.bus, r.buses = b, append(r.buses, b)
-	for lane := range numLanes {
+	for lane := range limits.NumLanes {
 		if err := b.Consume(ctx, cfg.Subjects[lane], laneWorkers[lane], res.handler(r.worker, lane)); err != nil {
 			return err
 		}
@@ -127,16 +132,17 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		return nil, fmt.Errorf("seeding channels: %w", err)
 	}
 
-	fake := StartFakeHelix()
+	fake := helix.StartFake()
 	defer fake.Close()
 	res.helixURL = fake.URL
-	metrics := NewMetrics()
-	res.metrics = metrics
-	stopMetrics, err := serveMetrics(cfg.MetricsAddr, metrics, res)
+	met := metrics.New()
+	res.metrics = met
+	url, stopMetrics, err := met.Serve(cfg.MetricsAddr)
 	if err != nil {
 		return nil, err
 	}
 	defer stopMetrics()
+	res.metricsURL = url
 
 	natsURL, natsWhere, stopNATS, err := natsServer()
 	if err != nil {
@@ -151,7 +157,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		Stream:   "OUTGRESS_DEMO_" + run,
 		Subjects: []string{"outgress-demo-" + run + ".standard", "outgress-demo-" + run + ".premium", "outgress-demo-" + run + ".system"},
 		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
-			metrics.Delivery(m, o, reason)
+			met.Delivery(m, o, reason)
 			if o.Final() {
 				res.finals.Add(1)
 			}
@@ -187,30 +193,30 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := &replica{name: name, raw: raw, client: &CountingClient{Client: raw}}
+		r := &replica{name: name, raw: raw, client: &counting.Client{Client: raw}}
 		replicas = append(replicas, r)
-		r.pause = NewPause(r.client, PauseConfig{Prefix: prefix})
-		if err := metrics.RegisterPause(name, r.pause); err != nil {
+		r.pause = pause.New(r.client, pause.Config{Prefix: prefix})
+		if err := met.RegisterPause(name, r.pause); err != nil {
 			return nil, err
 		}
 		// Subscribe, then load, before consuming anything.
 		if err := r.pause.Start(ctx); err != nil {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
 		}
-		r.channels = NewChannelCache(r.client, ChannelCacheConfig{Prefix: prefix})
-		r.helix, err = NewHelix(HelixConfig{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: botID, Concurrency: concurrency}, metrics)
+		r.channels = channels.New(r.client, channels.Config{Prefix: prefix})
+		r.helix, err = helix.New(helix.Config{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: botID, Concurrency: concurrency}, met)
 		if err != nil {
 			return nil, err
 		}
-		r.worker = NewWorker(admit.New(r.client), r.pause, r.channels, r.helix, metrics, WorkerConfig{Prefix: prefix})
+		r.worker = worker.New(admit.New(r.client), r.pause, r.channels, r.helix, met, worker.Config{Prefix: prefix})
 	}
 	a, b := replicas[0], replicas[1]
 
 	// The first script call after a start (or a SCRIPT FLUSH) finds no
 	// cached script: EVALSHA answers NOSCRIPT and valkey-go sends EVAL.
 	// Pay that once here, so the tables show the steady state.
-	var warm Tally
-	if _, err := admit.New(a.client).AllowOrdered(WithTally(ctx, &warm), admit.Request{Key: prefix + "rl:{warmup}:x", Spec: chatShared}, nil); err != nil {
+	var warm counting.Tally
+	if _, err := admit.New(a.client).AllowOrdered(counting.WithTally(ctx, &warm), admit.Request{Key: prefix + "rl:{warmup}:x", Spec: limits.DefaultLimits.ChatShared}, nil); err != nil {
 		return nil, fmt.Errorf("warm-up decision: %w", err)
 	}
 	res.warmupCommands = warm.Commands.Load()
@@ -218,7 +224,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	if err := measureOldShape(ctx, res, a, prefix, fake.URL, concurrency); err != nil {
 		return nil, err
 	}
-	res.contract = showErrorContract(ctx, a, metrics, prefix)
+	res.contract = showErrorContract(ctx, a, met, prefix)
 
 	for _, r := range replicas {
 		if err := r.startBus(ctx, res, natsURL, busCfg); err != nil {
@@ -274,7 +280,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	res.helixConns = fake.Conns()
 	res.helixRequests = fake.Requests()
-	res.scrape = scrapeExcerpt(res.metricsURL)
+	res.scrape = metrics.Excerpt(res.metricsURL)
 	if cfg.Hold && ctx.Err() == nil {
 		res.Print(os.Stdout)
 		fmt.Printf("\nServing %s until interrupted (Ctrl-C).\n", res.metricsURL)
@@ -284,57 +290,12 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	return res, ctx.Err()
 }
 
-// serveMetrics serves the metrics on http://addr/metrics until stop.
-func serveMetrics(addr string, m *Metrics, res *demoResult) (stop func(), err error) {
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	res.metricsURL = "http://" + ln.Addr().String() + "/metrics"
-	return func() { srv.Close() }, nil
-}
-
-// scrapeExcerpt reads the demo's own /metrics, as Prometheus would, and
-// keeps the delivery, limiter-count and pause series.
-func scrapeExcerpt(url string) []string {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return []string{"scrape failed: " + err.Error()}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return []string{"scrape failed: " + err.Error()}
-	}
-	defer resp.Body.Close()
-	var keep []string
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 4<<20))
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, metricDeliver+"{") && !strings.HasSuffix(line, " 0"),
-			strings.HasPrefix(line, metricLimiter+"_count{") && !strings.HasSuffix(line, " 0"),
-			strings.HasPrefix(line, "outgress_pause_"):
-			keep = append(keep, line)
-		}
-	}
-	return keep
-}
-
 // handler wraps a worker's handler so that every message's Valkey commands
 // are counted into its path's row.
-func (res *demoResult) handler(w *Worker, lane Lane) bus.Handler {
+func (res *demoResult) handler(w *worker.Worker, lane limits.Lane) bus.Handler {
 	return func(ctx context.Context, m *bus.Message) error {
-		var t Tally
-		path, err := w.Process(WithTally(ctx, &t), lane, m)
+		var t counting.Tally
+		path, err := w.Process(counting.WithTally(ctx, &t), lane, m)
 		res.rows.add(path, t.Commands.Load(), t.RoundTrips.Load())
 		return err
 	}
@@ -344,20 +305,20 @@ func (res *demoResult) handler(w *Worker, lane Lane) bus.Handler {
 // own, through the old shape (LegacyPrepare): the first finds the channel
 // cache cold, the second warm.
 func measureOldShape(ctx context.Context, res *demoResult, a *replica, prefix, helixURL string, concurrency int) error {
-	helix, err := NewHelix(HelixConfig{BaseURL: helixURL, Concurrency: concurrency}, NewMetrics())
+	hx, err := helix.New(helix.Config{BaseURL: helixURL, Concurrency: concurrency}, metrics.New())
 	if err != nil {
 		return err
 	}
-	defer helix.Close()
-	old := NewWorker(admit.New(a.client), a.pause, NewChannelCache(a.client, ChannelCacheConfig{Prefix: prefix}), helix, NewMetrics(), WorkerConfig{Prefix: prefix})
+	defer hx.Close()
+	old := worker.New(admit.New(a.client), a.pause, channels.New(a.client, channels.Config{Prefix: prefix}), hx, metrics.New(), worker.Config{Prefix: prefix})
 	for _, c := range []struct {
-		lane    Lane
+		lane    limits.Lane
 		channel int
-	}{{LaneStandard, measureStd}, {LanePremium, measurePremium}} {
+	}{{limits.LaneStandard, measureStd}, {limits.LanePremium, measurePremium}} {
 		data := chatBody(c.channel, "measuring the old shape")
 		for range 2 {
-			var t Tally
-			_, path, err := old.LegacyPrepare(WithTally(ctx, &t), c.lane, &bus.Message{Data: data, Published: time.Now()})
+			var t counting.Tally
+			_, path, err := old.LegacyPrepare(counting.WithTally(ctx, &t), a.client, c.lane, &bus.Message{Data: data, Published: time.Now()})
 			if err != nil {
 				return fmt.Errorf("old shape, %v lane: %w", c.lane, err)
 			}
@@ -381,7 +342,7 @@ type contractCase struct {
 // the worker retries), and lost with the command in flight
 // (ErrOutcomeUnknown: the worker does not repeat it; the error nacks the
 // message).
-func showErrorContract(ctx context.Context, a *replica, m *Metrics, prefix string) []contractCase {
+func showErrorContract(ctx context.Context, a *replica, m *metrics.Metrics, prefix string) []contractCase {
 	faults := []struct {
 		name string
 		err  error
@@ -392,14 +353,14 @@ func showErrorContract(ctx context.Context, a *replica, m *Metrics, prefix strin
 	var out []contractCase
 	for _, f := range faults {
 		var calls atomic.Int64
-		c := &CountingClient{Client: a.raw, Fault: func(cmd valkey.Completed) error {
+		c := &counting.Client{Client: a.raw, Fault: func(cmd valkey.Completed) error {
 			if isScript(cmd) && calls.Add(1) == 1 {
 				return f.err
 			}
 			return nil
 		}}
-		w := NewWorker(admit.New(c), a.pause, NewChannelCache(c, ChannelCacheConfig{Prefix: prefix}), a.helix, m, WorkerConfig{Prefix: prefix})
-		_, path, err := w.Prepare(ctx, LanePremium, &bus.Message{Data: chatBody(measurePremium, "error contract"), Published: time.Now()})
+		w := worker.New(admit.New(c), a.pause, channels.New(c, channels.Config{Prefix: prefix}), a.helix, m, worker.Config{Prefix: prefix})
+		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: chatBody(measurePremium, "error contract"), Published: time.Now()})
 		out = append(out, contractCase{fault: f.name, limiterCalls: path.LimiterCalls, admitted: path.Admitted, err: err})
 	}
 	return out
@@ -484,23 +445,23 @@ func publishMix(ctx context.Context, pub *bus.Bus, subjects []string, cfg demoCo
 	return
 }
 
-func mixMessage(rng *rand.Rand, channels int) (Lane, []byte) {
+func mixMessage(rng *rand.Rand, channels int) (limits.Lane, []byte) {
 	channel := func() int {
 		if rng.IntN(10) < 3 {
 			return firstChannel + rng.IntN(3)
 		}
 		return firstChannel + rng.IntN(channels)
 	}
-	helixLane := []Lane{LaneStandard, LaneStandard, LanePremium, LaneSystem}[rng.IntN(4)]
+	helixLane := []limits.Lane{limits.LaneStandard, limits.LaneStandard, limits.LanePremium, limits.LaneSystem}[rng.IntN(4)]
 	switch r := rng.IntN(1000); {
 	case r < 5:
-		return LaneStandard, []byte(`{"kind":"chat","channel":"12}x","text":"hi"}`)
+		return limits.LaneStandard, []byte(`{"kind":"chat","channel":"12}x","text":"hi"}`)
 	case r < 10:
-		return LaneStandard, chatBody(unknownChannel, "hello?")
+		return limits.LaneStandard, chatBody(unknownChannel, "hello?")
 	case r < 600:
-		return LaneStandard, chatBody(channel(), "hello from the standard lane")
+		return limits.LaneStandard, chatBody(channel(), "hello from the standard lane")
 	case r < 750:
-		return LanePremium, chatBody(channel(), "hello from the premium lane")
+		return limits.LanePremium, chatBody(channel(), "hello from the premium lane")
 	case r < 850:
 		return helixLane, mustJSON(map[string]string{"kind": "api", "method": "GET", "path": "/helix/users?id=" + strconv.Itoa(channel())})
 	case r < 930:
@@ -533,7 +494,7 @@ func seedChannels(ctx context.Context, c valkey.Client, prefix string, n int) er
 		if id%5 == 0 {
 			mod = "1"
 		}
-		cmds = append(cmds, c.B().Hset().Key(channelKey(prefix, strconv.Itoa(id))).FieldValue().
+		cmds = append(cmds, c.B().Hset().Key(channels.Key(prefix, strconv.Itoa(id))).FieldValue().
 			FieldValue("login", "channel"+strconv.Itoa(id)).FieldValue("bot_mod", mod).Build())
 	}
 	for id := firstChannel; id < firstChannel+n; id++ {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -29,7 +31,7 @@ func TestDemo(t *testing.T) {
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
 				Drain: 6 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
-			res, err := runDemo(ctxT(t), cfg)
+			res, err := runDemo(testenv.Ctx(t), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +100,7 @@ func checkDemo(t *testing.T, res *demoResult) {
 	if b.Nacked[bus.NackPaused] == 0 || b.Dropped[bus.DropMalformed] == 0 {
 		t.Errorf("stats %+v: the mix should include paused and malformed messages", b)
 	}
-	if res.metrics.Status(Status2xx) != b.Acked {
-		t.Errorf("%d 2xx responses for %d acks", res.metrics.Status(Status2xx), b.Acked)
+	if res.metrics.Status(helix.Status2xx) != b.Acked {
+		t.Errorf("%d 2xx responses for %d acks", res.metrics.Status(helix.Status2xx), b.Acked)
 	}
 }

@@ -2,6 +2,13 @@ package main
 
 import (
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/examples/outgress/worker"
 
 	"fmt"
 	"github.com/admitkit/admit"
@@ -51,7 +58,7 @@ var (
 	planTarget = [numRows]int{1, 2, 1, 2}
 )
 
-func rowOf(p Path) pathRow {
+func rowOf(p worker.Path) pathRow {
 	switch {
 	case !p.Decoded:
 		return rowOther
@@ -59,20 +66,20 @@ func rowOf(p Path) pathRow {
 		return rowPaused
 	case !p.Decided:
 		return rowOther
-	case p.Cache == CacheJoined:
+	case p.Cache == channels.CacheJoined:
 		return rowJoined
-	case p.Kind == KindAPI:
+	case p.Kind == command.KindAPI:
 		return rowHelixAPI
-	case p.Kind != KindChat:
-		if p.Cache == CacheHit {
+	case p.Kind != command.KindChat:
+		if p.Cache == channels.CacheHit {
 			return rowHelixWarm
 		}
 		return rowHelixCold
-	case p.Lane == LanePremium && p.Cache == CacheHit:
+	case p.Lane == limits.LanePremium && p.Cache == channels.CacheHit:
 		return rowPremWarm
-	case p.Lane == LanePremium:
+	case p.Lane == limits.LanePremium:
 		return rowPremCold
-	case p.Cache == CacheHit:
+	case p.Cache == channels.CacheHit:
 		return rowStdWarm
 	}
 	return rowStdCold
@@ -90,7 +97,7 @@ type pathTable struct {
 
 func newPathTable() *pathTable { return &pathTable{} }
 
-func (t *pathTable) add(p Path, commands, roundTrips int64) {
+func (t *pathTable) add(p worker.Path, commands, roundTrips int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := &t.rows[rowOf(p)]
@@ -121,9 +128,9 @@ type pauseEvent struct {
 
 type replicaReport struct {
 	name  string
-	snap  PauseSnapshot
+	snap  pause.Snapshot
 	age   time.Duration
-	stats PauseStats
+	stats pause.Stats
 }
 
 // demoResult is everything a run measured.
@@ -134,7 +141,7 @@ type demoResult struct {
 	warmupCommands int64
 	rows           *pathTable
 	oldShape       pathTable
-	metrics        *Metrics
+	metrics        *metrics.Metrics
 	pauseLog       []pauseEvent
 	natsWhere      string
 	published      int
@@ -157,7 +164,7 @@ type demoResult struct {
 // Print writes the report for a newcomer.
 func (r *demoResult) Print(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[LaneStandard], laneWorkers[LanePremium], laneWorkers[LaneSystem])
+	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[limits.LaneStandard], laneWorkers[limits.LanePremium], laneWorkers[limits.LaneSystem])
 	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
 	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
 	fmt.Fprintf(out, "  NATS    %s\n", r.natsWhere)
@@ -232,9 +239,9 @@ func (r *demoResult) Print(out io.Writer) {
 
 	fmt.Fprintln(out, "3. Limiter decisions by lane (denials are counted by the class of the bucket that refused)")
 	fmt.Fprintln(w, "   lane\tadmitted\tdenied: standard share\tshared chat limit\tHelix general\tsystem share\t")
-	for lane := range numLanes {
+	for lane := range limits.NumLanes {
 		fmt.Fprintf(w, "   %v\t%d\t%d\t%d\t%d\t%d\t\n", lane, r.metrics.Admitted(lane),
-			r.metrics.Denied(lane, ClassStandard), r.metrics.Denied(lane, ClassShared), r.metrics.Denied(lane, ClassGeneral), r.metrics.Denied(lane, ClassSystem))
+			r.metrics.Denied(lane, limits.ClassStandard), r.metrics.Denied(lane, limits.ClassShared), r.metrics.Denied(lane, limits.ClassGeneral), r.metrics.Denied(lane, limits.ClassSystem))
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
@@ -281,11 +288,11 @@ func (r *demoResult) Print(out io.Writer) {
 
 	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")
 	fmt.Fprintln(w, "   stage\tcount\tp50\tp95\tp99\t")
-	row := func(name string, l Latency) {
+	row := func(name string, l metrics.Latency) {
 		fmt.Fprintf(w, "   %s\t%d\t%v\t%v\t%v\t\n", name, l.Count, seconds(l.P50), seconds(l.P95), seconds(l.P99))
 	}
-	for s := range numStages {
-		if s == StageBuild {
+	for s := range metrics.NumStages {
+		if s == metrics.StageBuild {
 			row("limiter", r.metrics.LimiterLatency())
 		}
 		row(s.String(), r.metrics.StageLatency(s))
@@ -296,8 +303,8 @@ func (r *demoResult) Print(out io.Writer) {
 
 	reused, fresh := r.metrics.Conns()
 	fmt.Fprintln(out, "6. HTTP to Helix")
-	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(Status2xx),
-		r.metrics.Status(Status4xx), r.metrics.Status(Status429), r.metrics.Status(Status5xx), r.metrics.Status(StatusError))
+	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(helix.Status2xx),
+		r.metrics.Status(helix.Status4xx), r.metrics.Status(helix.Status429), r.metrics.Status(helix.Status5xx), r.metrics.Status(helix.StatusError))
 	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled\n",
 		r.helixRequests, r.helixConns, reused, fresh)
 	fmt.Fprintln(out)

@@ -1,4 +1,4 @@
-package main
+package helix
 
 import (
 	"net"
@@ -8,20 +8,20 @@ import (
 	"sync/atomic"
 )
 
-// FakeHelix is an in-process stand-in for the third-party API, served over
+// Fake is an in-process stand-in for the third-party API, served over
 // HTTP/1.1 on 127.0.0.1. It answers like Helix in shape only: 200 with a
 // small JSON body for chat and API calls, 204 for announcements and
 // shoutouts, 400 for a shoutout of a channel to itself, 401 without the
 // headers, 404 elsewhere. It counts the TCP connections it accepts.
-type FakeHelix struct {
+type Fake struct {
 	*httptest.Server
 	conns    atomic.Int64
 	requests atomic.Int64
 }
 
-// StartFakeHelix starts the server; Close stops it.
-func StartFakeHelix() *FakeHelix {
-	f := &FakeHelix{}
+// StartFake starts the server; Close stops it.
+func StartFake() *Fake {
+	f := &Fake{}
 	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
 	f.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -33,12 +33,12 @@ func StartFakeHelix() *FakeHelix {
 }
 
 // Conns is the number of TCP connections accepted so far.
-func (f *FakeHelix) Conns() int64 { return f.conns.Load() }
+func (f *Fake) Conns() int64 { return f.conns.Load() }
 
 // Requests is the number of requests served so far.
-func (f *FakeHelix) Requests() int64 { return f.requests.Load() }
+func (f *Fake) Requests() int64 { return f.requests.Load() }
 
-func (f *FakeHelix) serve(w http.ResponseWriter, r *http.Request) {
+func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.requests.Add(1)
 	if r.Header.Get("Client-Id") == "" || !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 		http.Error(w, `{"error":"Unauthorized","status":401}`, http.StatusUnauthorized)

@@ -1,10 +1,13 @@
-package main
+package worker
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/limits"
 	"net/http"
 
 	"github.com/valkey-io/valkey-go"
@@ -12,20 +15,20 @@ import (
 
 // LegacyPrepare is the pre-HTTP path in the shape the plan replaces, kept
 // only to measure against (the demo's "old shape" column and the benchmark's
-// baseline): a GET of the pause flag on every message, the same channel
+// baseline): a GET of the pause flag on every message (on c), the same channel
 // cache, and for a two-bucket decision two scripts in sequence, the second
 // sent only when the first admitted. Warm, that is 3 round trips on the
 // standard lane and 2 on the premium lane.
-func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *bus.Message) (*http.Request, Path, error) {
+func (w *Worker) LegacyPrepare(ctx context.Context, c valkey.Client, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
 	path := Path{Lane: lane}
 	deadline := m.Published.Add(w.cfg.Lifetime)
-	cmd, err := decodeCommand(m.Data)
+	cmd, err := command.Decode(m.Data)
 	if err != nil {
 		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	path.Decoded, path.Kind = true, cmd.Kind
 
-	flag, err := w.pause.c.Do(ctx, w.pause.c.B().Get().Key(w.pause.flagKey).Build()).ToString()
+	flag, err := c.Do(ctx, c.B().Get().Key(w.pause.FlagKey()).Build()).ToString()
 	switch {
 	case err == nil && flag == "1":
 		path.Paused = true
@@ -34,10 +37,10 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *bus.Message) (
 		return nil, path, fmt.Errorf("outgress: pause lookup: %w", err)
 	}
 
-	var ch *Channel
-	if cmd.Kind.needsChannel() {
+	var ch *channels.Channel
+	if cmd.Kind.NeedsChannel() {
 		ch, path.Cache, err = w.channels.Get(ctx, cmd.Channel)
-		if errors.Is(err, ErrUnknownChannel) {
+		if errors.Is(err, channels.ErrUnknown) {
 			return nil, path, &bus.Dropped{Reason: bus.DropUnknownChannel}
 		}
 		if err != nil {
@@ -46,9 +49,9 @@ func (w *Worker) LegacyPrepare(ctx context.Context, lane Lane, m *bus.Message) (
 	}
 
 	p := w.plan(lane, cmd.Kind, ch)
-	d, err := w.lim.AllowOrdered(ctx, p.first, nil)
-	if err == nil && d.Allowed() && p.hasSecond {
-		d, err = w.lim.AllowOrdered(ctx, p.second, nil)
+	d, err := w.lim.AllowOrdered(ctx, p.First, nil)
+	if err == nil && d.Allowed() && p.HasSecond {
+		d, err = w.lim.AllowOrdered(ctx, p.Second, nil)
 		if !d.Allowed() {
 			d.Denied = 2
 		}

@@ -1,13 +1,19 @@
-package main
+package worker
 
 import (
 	"context"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,31 +26,8 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testserver.StopShared()
-	if sharedNATS.e != nil {
-		sharedNATS.e.Close()
-	}
+	testenv.StopNATS()
 	os.Exit(code)
-}
-
-// sharedNATS is the embedded NATS server the package's tests share,
-// started by the first that needs it.
-var sharedNATS struct {
-	once sync.Once
-	e    *bus.Embedded
-	err  error
-}
-
-// natsURL is NATS_URL, else the shared embedded server's URL.
-func natsURL(t *testing.T) string {
-	t.Helper()
-	if u := os.Getenv("NATS_URL"); u != "" {
-		return u
-	}
-	sharedNATS.once.Do(func() { sharedNATS.e, sharedNATS.err = bus.StartEmbedded() })
-	if sharedNATS.err != nil {
-		t.Fatal(sharedNATS.err)
-	}
-	return sharedNATS.e.URL()
 }
 
 // testBus is a bus on a stream of the test's own, deleted at the end.
@@ -57,18 +40,18 @@ type testBus struct {
 // (one per lane) and connects to it.
 func newTestBus(t *testing.T, cfg bus.Config) *testBus {
 	t.Helper()
-	url := natsURL(t)
+	url := testenv.NATSURL(t)
 	id := fmt.Sprintf("t%x", rand.Uint64())
 	cfg.Stream = strings.ToUpper(id)
 	cfg.Subjects = nil
-	for lane := range numLanes {
+	for lane := range limits.NumLanes {
 		cfg.Subjects = append(cfg.Subjects, id+"."+lane.String())
 	}
-	b, err := bus.Connect(ctxT(t), url, t.Name(), cfg)
+	b, err := bus.Connect(testenv.Ctx(t), url, t.Name(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.Setup(ctxT(t), b.JetStream(), cfg); err != nil {
+	if err := bus.Setup(testenv.Ctx(t), b.JetStream(), cfg); err != nil {
 		b.Close()
 		t.Fatal(err)
 	}
@@ -87,25 +70,25 @@ func newTestBus(t *testing.T, cfg bus.Config) *testBus {
 type env struct {
 	srv      *testserver.Server
 	raw      valkey.Client
-	c        *CountingClient
+	c        *counting.Client
 	prefix   string
-	fake     *FakeHelix
-	metrics  *Metrics
-	pause    *Pause
-	channels *ChannelCache
-	helix    *Helix
+	fake     *helix.Fake
+	metrics  *metrics.Metrics
+	pause    *pause.Pause
+	channels *channels.Cache
+	helix    *helix.Helix
 	worker   *Worker
 }
 
 type envOption func(*envConfig)
 
 type envConfig struct {
-	limits *Limits
-	pause  PauseConfig
+	limits *limits.Limits
+	pause  pause.Config
 	prefix string
 }
 
-func withLimits(l Limits) envOption { return func(c *envConfig) { c.limits = &l } }
+func withLimits(l limits.Limits) envOption { return func(c *envConfig) { c.limits = &l } }
 
 // withPrefix sets a fixed key prefix with no cleanup: for a server of the
 // test's own that it stops.
@@ -119,31 +102,31 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 	if srv == nil {
 		srv = testserver.Shared(t)
 	}
-	cfg := envConfig{pause: PauseConfig{ReconcileEvery: time.Hour}}
+	cfg := envConfig{pause: pause.Config{ReconcileEvery: time.Hour}}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	e := &env{srv: srv, raw: testserver.NewClient(t, srv), fake: StartFakeHelix(), metrics: NewMetrics()}
+	e := &env{srv: srv, raw: testserver.NewClient(t, srv), fake: helix.StartFake(), metrics: metrics.New()}
 	t.Cleanup(e.fake.Close)
-	e.c = &CountingClient{Client: e.raw}
+	e.c = &counting.Client{Client: e.raw}
 	e.prefix = cfg.prefix
 	if e.prefix == "" {
 		e.prefix = testserver.Prefix(t, e.raw)
 	}
 	cfg.pause.Prefix = e.prefix
-	e.pause = NewPause(e.c, cfg.pause)
+	e.pause = pause.New(e.c, cfg.pause)
 	t.Cleanup(e.pause.Close)
-	if err := e.pause.Start(ctxT(t)); err != nil {
+	if err := e.pause.Start(testenv.Ctx(t)); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
-	e.channels = NewChannelCache(e.c, ChannelCacheConfig{Prefix: e.prefix})
+	e.channels = channels.New(e.c, channels.Config{Prefix: e.prefix})
 	var err error
-	e.helix, err = NewHelix(HelixConfig{BaseURL: e.fake.URL, ClientID: "test", Token: "test", BotID: botID, Concurrency: 4, TraceEvery: 1}, e.metrics)
+	e.helix, err = helix.New(helix.Config{BaseURL: e.fake.URL, ClientID: "test", Token: "test", BotID: botID, Concurrency: 4, TraceEvery: 1}, e.metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = NewWorker(admit.New(e.c), e.pause, e.channels, e.helix, e.metrics, WorkerConfig{Prefix: e.prefix, Limits: cfg.limits})
+	e.worker = New(admit.New(e.c), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits})
 	return e
 }
 
@@ -154,7 +137,7 @@ func (e *env) seed(t *testing.T, id string, mod bool) {
 	if mod {
 		flag = "1"
 	}
-	err := e.raw.Do(ctxT(t), e.raw.B().Hset().Key(channelKey(e.prefix, id)).FieldValue().
+	err := e.raw.Do(testenv.Ctx(t), e.raw.B().Hset().Key(channels.Key(e.prefix, id)).FieldValue().
 		FieldValue("login", "channel"+id).FieldValue("bot_mod", flag).Build()).Error()
 	if err != nil {
 		t.Fatal(err)
@@ -162,32 +145,14 @@ func (e *env) seed(t *testing.T, id string, mod bool) {
 }
 
 // process runs one fresh message through the worker.
-func (e *env) process(t *testing.T, lane Lane, body string) (Path, error) {
+func (e *env) process(t *testing.T, lane limits.Lane, body string) (Path, error) {
 	t.Helper()
-	return e.worker.Process(ctxT(t), lane, &bus.Message{Data: []byte(body), Published: time.Now()})
-}
-
-// ctxT is a context that ends with the test, bounded at 30 s.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
+	return e.worker.Process(testenv.Ctx(t), lane, &bus.Message{Data: []byte(body), Published: time.Now()})
 }
 
 // chat returns a chat command body.
 func chat(channel string) string {
 	return `{"kind":"chat","channel":"` + channel + `","text":"hello"}`
-}
-
-// waitFor polls cond every millisecond for at most 5 s and reports whether
-// it became true.
-func waitFor(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
 }
 
 // scriptCommands are the commands admit's script runs inside the server.
@@ -222,8 +187,5 @@ func commandDelta(t *testing.T, before, after map[string]testserver.CmdStat) map
 	return d
 }
 
-// isCommand reports whether cmd's name is name (case-insensitive).
-func isCommand(cmd valkey.Completed, name string) bool {
-	parts := cmd.Commands()
-	return len(parts) > 0 && strings.EqualFold(parts[0], name)
-}
+// botID is the bot's user id in the tests' Helix requests.
+const botID = "777"

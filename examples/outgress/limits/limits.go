@@ -1,6 +1,12 @@
-package main
+// Package limits holds the outgress worker's rate limits: the admit Specs
+// of Twitch's chat and Helix budgets and the share of each that the
+// standard and system lanes may use, the lanes and bucket classes (fixed
+// metric labels), and the Plans, the one AllowOrdered call of each
+// message.
+package limits
 
 import (
+	"github.com/admitkit/admit/examples/outgress/channels"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -63,13 +69,13 @@ const (
 	LaneStandard Lane = iota
 	LanePremium
 	LaneSystem
-	numLanes
+	NumLanes
 )
 
-var laneNames = [numLanes]string{"standard", "premium", "system"}
+var laneNames = [NumLanes]string{"standard", "premium", "system"}
 
 func (l Lane) String() string {
-	if l < numLanes {
+	if l < NumLanes {
 		return laneNames[l]
 	}
 	return "invalid"
@@ -85,76 +91,67 @@ const (
 	ClassShared                      // a channel's whole chat limit
 	ClassGeneral                     // the whole Helix budget
 	ClassSystem                      // the system lane's Helix share
-	numClasses
+	NumClasses
 )
 
-var classNames = [numClasses]string{"standard", "shared", "general", "system"}
+var classNames = [NumClasses]string{"standard", "shared", "general", "system"}
 
 func (c BucketClass) String() string {
-	if c < numClasses {
+	if c < NumClasses {
 		return classNames[c]
 	}
 	return "invalid"
 }
 
-// bucketPlan is one AllowOrdered call: first, then second when hasSecond.
-type bucketPlan struct {
-	first, second           admit.Request
-	hasSecond               bool
-	firstClass, secondClass BucketClass
+// Plan is one AllowOrdered call: First, then Second when HasSecond;
+// the classes name the buckets for metrics.
+type Plan struct {
+	First, Second           admit.Request
+	HasSecond               bool
+	FirstClass, SecondClass BucketClass
 }
 
-// deniedClass names the bucket that refused d.
-func (p *bucketPlan) deniedClass(d admit.Decision) BucketClass {
+// DeniedClass names the bucket that refused d.
+func (p *Plan) DeniedClass(d admit.Decision) BucketClass {
 	if d.Denied == 2 {
-		return p.secondClass
+		return p.SecondClass
 	}
-	return p.firstClass
+	return p.FirstClass
 }
 
-// chatKeys returns a channel's two chat bucket keys. The hash tag
-// {chan:<id>} puts both in one cluster slot, so one script can decide both.
-// They are built once per channel, when the channel cache loads it. The keys
-// do not depend on the moderator flag: a change of status changes the Spec
-// applied to the same budget, so it neither resets nor duplicates it.
-func chatKeys(prefix, channelID string) (standard, shared string) {
-	base := prefix + "rl:{chan:" + channelID + "}:chat:"
-	return base + "standard", base + "shared"
-}
-
-// chatPlan is the decision for a chat message in ch on lane: standard
+// ChatPlan is the decision for a chat message in ch on lane: standard
 // checks its share and then the channel's limit; premium the limit alone.
-func chatPlan(l *Limits, lane Lane, ch *Channel) bucketPlan {
+func ChatPlan(l *Limits, lane Lane, ch *channels.Channel) Plan {
 	shared, standard := l.ChatShared, l.ChatStandard
 	if ch.BotIsMod {
 		shared, standard = l.ChatModShared, l.ChatModStandard
 	}
-	sharedReq := admit.Request{Key: ch.sharedKey, Spec: shared}
+	sharedReq := admit.Request{Key: ch.SharedKey, Spec: shared}
 	if lane == LanePremium {
-		return bucketPlan{first: sharedReq, firstClass: ClassShared}
+		return Plan{First: sharedReq, FirstClass: ClassShared}
 	}
-	return bucketPlan{
-		first:  admit.Request{Key: ch.standardKey, Spec: standard},
-		second: sharedReq, hasSecond: true,
-		firstClass: ClassStandard, secondClass: ClassShared,
+	return Plan{
+		First:  admit.Request{Key: ch.StandardKey, Spec: standard},
+		Second: sharedReq, HasSecond: true,
+		FirstClass: ClassStandard, SecondClass: ClassShared,
 	}
 }
 
-// helixPlans precomputes the Helix decision of every lane. All three Helix
+// HelixPlans precomputes the Helix decision of every lane. All three Helix
 // routes (API call, announcement, shoutout) are charged through these, so
 // they cannot drift apart.
-func helixPlans(l *Limits, prefix string) [numLanes]bucketPlan {
+func HelixPlans(l *Limits, prefix string) [NumLanes]Plan {
 	general := admit.Request{Key: prefix + "rl:{helix}:general", Spec: l.HelixGeneral}
-	share := func(name string, s admit.Spec, class BucketClass) bucketPlan {
-		return bucketPlan{
-			first:  admit.Request{Key: prefix + "rl:{helix}:" + name, Spec: s},
-			second: general, hasSecond: true,
-			firstClass: class, secondClass: ClassGeneral,
+	share := func(name string, s admit.Spec, class BucketClass) Plan {
+		return Plan{
+			First:  admit.Request{Key: prefix + "rl:{helix}:" + name, Spec: s},
+			Second: general, HasSecond: true,
+			FirstClass: class, SecondClass: ClassGeneral,
 		}
 	}
-	var p [numLanes]bucketPlan
+	var p [NumLanes]Plan
 	p[LaneStandard] = share("standard", l.HelixStandard, ClassStandard)
-	p[LanePremium] = bucketPlan{first: general, firstClass: ClassGeneral}
+	p[LanePremium] = Plan{First: general, FirstClass: ClassGeneral}
 	p[LaneSystem] = share("system", l.HelixSystem, ClassSystem)
 	return p
 }

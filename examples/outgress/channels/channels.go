@@ -1,4 +1,8 @@
-package main
+// Package channels is the outgress worker's 24-hour cache of channel
+// metadata: a miss is one HGETALL, concurrent misses of one channel share
+// one load that no caller's cancellation stops, and each channel carries
+// its two chat bucket keys, built once when it is loaded.
+package channels
 
 import (
 	"context"
@@ -11,9 +15,9 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// ErrUnknownChannel: Valkey has no metadata for the channel. Redelivery will
+// ErrUnknown: Valkey has no metadata for the channel. Redelivery will
 // not help, so the worker drops the command.
-var ErrUnknownChannel = errors.New("outgress: unknown channel")
+var ErrUnknown = errors.New("outgress: unknown channel")
 
 // Channel is the metadata the worker needs to act in a channel, plus the
 // channel's chat bucket keys, built once when the channel is loaded.
@@ -22,12 +26,12 @@ type Channel struct {
 	Login    string
 	BotIsMod bool // the bot is a moderator there: the larger chat limit applies
 
-	standardKey, sharedKey string
+	StandardKey, SharedKey string
 }
 
-// ChannelCacheConfig configures a ChannelCache. Zero fields take the
+// Config configures a Cache. Zero fields take the
 // defaults named.
-type ChannelCacheConfig struct {
+type Config struct {
 	// Prefix starts every key. Default "".
 	Prefix string
 	// TTL is how long a loaded channel is served without asking Valkey.
@@ -43,11 +47,11 @@ type ChannelCacheConfig struct {
 	Now func() time.Time
 }
 
-// ChannelCache serves channel metadata from memory for TTL after loading it
+// Cache serves channel metadata from memory for TTL after loading it
 // with one HGETALL of the hash at "<prefix>chan:{chan:<id>}" (fields login,
 // bot_mod "1" or "0"). Concurrent misses for one channel share one load,
 // which no caller's cancellation stops. It is safe for concurrent use.
-type ChannelCache struct {
+type Cache struct {
 	c      valkey.Client
 	prefix string
 	ttl    time.Duration
@@ -74,8 +78,8 @@ type channelLoad struct {
 	err  error
 }
 
-// NewChannelCache returns an empty cache on c.
-func NewChannelCache(c valkey.Client, cfg ChannelCacheConfig) *ChannelCache {
+// New returns an empty cache on c.
+func New(c valkey.Client, cfg Config) *Cache {
 	if cfg.TTL <= 0 {
 		cfg.TTL = 24 * time.Hour
 	}
@@ -88,7 +92,7 @@ func NewChannelCache(c valkey.Client, cfg ChannelCacheConfig) *ChannelCache {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &ChannelCache{
+	return &Cache{
 		c: c, prefix: cfg.Prefix, ttl: cfg.TTL, max: cfg.MaxEntries, now: cfg.Now, loadTimeout: cfg.LoadTimeout,
 		entries: map[string]cacheEntry{}, inflight: map[string]*channelLoad{},
 	}
@@ -99,7 +103,7 @@ func NewChannelCache(c valkey.Client, cfg ChannelCacheConfig) *ChannelCache {
 // another caller's load of the same channel that was already in flight
 // (CacheJoined: no command of its own). A channel Valkey does not know gives
 // ErrUnknownChannel and is not cached.
-func (cc *ChannelCache) Get(ctx context.Context, id string) (*Channel, CacheUse, error) {
+func (cc *Cache) Get(ctx context.Context, id string) (*Channel, CacheUse, error) {
 	now := cc.now()
 	cc.mu.RLock()
 	e, ok := cc.entries[id]
@@ -139,7 +143,7 @@ func (cc *ChannelCache) Get(ctx context.Context, id string) (*Channel, CacheUse,
 }
 
 // runLoad performs a shared load and publishes its result to every waiter.
-func (cc *ChannelCache) runLoad(ctx context.Context, id string, l *channelLoad) {
+func (cc *Cache) runLoad(ctx context.Context, id string, l *channelLoad) {
 	ctx, cancel := context.WithTimeout(ctx, cc.loadTimeout)
 	defer cancel()
 	l.ch, l.err = cc.load(ctx, id)
@@ -154,7 +158,7 @@ func (cc *ChannelCache) runLoad(ctx context.Context, id string, l *channelLoad) 
 
 // store adds an entry, evicting when full: expired entries first, else one
 // arbitrary entry. Called with mu held.
-func (cc *ChannelCache) store(id string, e cacheEntry) {
+func (cc *Cache) store(id string, e cacheEntry) {
 	if _, ok := cc.entries[id]; !ok && len(cc.entries) >= cc.max {
 		now := cc.now()
 		for k, old := range cc.entries {
@@ -172,18 +176,49 @@ func (cc *ChannelCache) store(id string, e cacheEntry) {
 	cc.entries[id] = e
 }
 
-func (cc *ChannelCache) load(ctx context.Context, id string) (*Channel, error) {
-	fields, err := cc.c.Do(ctx, cc.c.B().Hgetall().Key(channelKey(cc.prefix, id)).Build()).AsStrMap()
+func (cc *Cache) load(ctx context.Context, id string) (*Channel, error) {
+	fields, err := cc.c.Do(ctx, cc.c.B().Hgetall().Key(Key(cc.prefix, id)).Build()).AsStrMap()
 	if err != nil {
 		return nil, fmt.Errorf("outgress: loading channel: %w", err)
 	}
 	if len(fields) == 0 {
-		return nil, ErrUnknownChannel
+		return nil, ErrUnknown
 	}
 	ch := &Channel{ID: id, Login: fields["login"], BotIsMod: fields["bot_mod"] == "1"}
-	ch.standardKey, ch.sharedKey = chatKeys(cc.prefix, id)
+	ch.StandardKey, ch.SharedKey = ChatKeys(cc.prefix, id)
 	return ch, nil
 }
 
-// channelKey is the key of a channel's metadata hash.
-func channelKey(prefix, id string) string { return prefix + "chan:{chan:" + id + "}" }
+// Key is the key of a channel's metadata hash.
+func Key(prefix, id string) string { return prefix + "chan:{chan:" + id + "}" }
+
+// CacheUse is how a message used the channel cache.
+type CacheUse uint8
+
+// The cache uses.
+const (
+	CacheNone   CacheUse = iota // the command acts in no channel
+	CacheHit                    // served from memory
+	CacheMiss                   // loaded from Valkey: one HGETALL
+	CacheJoined                 // waited for another message's load of the channel
+	NumCacheUses
+)
+
+var cacheUseNames = [NumCacheUses]string{"none", "hit", "miss", "joined"}
+
+func (c CacheUse) String() string {
+	if c < NumCacheUses {
+		return cacheUseNames[c]
+	}
+	return "invalid"
+}
+
+// ChatKeys returns a channel's two chat bucket keys. The hash tag
+// {chan:<id>} puts both in one cluster slot, so one script can decide both.
+// They are built once per channel, when the channel cache loads it. The keys
+// do not depend on the moderator flag: a change of status changes the Spec
+// applied to the same budget, so it neither resets nor duplicates it.
+func ChatKeys(prefix, channelID string) (standard, shared string) {
+	base := prefix + "rl:{chan:" + channelID + "}:chat:"
+	return base + "standard", base + "shared"
+}

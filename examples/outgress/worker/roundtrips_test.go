@@ -1,8 +1,10 @@
-package main
+package worker
 
 import (
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/limits"
 	"testing"
 
 	"github.com/admitkit/admit/internal/testserver"
@@ -28,12 +30,12 @@ func TestCommandsPerMessage(t *testing.T) {
 		}
 		return path, err
 	}
-	send := func(lane Lane, body string) func() (Path, error) {
+	send := func(lane limits.Lane, body string) func() (Path, error) {
 		return func() (Path, error) { return e.process(t, lane, body) }
 	}
-	legacy := func(lane Lane, body string) func() (Path, error) {
+	legacy := func(lane limits.Lane, body string) func() (Path, error) {
 		return func() (Path, error) {
-			_, p, err := e.worker.LegacyPrepare(ctxT(t), lane, &bus.Message{Data: []byte(body), Published: e.worker.cfg.Now()})
+			_, p, err := e.worker.LegacyPrepare(testenv.Ctx(t), e.c, lane, &bus.Message{Data: []byte(body), Published: e.worker.cfg.Now()})
 			return p, err
 		}
 	}
@@ -41,30 +43,30 @@ func TestCommandsPerMessage(t *testing.T) {
 	// With no cached script, the first decision costs EVALSHA (NOSCRIPT)
 	// and EVAL; every later one is one EVALSHA. (The server is fresh; the
 	// flush covers VALKEY_ADDR with VALKEY_ALLOW_DESTRUCTIVE=1.)
-	if err := e.raw.Do(ctxT(t), e.raw.B().ScriptFlush().Build()).Error(); err != nil {
+	if err := e.raw.Do(testenv.Ctx(t), e.raw.B().ScriptFlush().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := measure(t, map[string]int64{"evalsha": 1, "eval": 1, "hgetall": 1}, send(LaneStandard, chat("5"))); err != nil {
+	if _, err := measure(t, map[string]int64{"evalsha": 1, "eval": 1, "hgetall": 1}, send(limits.LaneStandard, chat("5"))); err != nil {
 		t.Fatal(err)
 	}
 
 	for _, c := range []struct {
 		name string
-		lane Lane
+		lane limits.Lane
 		body string
 		old  bool
 		want map[string]int64
 	}{
-		{"after/standard/cold", LaneStandard, chat("1"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
-		{"after/standard/warm", LaneStandard, chat("1"), false, map[string]int64{"evalsha": 1}},
-		{"after/premium/cold", LanePremium, chat("2"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
-		{"after/premium/warm", LanePremium, chat("2"), false, map[string]int64{"evalsha": 1}},
-		{"after/helix-api/system", LaneSystem, `{"kind":"api","method":"GET","path":"/helix/users"}`, false, map[string]int64{"evalsha": 1}},
-		{"after/announce/warm", LaneStandard, `{"kind":"announce","channel":"1","text":"hi"}`, false, map[string]int64{"evalsha": 1}},
-		{"before/standard/cold", LaneStandard, chat("3"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 2}},
-		{"before/standard/warm", LaneStandard, chat("3"), true, map[string]int64{"get": 1, "evalsha": 2}},
-		{"before/premium/cold", LanePremium, chat("4"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 1}},
-		{"before/premium/warm", LanePremium, chat("4"), true, map[string]int64{"get": 1, "evalsha": 1}},
+		{"after/standard/cold", limits.LaneStandard, chat("1"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
+		{"after/standard/warm", limits.LaneStandard, chat("1"), false, map[string]int64{"evalsha": 1}},
+		{"after/premium/cold", limits.LanePremium, chat("2"), false, map[string]int64{"hgetall": 1, "evalsha": 1}},
+		{"after/premium/warm", limits.LanePremium, chat("2"), false, map[string]int64{"evalsha": 1}},
+		{"after/helix-api/system", limits.LaneSystem, `{"kind":"api","method":"GET","path":"/helix/users"}`, false, map[string]int64{"evalsha": 1}},
+		{"after/announce/warm", limits.LaneStandard, `{"kind":"announce","channel":"1","text":"hi"}`, false, map[string]int64{"evalsha": 1}},
+		{"before/standard/cold", limits.LaneStandard, chat("3"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 2}},
+		{"before/standard/warm", limits.LaneStandard, chat("3"), true, map[string]int64{"get": 1, "evalsha": 2}},
+		{"before/premium/cold", limits.LanePremium, chat("4"), true, map[string]int64{"get": 1, "hgetall": 1, "evalsha": 1}},
+		{"before/premium/warm", limits.LanePremium, chat("4"), true, map[string]int64{"get": 1, "evalsha": 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := send(c.lane, c.body)
@@ -79,10 +81,10 @@ func TestCommandsPerMessage(t *testing.T) {
 	}
 
 	t.Run("after/paused", func(t *testing.T) {
-		if _, err := e.pause.SetPaused(ctxT(t), true); err != nil {
+		if _, err := e.pause.SetPaused(testenv.Ctx(t), true); err != nil {
 			t.Fatal(err)
 		}
-		p, err := measure(t, map[string]int64{}, send(LaneStandard, chat("1")))
+		p, err := measure(t, map[string]int64{}, send(limits.LaneStandard, chat("1")))
 		var nack *bus.ExpectedNack
 		if !p.Paused || !errors.As(err, &nack) || nack.Reason != bus.NackPaused {
 			t.Errorf("path %+v, err %v: want stopped by the pause with an expected nack", p, err)

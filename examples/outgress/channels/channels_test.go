@@ -1,8 +1,11 @@
-package main
+package channels
 
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,12 +18,12 @@ import (
 // TestChannelCacheOneLoadPerDay steps a fake clock through the 24 h TTL: a
 // miss costs exactly one HGETALL, a hit nothing.
 func TestChannelCacheOneLoadPerDay(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
 	e.seed(t, "42", true)
 	var clock atomic.Int64
 	t0 := time.Now()
 	clock.Store(t0.UnixNano())
-	cc := NewChannelCache(e.c, ChannelCacheConfig{Prefix: e.prefix, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	cc := New(e.c, Config{Prefix: e.prefix, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 
 	steps := []struct {
 		at       time.Duration
@@ -36,14 +39,14 @@ func TestChannelCacheOneLoadPerDay(t *testing.T) {
 	for i, s := range steps {
 		clock.Store(t0.Add(s.at).UnixNano())
 		before, _ := e.c.Totals()
-		ch, use, err := cc.Get(ctxT(t), "42")
+		ch, use, err := cc.Get(testenv.Ctx(t), "42")
 		after, _ := e.c.Totals()
 		if err != nil || use != s.want || after-before != s.commands {
 			t.Errorf("step %d (+%v): %v, %v, %d commands; want %v, %d commands", i, s.at, use, err, after-before, s.want, s.commands)
 			continue
 		}
-		std, shared := chatKeys(e.prefix, "42")
-		if ch.ID != "42" || ch.Login != "channel42" || !ch.BotIsMod || ch.standardKey != std || ch.sharedKey != shared {
+		std, shared := ChatKeys(e.prefix, "42")
+		if ch.ID != "42" || ch.Login != "channel42" || !ch.BotIsMod || ch.StandardKey != std || ch.SharedKey != shared {
 			t.Errorf("step %d: channel %+v", i, ch)
 		}
 	}
@@ -52,13 +55,14 @@ func TestChannelCacheOneLoadPerDay(t *testing.T) {
 // TestChannelCacheUnknownChannel: a channel Valkey does not know is an
 // error, and is not cached.
 func TestChannelCacheUnknownChannel(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
+	cc := New(e.c, Config{Prefix: e.prefix})
 	for i := range 2 {
 		before, _ := e.c.Totals()
-		_, _, err := e.channels.Get(ctxT(t), "404")
+		_, _, err := cc.Get(testenv.Ctx(t), "404")
 		after, _ := e.c.Totals()
-		if !errors.Is(err, ErrUnknownChannel) || after-before != 1 {
-			t.Errorf("attempt %d: %v after %d commands; want ErrUnknownChannel after 1", i, err, after-before)
+		if !errors.Is(err, ErrUnknown) || after-before != 1 {
+			t.Errorf("attempt %d: %v after %d commands; want ErrUnknown after 1", i, err, after-before)
 		}
 	}
 }
@@ -70,28 +74,28 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	if err := raw.Do(ctxT(t), raw.B().Hset().Key(channelKey(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
+	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
 	var loads atomic.Int64
-	c := &CountingClient{Client: raw, Gate: func(cmd valkey.Completed) {
-		if isCommand(cmd, "HGETALL") {
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "HGETALL") {
 			loads.Add(1)
 			<-release
 		}
 	}}
-	cc := NewChannelCache(c, ChannelCacheConfig{Prefix: prefix})
+	cc := New(c, Config{Prefix: prefix})
 
 	const callers = 16
 	var wg sync.WaitGroup
-	var uses [numCacheUses]atomic.Int64
+	var uses [NumCacheUses]atomic.Int64
 	chans := make([]*Channel, callers)
 	for i := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ch, use, err := cc.Get(ctxT(t), "7")
+			ch, use, err := cc.Get(testenv.Ctx(t), "7")
 			if err != nil {
 				t.Error(err)
 			}
@@ -99,7 +103,7 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 			uses[use].Add(1)
 		}()
 	}
-	if !waitFor(func() bool { return loads.Load() == 1 && cc.waiting.Load() == callers-1 }) {
+	if !testenv.WaitFor(func() bool { return loads.Load() == 1 && cc.waiting.Load() == callers-1 }) {
 		t.Errorf("%d loads, %d waiting; want 1 and %d", loads.Load(), cc.waiting.Load(), callers-1)
 	}
 	close(release)
@@ -116,18 +120,21 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 
 // TestChannelCacheBounded: past MaxEntries, entries are evicted.
 func TestChannelCacheBounded(t *testing.T) {
-	e := newEnv(t, nil)
-	cc := NewChannelCache(e.c, ChannelCacheConfig{Prefix: e.prefix, MaxEntries: 2})
+	raw := testserver.NewClient(t, testserver.Shared(t))
+	prefix := testserver.Prefix(t, raw)
+	cc := New(raw, Config{Prefix: prefix, MaxEntries: 2})
 	for _, id := range []string{"1", "2", "3", "4"} {
-		e.seed(t, id, false)
-		if _, _, err := cc.Get(ctxT(t), id); err != nil {
+		if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, id)).FieldValue().FieldValue("login", "c"+id).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := cc.Get(testenv.Ctx(t), id); err != nil {
 			t.Fatal(err)
 		}
 		if n := len(cc.entries); n > 2 {
 			t.Fatalf("%d entries after loading %s, want at most 2", n, id)
 		}
 	}
-	if _, use, _ := cc.Get(ctxT(t), "4"); use != CacheHit {
+	if _, use, _ := cc.Get(testenv.Ctx(t), "4"); use != CacheHit {
 		t.Errorf("the newest entry was evicted: %v", use)
 	}
 }
@@ -140,26 +147,26 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	if err := raw.Do(ctxT(t), raw.B().Hset().Key(channelKey(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
+	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
 	var loads atomic.Int64
-	c := &CountingClient{Client: raw, Gate: func(cmd valkey.Completed) {
-		if isCommand(cmd, "HGETALL") {
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "HGETALL") {
 			loads.Add(1)
 			<-release
 		}
 	}}
-	cc := NewChannelCache(c, ChannelCacheConfig{Prefix: prefix})
+	cc := New(c, Config{Prefix: prefix})
 
-	firstCtx, cancelFirst := context.WithCancel(ctxT(t))
+	firstCtx, cancelFirst := context.WithCancel(testenv.Ctx(t))
 	firstErr := make(chan error, 1)
 	go func() {
 		_, _, err := cc.Get(firstCtx, "8")
 		firstErr <- err
 	}()
-	if !waitFor(func() bool { return loads.Load() == 1 }) {
+	if !testenv.WaitFor(func() bool { return loads.Load() == 1 }) {
 		t.Fatal("the first caller's HGETALL was never sent")
 	}
 	type result struct {
@@ -170,11 +177,11 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 	others := make(chan result, 2)
 	for range 2 {
 		go func() {
-			ch, use, err := cc.Get(ctxT(t), "8")
+			ch, use, err := cc.Get(testenv.Ctx(t), "8")
 			others <- result{ch, use, err}
 		}()
 	}
-	if !waitFor(func() bool { return cc.waiting.Load() == 2 }) {
+	if !testenv.WaitFor(func() bool { return cc.waiting.Load() == 2 }) {
 		t.Fatalf("%d callers waiting on the load, want 2", cc.waiting.Load())
 	}
 	cancelFirst()
@@ -196,7 +203,42 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 	if n := loads.Load(); n != 1 {
 		t.Errorf("%d HGETALLs, want 1", n)
 	}
-	if _, use, err := cc.Get(ctxT(t), "8"); err != nil || use != CacheHit {
+	if _, use, err := cc.Get(testenv.Ctx(t), "8"); err != nil || use != CacheHit {
 		t.Errorf("after the load: %v, %v; want a hit (the detached load was cached)", use, err)
+	}
+}
+
+// TestMain stops the shared test server after the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	os.Exit(code)
+}
+
+// env is a cache's view of the shared test server: a counting client and a
+// key prefix of the test's own.
+type env struct {
+	raw    valkey.Client
+	c      *counting.Client
+	prefix string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	raw := testserver.NewClient(t, testserver.Shared(t))
+	return &env{raw: raw, c: &counting.Client{Client: raw}, prefix: testserver.Prefix(t, raw)}
+}
+
+// seed stores a channel's metadata.
+func (e *env) seed(t *testing.T, id string, mod bool) {
+	t.Helper()
+	flag := "0"
+	if mod {
+		flag = "1"
+	}
+	err := e.raw.Do(testenv.Ctx(t), e.raw.B().Hset().Key(Key(e.prefix, id)).FieldValue().
+		FieldValue("login", "channel"+id).FieldValue("bot_mod", flag).Build()).Error()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,9 +1,11 @@
-package main
+package helix
 
 import (
 	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -54,7 +56,7 @@ func statusHandler(w http.ResponseWriter, r *http.Request) {
 func get(t *testing.T, c *http.Client, url string, finish func(*http.Response)) bool {
 	t.Helper()
 	var reused bool
-	ctx := httptrace.WithClientTrace(ctxT(t), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+	ctx := httptrace.WithClientTrace(testenv.Ctx(t), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := c.Do(req)
 	if err != nil {
@@ -213,7 +215,7 @@ func TestDrainCloseOversized(t *testing.T) {
 				i, c.path, n, whole, srv.opened.Load(), c.wantN, c.wantWhole, c.conns)
 		}
 	}
-	if !waitFor(func() bool { return endlessDone.Load() == 1 }) {
+	if !testenv.WaitFor(func() bool { return endlessDone.Load() == 1 }) {
 		t.Error("the endless handler still writes: its connection was not closed")
 	}
 }
@@ -231,14 +233,14 @@ func TestHelixSendCancellation(t *testing.T) {
 		case <-time.After(10 * time.Second):
 		}
 	})
-	m := NewMetrics()
-	h, err := NewHelix(HelixConfig{BaseURL: srv.URL, ClientID: "c", Token: "t"}, m)
+	m := &recorder{}
+	h, err := New(Config{BaseURL: srv.URL, ClientID: "c", Token: "t"}, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	ctx, cancel := context.WithCancel(ctxT(t))
-	req, err := h.NewRequest(ctx, &Command{Kind: KindAPI, Method: "GET", Path: "/helix/users"}, nil)
+	ctx, cancel := context.WithCancel(testenv.Ctx(t))
+	req, err := h.NewRequest(ctx, &command.Command{Kind: command.KindAPI, Method: "GET", Path: "/helix/users"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +249,7 @@ func TestHelixSendCancellation(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Send: %v, want context.Canceled", err)
 	}
-	if !waitFor(func() bool { return cancelled.Load() == 1 }) {
+	if !testenv.WaitFor(func() bool { return cancelled.Load() == 1 }) {
 		t.Error("the server never saw the request cancelled")
 	}
 	if n := m.Status(StatusError); n != 1 {
@@ -265,8 +267,8 @@ func TestHelixSendOutcomes(t *testing.T) {
 		}
 		statusHandler(w, r)
 	})
-	m := NewMetrics()
-	h, err := NewHelix(HelixConfig{BaseURL: srv.URL, ClientID: "c", Token: "t", TraceEvery: 1}, m)
+	m := &recorder{}
+	h, err := New(Config{BaseURL: srv.URL, ClientID: "c", Token: "t", TraceEvery: 1}, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +298,7 @@ func TestHelixSendOutcomes(t *testing.T) {
 			return err != nil && !errors.As(err, &n) && !errors.As(err, &d)
 		}},
 	} {
-		req, err := h.NewRequest(ctxT(t), &Command{Kind: KindAPI, Method: "GET", Path: "/helix/x?" + c.query}, nil)
+		req, err := h.NewRequest(testenv.Ctx(t), &command.Command{Kind: command.KindAPI, Method: "GET", Path: "/helix/x?" + c.query}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +316,7 @@ func TestHelixSendOutcomes(t *testing.T) {
 		}
 	}
 	h.Close()
-	if !waitFor(func() bool { return srv.closed.Load() == 1 }) {
+	if !testenv.WaitFor(func() bool { return srv.closed.Load() == 1 }) {
 		t.Errorf("after Close, %d connections closed, want 1", srv.closed.Load())
 	}
 }
@@ -335,3 +337,23 @@ func TestNewTransport(t *testing.T) {
 		t.Error("http.DefaultTransport was modified")
 	}
 }
+
+// recorder is a Recorder that counts.
+type recorder struct {
+	status         [NumStatus]atomic.Int64
+	reused, dialed atomic.Int64
+}
+
+func (r *recorder) Response(c StatusClass, _ time.Duration) { r.status[c%NumStatus].Add(1) }
+
+func (r *recorder) SampledConn(reused bool) {
+	if reused {
+		r.reused.Add(1)
+	} else {
+		r.dialed.Add(1)
+	}
+}
+
+func (r *recorder) Status(c StatusClass) int64 { return r.status[c%NumStatus].Load() }
+
+func (r *recorder) Conns() (reused, dialed int64) { return r.reused.Load(), r.dialed.Load() }

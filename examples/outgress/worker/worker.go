@@ -1,22 +1,34 @@
-package main
+// Package worker is the outgress adapter: the hot path of one message,
+// from the bus to Helix. Decode, check the pause snapshot (one atomic
+// load), look the channel up (a miss is one HGETALL), ask admit once (one
+// script: the only Valkey round trip of a warm message), build the Helix
+// request, send it. A handler's error is the bus outcome; admit's error
+// classes decide between a bounded retry and a nack.
+package worker
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"net/http"
 	"time"
 
 	"github.com/admitkit/admit"
 )
 
-// WorkerConfig configures a Worker. Zero fields take the defaults named.
-type WorkerConfig struct {
+// Config configures a Worker. Zero fields take the defaults named.
+type Config struct {
 	// Prefix starts every limiter key. Default "".
 	Prefix string
 	// Limits are the bucket Specs. Default DefaultLimits.
-	Limits *Limits
+	Limits *limits.Limits
 	// Lifetime is a message's time to live from publication: past it, work
 	// is pointless. Default 5s.
 	Lifetime time.Duration
@@ -38,20 +50,20 @@ type WorkerConfig struct {
 // A warm message costs one Valkey round trip (the script); a cold one adds
 // the channel's HGETALL. It is safe for concurrent use.
 type Worker struct {
-	cfg      WorkerConfig
-	limits   Limits
+	cfg      Config
+	limits   limits.Limits
 	lim      *admit.Limiter
-	pause    *Pause
-	channels *ChannelCache
-	helix    *Helix
-	metrics  *Metrics
-	helixBy  [numLanes]bucketPlan
+	pause    *pause.Pause
+	channels *channels.Cache
+	helix    *helix.Helix
+	metrics  *metrics.Metrics
+	helixBy  [limits.NumLanes]limits.Plan
 }
 
-// NewWorker assembles a worker from its parts.
-func NewWorker(lim *admit.Limiter, pause *Pause, channels *ChannelCache, helix *Helix, m *Metrics, cfg WorkerConfig) *Worker {
+// New assembles a worker from its parts.
+func New(lim *admit.Limiter, p *pause.Pause, cc *channels.Cache, hx *helix.Helix, m *metrics.Metrics, cfg Config) *Worker {
 	if cfg.Limits == nil {
-		cfg.Limits = &DefaultLimits
+		cfg.Limits = &limits.DefaultLimits
 	}
 	if cfg.Lifetime <= 0 {
 		cfg.Lifetime = 5 * time.Second
@@ -68,13 +80,13 @@ func NewWorker(lim *admit.Limiter, pause *Pause, channels *ChannelCache, helix *
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: pause, channels: channels, helix: helix, metrics: m}
-	w.helixBy = helixPlans(&w.limits, cfg.Prefix)
+	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: p, channels: cc, helix: hx, metrics: m}
+	w.helixBy = limits.HelixPlans(&w.limits, cfg.Prefix)
 	return w
 }
 
 // Handler returns the bus handler for a lane's subject.
-func (w *Worker) Handler(lane Lane) bus.Handler {
+func (w *Worker) Handler(lane limits.Lane) bus.Handler {
 	return func(ctx context.Context, m *bus.Message) error {
 		_, err := w.Process(ctx, lane, m)
 		return err
@@ -84,11 +96,11 @@ func (w *Worker) Handler(lane Lane) bus.Handler {
 // Path describes how far a message went and which way: what the demo and
 // tests group Valkey commands by.
 type Path struct {
-	Lane    Lane
-	Kind    Kind
+	Lane    limits.Lane
+	Kind    command.Kind
 	Decoded bool
 	Paused  bool // stopped by the pause snapshot
-	Cache   CacheUse
+	Cache   channels.CacheUse
 	Decided bool // reached the limiter and got an answer
 	// LimiterCalls counts AllowOrdered calls: 1, or more when calls that
 	// did not run were retried.
@@ -96,29 +108,8 @@ type Path struct {
 	Admitted     bool
 }
 
-// CacheUse is how a message used the channel cache.
-type CacheUse uint8
-
-// The cache uses.
-const (
-	CacheNone   CacheUse = iota // the command acts in no channel
-	CacheHit                    // served from memory
-	CacheMiss                   // loaded from Valkey: one HGETALL
-	CacheJoined                 // waited for another message's load of the channel
-	numCacheUses
-)
-
-var cacheUseNames = [numCacheUses]string{"none", "hit", "miss", "joined"}
-
-func (c CacheUse) String() string {
-	if c < numCacheUses {
-		return cacheUseNames[c]
-	}
-	return "invalid"
-}
-
 // Process handles one delivery and returns its path and the bus outcome.
-func (w *Worker) Process(ctx context.Context, lane Lane, m *bus.Message) (Path, error) {
+func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) (Path, error) {
 	deadline := m.Published.Add(w.cfg.Lifetime)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -132,27 +123,27 @@ func (w *Worker) Process(ctx context.Context, lane Lane, m *bus.Message) (Path, 
 // Prepare is the path before the third party: it decodes the command,
 // checks the pause snapshot, looks the channel up, asks the limiter once
 // and builds the Helix request. ctx should carry the message's deadline.
-func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.Request, Path, error) {
+func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
 	path := Path{Lane: lane}
 	deadline := m.Published.Add(w.cfg.Lifetime)
 	start := w.cfg.Now()
 
-	cmd, err := decodeCommand(m.Data)
+	cmd, err := command.Decode(m.Data)
 	t := w.cfg.Now()
-	w.metrics.Observe(StageDecode, t.Sub(start))
-	if err == nil && cmd.Kind == KindChat && lane == LaneSystem {
-		err = malformed("chat is never sent on the system lane")
+	w.metrics.Observe(metrics.StageDecode, t.Sub(start))
+	if err == nil && cmd.Kind == command.KindChat && lane == limits.LaneSystem {
+		err = fmt.Errorf("%w: chat is never sent on the system lane", command.ErrMalformed)
 	}
 	if err != nil {
 		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
 	path.Decoded, path.Kind = true, cmd.Kind
-	w.metrics.command(lane, cmd.Kind)
+	w.metrics.Command(lane, cmd.Kind)
 
 	err = w.pause.Check()
 	t0, t := t, w.cfg.Now()
-	w.metrics.Observe(StagePause, t.Sub(t0))
-	if errors.Is(err, ErrPaused) {
+	w.metrics.Observe(metrics.StagePause, t.Sub(t0))
+	if errors.Is(err, pause.ErrPaused) {
 		path.Paused = true
 		return nil, path, bus.RetryOrDrop(bus.NackPaused, w.cfg.PausedRetry, deadline.Sub(t))
 	}
@@ -160,16 +151,16 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.
 		return nil, path, err
 	}
 
-	var ch *Channel
-	if cmd.Kind.needsChannel() {
+	var ch *channels.Channel
+	if cmd.Kind.NeedsChannel() {
 		ch, path.Cache, err = w.channels.Get(ctx, cmd.Channel)
 		t0, t = t, w.cfg.Now()
-		w.metrics.Observe(StageChannel, t.Sub(t0))
-		if path.Cache != CacheHit {
-			w.metrics.Observe(StageLoad, t.Sub(t0))
+		w.metrics.Observe(metrics.StageChannel, t.Sub(t0))
+		if path.Cache != channels.CacheHit {
+			w.metrics.Observe(metrics.StageLoad, t.Sub(t0))
 		}
-		w.metrics.cacheLookup(path.Cache)
-		if errors.Is(err, ErrUnknownChannel) {
+		w.metrics.CacheLookup(path.Cache)
+		if errors.Is(err, channels.ErrUnknown) {
 			return nil, path, &bus.Dropped{Reason: bus.DropUnknownChannel}
 		}
 		if err != nil {
@@ -196,8 +187,8 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.
 
 	req, err := w.helix.NewRequest(ctx, &cmd, ch)
 	t0, t = t, w.cfg.Now()
-	w.metrics.Observe(StageBuild, t.Sub(t0))
-	w.metrics.Observe(StagePreHTTP, t.Sub(start))
+	w.metrics.Observe(metrics.StageBuild, t.Sub(t0))
+	w.metrics.Observe(metrics.StagePreHTTP, t.Sub(start))
 	if err != nil {
 		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
 	}
@@ -206,12 +197,12 @@ func (w *Worker) Prepare(ctx context.Context, lane Lane, m *bus.Message) (*http.
 
 // plan picks the buckets: chat by channel and lane; the three Helix routes
 // all by lane alone, through the same precomputed plans.
-func (w *Worker) plan(lane Lane, k Kind, ch *Channel) *bucketPlan {
-	if k == KindChat {
-		p := chatPlan(&w.limits, lane, ch)
+func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *limits.Plan {
+	if k == command.KindChat {
+		p := limits.ChatPlan(&w.limits, lane, ch)
 		return &p
 	}
-	return &w.helixBy[lane%numLanes]
+	return &w.helixBy[lane%limits.NumLanes]
 }
 
 // decide is the one limiter call of a message: one script, one round trip.
@@ -229,29 +220,29 @@ func (w *Worker) plan(lane Lane, k Kind, ch *Channel) *bucketPlan {
 //
 // Every call is timed into the limiter histogram under its lane and
 // decision; path.LimiterCalls counts them.
-func (w *Worker) decide(ctx context.Context, lane Lane, p *bucketPlan, path *Path) (admit.Decision, error) {
+func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, path *Path) (admit.Decision, error) {
 	var second *admit.Request
-	if p.hasSecond {
-		second = &p.second
+	if p.HasSecond {
+		second = &p.Second
 	}
 	for {
 		start := w.cfg.Now()
-		d, err := w.lim.AllowOrdered(ctx, p.first, second)
+		d, err := w.lim.AllowOrdered(ctx, p.First, second)
 		path.LimiterCalls++
-		w.metrics.limiterCall(lane, decisionOf(p, d, err), w.cfg.Now().Sub(start))
+		w.metrics.LimiterCall(lane, decisionOf(p, d, err), w.cfg.Now().Sub(start))
 		if err == nil {
 			return d, nil
 		}
 		if !retryable(err) || path.LimiterCalls >= w.cfg.DecisionAttempts {
 			return d, fmt.Errorf("outgress: limiter (%d calls): %w", path.LimiterCalls, err)
 		}
-		w.metrics.limiterRetry(lane)
-		pause := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
+		w.metrics.LimiterRetry(lane)
+		wait := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
 		select {
 		case <-ctx.Done():
-			pause.Stop()
+			wait.Stop()
 			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
-		case <-pause.C:
+		case <-wait.C:
 		}
 	}
 }
@@ -266,14 +257,14 @@ func retryable(err error) bool {
 }
 
 // decisionOf is the metric label of a limiter call's result.
-func decisionOf(p *bucketPlan, d admit.Decision, err error) Decision {
+func decisionOf(p *limits.Plan, d admit.Decision, err error) metrics.Decision {
 	switch {
 	case errors.Is(err, admit.ErrNotExecuted):
-		return DecisionNotExecuted
+		return metrics.DecisionNotExecuted
 	case err != nil:
-		return DecisionOutcomeUnknown
+		return metrics.DecisionOutcomeUnknown
 	case d.Allowed():
-		return DecisionAllowed
+		return metrics.DecisionAllowed
 	}
-	return DecisionDenied + Decision(p.deniedClass(d))
+	return metrics.DecisionDenied + metrics.Decision(p.DeniedClass(d))
 }

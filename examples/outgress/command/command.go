@@ -1,4 +1,8 @@
-package main
+// Package command is the outgress worker's message format: the JSON body
+// of a bus message, decoded and validated into a Command, whose Kind says
+// which Helix route it takes. A body Decode refuses can never become
+// valid, so the worker drops it instead of redelivering it.
+package command
 
 import (
 	"encoding/json"
@@ -17,21 +21,21 @@ const (
 	KindAPI
 	KindAnnounce
 	KindShoutout
-	numKinds
+	NumKinds
 )
 
-var kindNames = [numKinds]string{"chat", "api", "announce", "shoutout"}
+var kindNames = [NumKinds]string{"chat", "api", "announce", "shoutout"}
 
 func (k Kind) String() string {
-	if k < numKinds {
+	if k < NumKinds {
 		return kindNames[k]
 	}
 	return "invalid"
 }
 
-// needsChannel reports whether the kind acts in a channel, so the worker
+// NeedsChannel reports whether the kind acts in a channel, so the worker
 // must look the channel up first.
-func (k Kind) needsChannel() bool { return k != KindAPI }
+func (k Kind) NeedsChannel() bool { return k != KindAPI }
 
 // Command is the decoded body of a bus message. Examples:
 //
@@ -66,15 +70,15 @@ const (
 	maxTextLen = 500 // Helix's chat message limit
 )
 
-// errMalformed wraps every reason decodeCommand refuses a body.
-var errMalformed = errors.New("outgress: malformed command")
+// ErrMalformed wraps every reason Decode refuses a body.
+var ErrMalformed = errors.New("outgress: malformed command")
 
-// decodeCommand parses and validates a message body. A body it refuses will
+// Decode parses and validates a message body. A body it refuses will
 // never become valid, so the caller drops it instead of redelivering it.
-func decodeCommand(data []byte) (Command, error) {
+func Decode(data []byte) (Command, error) {
 	var w wireCommand
 	if err := json.Unmarshal(data, &w); err != nil {
-		return Command{}, fmt.Errorf("%w: %w", errMalformed, err)
+		return Command{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	c := Command{Channel: w.Channel, Text: w.Text, Color: w.Color, To: w.To, Method: w.Method, Path: w.Path}
 	switch w.Kind {
@@ -89,7 +93,7 @@ func decodeCommand(data []byte) (Command, error) {
 	default:
 		return Command{}, malformed("unknown kind")
 	}
-	if c.Kind.needsChannel() && !isID(c.Channel) {
+	if c.Kind.NeedsChannel() && !isID(c.Channel) {
 		return Command{}, malformed("channel must be 1 to 20 decimal digits")
 	}
 	switch c.Kind {
@@ -114,7 +118,7 @@ func decodeCommand(data []byte) (Command, error) {
 	return c, nil
 }
 
-func malformed(why string) error { return fmt.Errorf("%w: %s", errMalformed, why) }
+func malformed(why string) error { return fmt.Errorf("%w: %s", ErrMalformed, why) }
 
 func isID(s string) bool {
 	if s == "" || len(s) > maxIDLen {

@@ -1,4 +1,11 @@
-package main
+// Package helix is the outgress worker's client of the third-party API
+// (Twitch Helix): it builds the request for an admitted command, sends it
+// over a transport of its own that keeps an idle connection per worker,
+// drains every response body within a bound so connections are reused,
+// and maps the answer onto the bus's contract (429 is an expected nack
+// until Ratelimit-Reset, another 4xx a drop, 5xx an error). Fake is an
+// in-process stand-in for the demo and the tests.
+package helix
 
 import (
 	"bytes"
@@ -6,6 +13,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -14,8 +23,8 @@ import (
 	"time"
 )
 
-// HelixConfig configures a Helix client. Zero fields take the defaults named.
-type HelixConfig struct {
+// Config configures a Helix client. Zero fields take the defaults named.
+type Config struct {
 	// BaseURL is the API root, for example "https://api.example" (the
 	// demo's is the fake server's URL). Required.
 	BaseURL string
@@ -47,13 +56,13 @@ type Helix struct {
 	now      func() time.Time
 	tr       *http.Transport
 	hc       *http.Client
-	metrics  *Metrics
+	rec      Recorder
 	n        atomic.Uint64
 	trace    *httptrace.ClientTrace
 }
 
-// NewHelix returns a client recording into m (which may be shared).
-func NewHelix(cfg HelixConfig, m *Metrics) (*Helix, error) {
+// New returns a client recording into rec (which may be shared).
+func New(cfg Config, rec Recorder) (*Helix, error) {
 	u, err := url.Parse(cfg.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("outgress: Helix base URL %q is not an http(s) URL", cfg.BaseURL)
@@ -74,37 +83,37 @@ func NewHelix(cfg HelixConfig, m *Metrics) (*Helix, error) {
 	h := &Helix{
 		base: cfg.BaseURL, clientID: cfg.ClientID, auth: "Bearer " + cfg.Token, botID: cfg.BotID,
 		maxBody: cfg.MaxBody, every: cfg.TraceEvery, now: cfg.Now,
-		tr: tr, hc: &http.Client{Transport: tr}, metrics: m,
+		tr: tr, hc: &http.Client{Transport: tr}, rec: rec,
 	}
 	// One trace shared by all sampled requests: GotConn only counts.
 	h.trace = &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		m.sampledConn(info.Reused)
+		rec.SampledConn(info.Reused)
 	}}
 	return h, nil
 }
 
 // NewRequest builds the request for an admitted command. ch is nil for the
 // API kind, which acts in no channel.
-func (h *Helix) NewRequest(ctx context.Context, cmd *Command, ch *Channel) (*http.Request, error) {
+func (h *Helix) NewRequest(ctx context.Context, cmd *command.Command, ch *channels.Channel) (*http.Request, error) {
 	var method, path string
 	var body any
 	switch cmd.Kind {
-	case KindChat:
+	case command.KindChat:
 		method, path = http.MethodPost, "/helix/chat/messages"
 		body = struct {
 			Broadcaster string `json:"broadcaster_id"`
 			Sender      string `json:"sender_id"`
 			Message     string `json:"message"`
 		}{ch.ID, h.botID, cmd.Text}
-	case KindAnnounce:
+	case command.KindAnnounce:
 		method, path = http.MethodPost, "/helix/chat/announcements?broadcaster_id="+ch.ID+"&moderator_id="+h.botID
 		body = struct {
 			Message string `json:"message"`
 			Color   string `json:"color,omitempty"`
 		}{cmd.Text, cmd.Color}
-	case KindShoutout:
+	case command.KindShoutout:
 		method, path = http.MethodPost, "/helix/chat/shoutouts?from_broadcaster_id="+ch.ID+"&to_broadcaster_id="+cmd.To+"&moderator_id="+h.botID
-	case KindAPI:
+	case command.KindAPI:
 		method, path = cmd.Method, cmd.Path
 	default:
 		return nil, fmt.Errorf("outgress: no Helix request for kind %v", cmd.Kind)
@@ -152,19 +161,17 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 	start := h.now()
 	resp, err := h.hc.Do(req)
 	if err != nil {
-		h.metrics.response(StatusError)
-		h.metrics.Observe(StageHTTP, h.now().Sub(start))
+		h.rec.Response(StatusError, h.now().Sub(start))
 		return fmt.Errorf("outgress: Helix %s: %w", req.Method, err)
 	}
 	// Deferred so that no return path can skip it: the connection goes back
 	// to the pool only once the body is read to EOF.
+	class := ClassOf(resp.StatusCode)
 	defer func() {
 		DrainClose(resp.Body, h.maxBody)
-		h.metrics.Observe(StageHTTP, h.now().Sub(start))
+		h.rec.Response(class, h.now().Sub(start))
 	}()
 	now := h.now()
-	class := statusClass(resp.StatusCode)
-	h.metrics.response(class)
 	switch class {
 	case Status2xx:
 		return nil
@@ -189,3 +196,52 @@ func resetDelay(header string, now time.Time) time.Duration {
 
 // Close closes the transport's idle connections.
 func (h *Helix) Close() { h.tr.CloseIdleConnections() }
+
+// Recorder receives the client's measurements; metrics.Metrics is one. Its
+// methods must be safe for concurrent use.
+type Recorder interface {
+	// Response records one request's outcome and how long it took,
+	// through draining the body.
+	Response(c StatusClass, took time.Duration)
+	// SampledConn records whether a sampled request reused a connection.
+	SampledConn(reused bool)
+}
+
+// StatusClass is the fixed label for an HTTP outcome.
+type StatusClass uint8
+
+// The status classes.
+const (
+	Status2xx StatusClass = iota
+	Status3xx
+	Status4xx
+	Status429
+	Status5xx
+	StatusError // no response: transport error or cancellation
+	NumStatus
+)
+
+var statusNames = [NumStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error"}
+
+func (s StatusClass) String() string {
+	if s < NumStatus {
+		return statusNames[s]
+	}
+	return "invalid"
+}
+
+// ClassOf is the class of an HTTP status code.
+func ClassOf(code int) StatusClass {
+	switch {
+	case code == http.StatusTooManyRequests:
+		return Status429
+	case code >= 200 && code < 300:
+		return Status2xx
+	case code >= 300 && code < 400:
+		return Status3xx
+	case code >= 400 && code < 500:
+		return Status4xx
+	default:
+		return Status5xx
+	}
+}

@@ -1,8 +1,11 @@
-package main
+package pause
 
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,13 +17,13 @@ import (
 )
 
 // replicaPause starts one replica's Pause on its own client.
-func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg PauseConfig) (*Pause, *CountingClient) {
+func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
 	t.Helper()
-	c := &CountingClient{Client: testserver.NewClient(t, srv)}
+	c := &counting.Client{Client: testserver.NewClient(t, srv)}
 	cfg.Prefix = prefix
-	p := NewPause(c, cfg)
+	p := New(c, cfg)
 	t.Cleanup(p.Close)
-	if err := p.Start(ctxT(t)); err != nil {
+	if err := p.Start(testenv.Ctx(t)); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	return p, c
@@ -35,7 +38,7 @@ func writeWithoutEvent(t *testing.T, c valkey.Client, prefix string, paused bool
 	if paused {
 		write = b.Set().Key(prefix + "pause:{pause}:flag").Value("1").Build()
 	}
-	res := c.DoMulti(ctxT(t), b.Multi().Build(), write, b.Incr().Key(prefix+"pause:{pause}:version").Build(), b.Exec().Build())
+	res := c.DoMulti(testenv.Ctx(t), b.Multi().Build(), write, b.Incr().Key(prefix+"pause:{pause}:version").Build(), b.Exec().Build())
 	arr, err := res[3].ToArray()
 	if err != nil {
 		t.Fatal(err)
@@ -49,12 +52,12 @@ func writeWithoutEvent(t *testing.T, c valkey.Client, prefix string, paused bool
 
 func publish(t *testing.T, c valkey.Client, prefix, msg string) {
 	t.Helper()
-	if err := c.Do(ctxT(t), c.B().Publish().Channel(prefix+"pause:events").Message(msg).Build()).Error(); err != nil {
+	if err := c.Do(testenv.Ctx(t), c.B().Publish().Channel(prefix+"pause:events").Message(msg).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func snapshotOf(t *testing.T, p *Pause) PauseSnapshot {
+func snapshotOf(t *testing.T, p *Pause) Snapshot {
 	t.Helper()
 	s, ok := p.Snapshot()
 	if !ok {
@@ -74,15 +77,15 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	c := &CountingClient{Client: raw, Gate: func(cmd valkey.Completed) {
-		if isCommand(cmd, "MGET") {
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "MGET") {
 			once.Do(func() { close(arrived); <-release })
 		}
 	}}
-	p := NewPause(c, PauseConfig{Prefix: prefix, ReconcileEvery: time.Hour})
+	p := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour})
 	t.Cleanup(p.Close)
 	started := make(chan error, 1)
-	go func() { started <- p.Start(ctxT(t)) }()
+	go func() { started <- p.Start(testenv.Ctx(t)) }()
 
 	select {
 	case <-arrived:
@@ -122,16 +125,16 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
 	var replicas []*Pause
 	for range 3 {
-		p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
+		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 		replicas = append(replicas, p)
 	}
 	for _, paused := range []bool{true, false} {
-		version, err := replicas[0].SetPaused(ctxT(t), paused)
+		version, err := replicas[0].SetPaused(testenv.Ctx(t), paused)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, p := range replicas {
-			if !waitFor(func() bool { return snapshotOf(t, p).Version == version }) {
+			if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == version }) {
 				t.Fatalf("replica %d: version %d, want %d", i, snapshotOf(t, p).Version, version)
 			}
 			if s := snapshotOf(t, p); s.Paused != paused {
@@ -161,11 +164,11 @@ func TestPauseLostEventRepairedByReconcile(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	fast, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: 20 * time.Millisecond})
-	slow, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
+	fast, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	slow, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 
 	version := writeWithoutEvent(t, raw, prefix, true)
-	if !waitFor(func() bool { return snapshotOf(t, fast).Version == version }) {
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, fast).Version == version }) {
 		t.Fatalf("fast replica never reconciled to version %d: %+v", version, fast.Stats())
 	}
 	if s := snapshotOf(t, fast); !s.Paused {
@@ -188,15 +191,15 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 
 	publish(t, raw, prefix, "1:7")
-	if !waitFor(func() bool { return snapshotOf(t, p).Version == 7 }) {
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 7 }) {
 		t.Fatal("event 1:7 never applied")
 	}
 	publish(t, raw, prefix, "0:5") // older
 	publish(t, raw, prefix, "0:7") // same version, other state
-	if !waitFor(func() bool { return p.Stats().EventsIgnored == 2 }) {
+	if !testenv.WaitFor(func() bool { return p.Stats().EventsIgnored == 2 }) {
 		t.Fatalf("stats %+v: want 2 events ignored", p.Stats())
 	}
 	if s := snapshotOf(t, p); !s.Paused || s.Version != 7 {
@@ -205,7 +208,7 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 
 	// Valkey holds version 0 (nothing stored): a reconcile read is older,
 	// and a failure, not a confirmation.
-	if err := p.reconcile(ctxT(t)); !errors.Is(err, ErrVersionBehind) {
+	if err := p.reconcile(testenv.Ctx(t)); !errors.Is(err, ErrVersionBehind) {
 		t.Fatalf("reconcile reading version 0 under 7: %v, want ErrVersionBehind", err)
 	}
 	if s := snapshotOf(t, p); !s.Paused || s.Version != 7 {
@@ -216,7 +219,7 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 	}
 
 	publish(t, raw, prefix, "0:8") // newer: applied, so ignoring is not a broken apply
-	if !waitFor(func() bool { return snapshotOf(t, p).Version == 8 }) {
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 8 }) {
 		t.Fatal("event 0:8 never applied")
 	}
 	if s := snapshotOf(t, p); s.Paused {
@@ -234,7 +237,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	p, c := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
+	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	before, _ := c.Totals()
 
 	const readers, reads = 8, 20000
@@ -255,7 +258,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 		publish(t, raw, prefix, encodePauseEvent(v%2 == 1, int64(v)))
 	}
 	wg.Wait()
-	if !waitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
+	if !testenv.WaitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
 		t.Errorf("stats %+v: want 20 events applied", p.Stats())
 	}
 	if after, _ := c.Totals(); after != before {
@@ -292,7 +295,7 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 	prefix := "stale:" // a server of its own, stopped below: no cleanup needed
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
-	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
 
 	steps := []struct {
 		by   time.Duration
@@ -310,7 +313,7 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 	}
 
 	clk.step(time.Second-1, time.Second-1) // +3s
-	if err := p.reconcile(ctxT(t)); err != nil {
+	if err := p.reconcile(testenv.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Check(); err != nil {
@@ -323,11 +326,11 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 
 	// Valkey goes away: reconciles fail and are counted, and the snapshot
 	// ages into failing closed, paused or not.
-	if _, err := p.SetPaused(ctxT(t), true); err != nil { // confirmed at +4s
+	if _, err := p.SetPaused(testenv.Ctx(t), true); err != nil { // confirmed at +4s
 		t.Fatal(err)
 	}
 	srv.Stop()
-	ctx, cancel := context.WithTimeout(ctxT(t), 2*time.Second)
+	ctx, cancel := context.WithTimeout(testenv.Ctx(t), 2*time.Second)
 	defer cancel()
 	if err := p.reconcile(ctx); err == nil {
 		t.Fatal("reconcile succeeded with the server stopped")
@@ -355,7 +358,7 @@ func TestPauseStalenessIgnoresWallClock(t *testing.T) {
 	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
-	p, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
 	if err := p.Check(); err != nil {
 		t.Fatalf("fresh: %v", err)
 	}
@@ -368,7 +371,7 @@ func TestPauseStalenessIgnoresWallClock(t *testing.T) {
 	}
 
 	// And forward: a wall clock stepped ahead an hour ages nothing.
-	if err := p.reconcile(ctxT(t)); err != nil {
+	if err := p.reconcile(testenv.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	clk.step(time.Second, time.Hour)
@@ -384,21 +387,21 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 	srv := testserver.Own(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	writer, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
-	observer, _ := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: time.Hour})
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	config := func(v string) {
 		t.Helper()
-		if err := raw.Do(ctxT(t), raw.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", v).Build()).Error(); err != nil {
+		if err := raw.Do(testenv.Ctx(t), raw.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", v).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	orig, err := raw.Do(ctxT(t), raw.B().ConfigGet().Parameter("maxmemory").Build()).AsStrMap()
+	orig, err := raw.Do(testenv.Ctx(t), raw.B().ConfigGet().Parameter("maxmemory").Build()).AsStrMap()
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	config("1")
-	if v, err := writer.SetPaused(ctxT(t), true); err == nil {
+	if v, err := writer.SetPaused(testenv.Ctx(t), true); err == nil {
 		config(orig["maxmemory"])
 		t.Fatalf("SetPaused succeeded (version %d) on a server refusing writes", v)
 	}
@@ -410,14 +413,14 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 	// SetPaused published; once the observer has it, it has seen all.
 	publish(t, raw, prefix, "marker")
 	for name, p := range map[string]*Pause{"writer": writer, "observer": observer} {
-		if !waitFor(func() bool { return p.Stats().EventsMalformed == 1 }) {
+		if !testenv.WaitFor(func() bool { return p.Stats().EventsMalformed == 1 }) {
 			t.Fatalf("%s never received the marker", name)
 		}
 		if st := p.Stats(); st.EventsApplied != 0 || st.EventsIgnored != 0 {
 			t.Errorf("%s received a pause event from the failed write: %+v", name, st)
 		}
 	}
-	vals, err := raw.Do(ctxT(t), raw.B().Mget().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).ToArray()
+	vals, err := raw.Do(testenv.Ctx(t), raw.B().Mget().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).ToArray()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,8 +434,8 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 func TestPauseCloseStopsAndJoins(t *testing.T) {
 	srv := testserver.Shared(t)
 	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
-	p, c := replicaPause(t, srv, prefix, PauseConfig{ReconcileEvery: 5 * time.Millisecond})
-	if !waitFor(func() bool { return p.Stats().Reconciles >= 3 }) {
+	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: 5 * time.Millisecond})
+	if !testenv.WaitFor(func() bool { return p.Stats().Reconciles >= 3 }) {
 		t.Fatalf("stats %+v: the reconciler is not running", p.Stats())
 	}
 	p.Close()
@@ -476,32 +479,32 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	cfg := PauseConfig{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
+	cfg := Config{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
 	var replicas []*Pause
 	for range 3 {
 		p, _ := replicaPause(t, srv, prefix, cfg)
 		replicas = append(replicas, p)
 	}
 	for _, paused := range []bool{true, false} {
-		if _, err := replicas[0].SetPaused(ctxT(t), paused); err != nil {
+		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i, p := range replicas {
-		if !waitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
+		if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
 			t.Fatalf("replica %d never reached version 2", i)
 		}
 	}
 
-	if err := raw.Do(ctxT(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
+	if err := raw.Do(testenv.Ctx(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	v, err := replicas[0].SetPaused(ctxT(t), true)
+	v, err := replicas[0].SetPaused(testenv.Ctx(t), true)
 	if !errors.Is(err, ErrVersionBehind) {
 		t.Errorf("SetPaused(true) after the keys were lost: version %d, %v; want ErrVersionBehind", v, err)
 	}
 	for i, p := range replicas {
-		if !waitFor(func() bool { return errors.Is(p.Check(), ErrPauseStale) }) {
+		if !testenv.WaitFor(func() bool { return errors.Is(p.Check(), ErrPauseStale) }) {
 			t.Errorf("replica %d: Check %v, stats %+v; want ErrPauseStale once reconciles read only an older version",
 				i, p.Check(), p.Stats())
 		}
@@ -509,4 +512,11 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 			t.Errorf("replica %d: stats %+v; want the older reads counted as behind and as failed reconciles", i, st)
 		}
 	}
+}
+
+// TestMain stops the shared test server after the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	os.Exit(code)
 }

@@ -1,8 +1,7 @@
-package main
+package command
 
 import (
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
 )
@@ -31,33 +30,12 @@ func TestDecodeCommand(t *testing.T) {
 		{`{"kind":"api","method":"GET","path":"https://elsewhere/helix/"}`, 0, false},
 		{`{"kind":"api","method":"GET","path":"/helix/a b"}`, 0, false},
 	} {
-		cmd, err := decodeCommand([]byte(c.body))
+		cmd, err := Decode([]byte(c.body))
 		switch {
 		case c.ok && (err != nil || cmd.Kind != c.kind):
 			t.Errorf("%s: %v, %v; want kind %v", c.body, cmd.Kind, err, c.kind)
-		case !c.ok && !errors.Is(err, errMalformed):
-			t.Errorf("%s: %v; want errMalformed", c.body, err)
-		}
-	}
-}
-
-// TestMalformedDroppedWithoutValkey: a body that can never be valid is
-// dropped before any Valkey command; so is chat on the system lane.
-func TestMalformedDroppedWithoutValkey(t *testing.T) {
-	e := newEnv(t, nil)
-	for _, c := range []struct {
-		lane Lane
-		body string
-	}{
-		{LaneStandard, `{"kind":"chat","channel":"4}2","text":"hi"}`},
-		{LaneSystem, chat("42")},
-	} {
-		before, _ := e.c.Totals()
-		_, err := e.process(t, c.lane, c.body)
-		after, _ := e.c.Totals()
-		var drop *bus.Dropped
-		if !errors.As(err, &drop) || drop.Reason != bus.DropMalformed || after != before {
-			t.Errorf("%v %s: %v after %d commands; want dropped as malformed after 0", c.lane, c.body, err, after-before)
+		case !c.ok && !errors.Is(err, ErrMalformed):
+			t.Errorf("%s: %v; want ErrMalformed", c.body, err)
 		}
 	}
 }

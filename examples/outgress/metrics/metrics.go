@@ -1,10 +1,27 @@
-package main
+// Package metrics is the outgress worker's Prometheus metrics
+// (client_golang), on a registry of their own: stage latencies, the
+// limiter call's latency by lane and decision, commands, cache lookups,
+// Helix responses, connection reuse, deliveries by outcome and reason, and
+// each replica's pause state. Every label value comes from a fixed list,
+// and every series is created up front, so traffic can never add one.
+package metrics
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,54 +44,16 @@ const (
 	StageBuild         // building the Helix request
 	StagePreHTTP       // decode through build
 	StageHTTP          // the Helix request, through draining the body
-	numStages
+	NumStages
 )
 
-var stageNames = [numStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
+var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
 
 func (s Stage) String() string {
-	if s < numStages {
+	if s < NumStages {
 		return stageNames[s]
 	}
 	return "invalid"
-}
-
-// StatusClass is the fixed label for an HTTP outcome.
-type StatusClass uint8
-
-// The status classes.
-const (
-	Status2xx StatusClass = iota
-	Status3xx
-	Status4xx
-	Status429
-	Status5xx
-	StatusError // no response: transport error or cancellation
-	numStatus
-)
-
-var statusNames = [numStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error"}
-
-func (s StatusClass) String() string {
-	if s < numStatus {
-		return statusNames[s]
-	}
-	return "invalid"
-}
-
-func statusClass(code int) StatusClass {
-	switch {
-	case code == http.StatusTooManyRequests:
-		return Status429
-	case code >= 200 && code < 300:
-		return Status2xx
-	case code >= 300 && code < 400:
-		return Status3xx
-	case code >= 400 && code < 500:
-		return Status4xx
-	default:
-		return Status5xx
-	}
 }
 
 // Decision is the label of a limiter call's outcome: admitted, denied by a
@@ -83,11 +62,11 @@ type Decision uint8
 
 // The decisions. DecisionDenied+c is a denial by a bucket of class c.
 const (
-	DecisionAllowed        Decision                                = iota
-	DecisionDenied                                                 // + BucketClass
-	DecisionNotExecuted    = DecisionDenied + Decision(numClasses) // admit.ErrNotExecuted: nothing ran
-	DecisionOutcomeUnknown = DecisionNotExecuted + 1               // admit.ErrOutcomeUnknown: it may have run
-	numDecisions           = DecisionOutcomeUnknown + 1
+	DecisionAllowed        Decision                                       = iota
+	DecisionDenied                                                        // + limits.BucketClass
+	DecisionNotExecuted    = DecisionDenied + Decision(limits.NumClasses) // admit.ErrNotExecuted: nothing ran
+	DecisionOutcomeUnknown = DecisionNotExecuted + 1                      // admit.ErrOutcomeUnknown: it may have run
+	NumDecisions           = DecisionOutcomeUnknown + 1
 )
 
 func (d Decision) String() string {
@@ -95,7 +74,7 @@ func (d Decision) String() string {
 	case d == DecisionAllowed:
 		return "allowed"
 	case d < DecisionNotExecuted:
-		return "denied_" + BucketClass(d-DecisionDenied).String()
+		return "denied_" + limits.BucketClass(d-DecisionDenied).String()
 	case d == DecisionNotExecuted:
 		return "not_executed"
 	case d == DecisionOutcomeUnknown:
@@ -104,18 +83,18 @@ func (d Decision) String() string {
 	return "invalid"
 }
 
-// Metric names. Every label value comes from one of the fixed lists above
+// The metric names. Every label value comes from one of the fixed lists above
 // (stage, lane, kind, decision, cache use, status class, outcome and
 // reason): never a channel id, a key or a URL, whose number is unbounded.
 const (
-	metricStage    = "outgress_stage_duration_seconds"
-	metricLimiter  = "outgress_limiter_duration_seconds"
-	metricRetries  = "outgress_limiter_retries_total"
-	metricCommands = "outgress_commands_total"
-	metricCache    = "outgress_channel_lookups_total"
-	metricHelix    = "outgress_helix_responses_total"
-	metricConns    = "outgress_helix_sampled_connections_total"
-	metricDeliver  = "outgress_deliveries_total"
+	MetricStage    = "outgress_stage_duration_seconds"
+	MetricLimiter  = "outgress_limiter_duration_seconds"
+	MetricRetries  = "outgress_limiter_retries_total"
+	MetricCommands = "outgress_commands_total"
+	MetricCache    = "outgress_channel_lookups_total"
+	MetricHelix    = "outgress_helix_responses_total"
+	MetricConns    = "outgress_helix_sampled_connections_total"
+	MetricDeliver  = "outgress_deliveries_total"
 )
 
 // latencyBuckets: 1 µs to 10 s, two per doubling (each about 42% wider
@@ -129,12 +108,12 @@ var latencyBuckets = prometheus.ExponentialBucketsRange(1e-6, 10, 47)
 type Metrics struct {
 	reg *prometheus.Registry
 
-	stages   [numStages]prometheus.Histogram
-	limiter  [numLanes][numDecisions]prometheus.Histogram
-	retries  [numLanes]prometheus.Counter
-	commands [numLanes][numKinds]prometheus.Counter
-	cache    [numCacheUses]prometheus.Counter
-	status   [numStatus]prometheus.Counter
+	stages   [NumStages]prometheus.Histogram
+	limiter  [limits.NumLanes][NumDecisions]prometheus.Histogram
+	retries  [limits.NumLanes]prometheus.Counter
+	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
+	cache    [channels.NumCacheUses]prometheus.Counter
+	status   [helix.NumStatus]prometheus.Counter
 	conns    [2]prometheus.Counter // reused, new
 	acked    prometheus.Counter
 	errs     prometheus.Counter
@@ -143,48 +122,48 @@ type Metrics struct {
 	dropped  [bus.NumDropReasons]prometheus.Counter
 }
 
-// NewMetrics returns the metrics, registered with a new registry together
+// New returns the metrics, registered with a new registry together
 // with the Go runtime and process collectors.
-func NewMetrics() *Metrics {
+func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricStage,
+	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricStage,
 		Help: "Latency of each stage of the message path.", Buckets: latencyBuckets}, []string{"stage"})
-	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricLimiter,
+	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLimiter,
 		Help: "Latency of the one AllowOrdered call of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
-	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricCommands,
+	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCommands,
 		Help: "Decoded commands by lane and kind."}, []string{"lane", "kind"})
-	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricCache,
+	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCache,
 		Help: "Channel cache lookups: hit, miss (one HGETALL) or joined (another caller's load)."}, []string{"result"})
-	status := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHelix,
-		Help: "Helix responses by status class; error is no response."}, []string{"status_class"})
-	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricConns,
+	status := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricHelix,
+		Help: "Helix responses by status class; error is no Response."}, []string{"status_class"})
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricConns,
 		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
-	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricRetries,
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRetries,
 		Help: "Limiter calls repeated within a delivery because the previous one provably did not run (admit.ErrNotExecuted)."}, []string{"lane"})
-	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricDeliver,
+	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
 	m.reg.MustRegister(stage, limiter, retries, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
-	for s := range numStages {
+	for s := range NumStages {
 		m.stages[s] = hist(stage.WithLabelValues(s.String()))
 	}
-	for lane := range numLanes {
-		for d := range numDecisions {
+	for lane := range limits.NumLanes {
+		for d := range NumDecisions {
 			m.limiter[lane][d] = hist(limiter.WithLabelValues(lane.String(), d.String()))
 		}
-		for k := range numKinds {
+		for k := range command.NumKinds {
 			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
 		}
 		m.retries[lane] = retries.WithLabelValues(lane.String())
 	}
-	for u := range numCacheUses {
-		if u != CacheNone {
+	for u := range channels.NumCacheUses {
+		if u != channels.CacheNone {
 			m.cache[u] = cache.WithLabelValues(u.String())
 		}
 	}
-	for c := range numStatus {
+	for c := range helix.NumStatus {
 		m.status[c] = status.WithLabelValues(c.String())
 	}
 	m.conns[0], m.conns[1] = conns.WithLabelValues("true"), conns.WithLabelValues("false")
@@ -212,39 +191,48 @@ func (m *Metrics) Handler() http.Handler {
 
 // Observe records one duration of a stage.
 func (m *Metrics) Observe(s Stage, d time.Duration) {
-	if s < numStages {
+	if s < NumStages {
 		m.stages[s].Observe(d.Seconds())
 	}
 }
 
-// limiterCall records one limiter call of lane with its decision.
-func (m *Metrics) limiterCall(lane Lane, d Decision, took time.Duration) {
-	if lane < numLanes && d < numDecisions {
+// LimiterCall records one limiter call of lane with its decision.
+func (m *Metrics) LimiterCall(lane limits.Lane, d Decision, took time.Duration) {
+	if lane < limits.NumLanes && d < NumDecisions {
 		m.limiter[lane][d].Observe(took.Seconds())
 	}
 }
 
-func (m *Metrics) limiterRetry(lane Lane) {
-	if lane < numLanes {
+// LimiterRetry counts a limiter call repeated after one that did not run.
+func (m *Metrics) LimiterRetry(lane limits.Lane) {
+	if lane < limits.NumLanes {
 		m.retries[lane].Inc()
 	}
 }
 
-func (m *Metrics) cacheLookup(u CacheUse) {
-	if u != CacheNone && u < numCacheUses {
+// CacheLookup counts one channel lookup (none for a command in no channel).
+func (m *Metrics) CacheLookup(u channels.CacheUse) {
+	if u != channels.CacheNone && u < channels.NumCacheUses {
 		m.cache[u].Inc()
 	}
 }
 
-func (m *Metrics) command(lane Lane, k Kind) {
-	if lane < numLanes && k < numKinds {
+// Command counts one decoded command.
+func (m *Metrics) Command(lane limits.Lane, k command.Kind) {
+	if lane < limits.NumLanes && k < command.NumKinds {
 		m.commands[lane][k].Inc()
 	}
 }
 
-func (m *Metrics) response(c StatusClass) { m.status[c%numStatus].Inc() }
+// Response records one Helix request: its status class and its latency
+// (the http stage). It makes Metrics a helix.Recorder.
+func (m *Metrics) Response(c helix.StatusClass, took time.Duration) {
+	m.status[c%helix.NumStatus].Inc()
+	m.stages[StageHTTP].Observe(took.Seconds())
+}
 
-func (m *Metrics) sampledConn(reused bool) {
+// SampledConn records whether a sampled Helix request reused a connection.
+func (m *Metrics) SampledConn(reused bool) {
 	if reused {
 		m.conns[0].Inc()
 	} else {
@@ -273,7 +261,7 @@ func (m *Metrics) Delivery(_ *bus.Message, o bus.Outcome, reason uint8) {
 // RegisterPause exports a Pause's state: the age of its last confirmation,
 // whether it is paused, its version and its reconcile counters. replica is
 // one of a fixed set of replica names (one per process in production).
-func (m *Metrics) RegisterPause(replica string, p *Pause) error {
+func (m *Metrics) RegisterPause(replica string, p *pause.Pause) error {
 	labels := prometheus.Labels{"replica": replica}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
@@ -281,7 +269,7 @@ func (m *Metrics) RegisterPause(replica string, p *Pause) error {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f)
 	}
-	snap := func() (PauseSnapshot, bool) { return p.Snapshot() }
+	snap := func() (pause.Snapshot, bool) { return p.Snapshot() }
 	for _, c := range []prometheus.Collector{
 		gauge("outgress_pause_snapshot_age_seconds", "Time since Valkey last confirmed the pause state (monotonic); past the maximum age sending fails closed.",
 			func() float64 { return p.Age().Seconds() }),
@@ -318,30 +306,34 @@ func counterValue(c prometheus.Counter) int64 {
 }
 
 // Admitted returns the limiter's admissions on lane.
-func (m *Metrics) Admitted(lane Lane) int64 {
-	return histCount(m.limiter[lane%numLanes][DecisionAllowed])
+func (m *Metrics) Admitted(lane limits.Lane) int64 {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionAllowed])
 }
 
 // Denied returns the limiter's denials on lane by a bucket of class.
-func (m *Metrics) Denied(lane Lane, class BucketClass) int64 {
-	return histCount(m.limiter[lane%numLanes][DecisionDenied+Decision(class%numClasses)])
+func (m *Metrics) Denied(lane limits.Lane, class limits.BucketClass) int64 {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionDenied+Decision(class%limits.NumClasses)])
 }
 
 // LimiterFailures returns the failed limiter calls on lane by class:
 // not executed (each retried call counts) and outcome unknown.
-func (m *Metrics) LimiterFailures(lane Lane) (notExecuted, outcomeUnknown int64) {
-	return histCount(m.limiter[lane%numLanes][DecisionNotExecuted]), histCount(m.limiter[lane%numLanes][DecisionOutcomeUnknown])
+func (m *Metrics) LimiterFailures(lane limits.Lane) (notExecuted, outcomeUnknown int64) {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionNotExecuted]), histCount(m.limiter[lane%limits.NumLanes][DecisionOutcomeUnknown])
 }
 
 // LimiterRetries returns the limiter calls repeated on lane after a call
 // that did not run.
-func (m *Metrics) LimiterRetries(lane Lane) int64 { return counterValue(m.retries[lane%numLanes]) }
+func (m *Metrics) LimiterRetries(lane limits.Lane) int64 {
+	return counterValue(m.retries[lane%limits.NumLanes])
+}
 
 // CacheLookups counts channel lookups of one kind (hit, miss or joined).
-func (m *Metrics) CacheLookups(u CacheUse) int64 { return counterValue(m.cache[u%numCacheUses]) }
+func (m *Metrics) CacheLookups(u channels.CacheUse) int64 {
+	return counterValue(m.cache[u%channels.NumCacheUses])
+}
 
 // Status counts Helix outcomes of a class.
-func (m *Metrics) Status(c StatusClass) int64 { return counterValue(m.status[c%numStatus]) }
+func (m *Metrics) Status(c helix.StatusClass) int64 { return counterValue(m.status[c%helix.NumStatus]) }
 
 // Conns returns the sampled connection counts: reused and newly dialled.
 func (m *Metrics) Conns() (reused, fresh int64) {
@@ -349,8 +341,8 @@ func (m *Metrics) Conns() (reused, fresh int64) {
 }
 
 // Commands counts decoded commands on lane of kind k.
-func (m *Metrics) Commands(lane Lane, k Kind) int64 {
-	return counterValue(m.commands[lane%numLanes][k%numKinds])
+func (m *Metrics) Commands(lane limits.Lane, k command.Kind) int64 {
+	return counterValue(m.commands[lane%limits.NumLanes][k%command.NumKinds])
 }
 
 // Latency summarises histograms (merged when several): the observation
@@ -362,13 +354,13 @@ type Latency struct {
 }
 
 // StageLatency summarises a stage's histogram.
-func (m *Metrics) StageLatency(s Stage) Latency { return merge(m.stages[s%numStages]) }
+func (m *Metrics) StageLatency(s Stage) Latency { return merge(m.stages[s%NumStages]) }
 
 // LimiterLatency summarises the limiter histograms of every lane and
 // decision.
 func (m *Metrics) LimiterLatency() Latency {
 	var hs []prometheus.Histogram
-	for lane := range numLanes {
+	for lane := range limits.NumLanes {
 		hs = append(hs, m.limiter[lane][:]...)
 	}
 	return merge(hs...)
@@ -404,4 +396,51 @@ func merge(hs ...prometheus.Histogram) Latency {
 		return math.Inf(1)
 	}
 	return Latency{Count: total, P50: q(0.5), P95: q(0.95), P99: q(0.99)}
+}
+
+// Serve serves the metrics on http://addr/metrics (addr "" is 127.0.0.1
+// on a free port) until stop; url is where.
+func (m *Metrics) Serve(addr string) (url string, stop func(), err error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("metrics: listening: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
+}
+
+// Excerpt scrapes url as Prometheus would and keeps the series that say
+// what happened: deliveries and limiter calls that are not zero, retries,
+// and the pause state.
+func Excerpt(url string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	var keep []string
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 4<<20))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, MetricDeliver+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricLimiter+"_count{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricRetries+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, "outgress_pause_"):
+			keep = append(keep, line)
+		}
+	}
+	return keep
 }

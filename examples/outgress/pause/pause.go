@@ -1,4 +1,10 @@
-package main
+// Package pause is the outgress fleet's kill switch as one replica sees
+// it: a versioned snapshot behind an atomic pointer (the message path's
+// check is one atomic load, no I/O), written with MULTI/EXEC, spread by
+// pub/sub, repaired by a jittered reconcile, aged on the monotonic clock,
+// failing closed when stale, and failing loudly when a write cannot take
+// effect.
+package pause
 
 import (
 	"context"
@@ -31,8 +37,8 @@ var (
 	ErrVersionBehind = errors.New("outgress: pause version in Valkey is behind the replicas'")
 )
 
-// PauseConfig configures a Pause. Zero fields take the defaults named.
-type PauseConfig struct {
+// Config configures a Pause. Zero fields take the defaults named.
+type Config struct {
 	// Prefix starts every key and the pub/sub channel. Default "".
 	Prefix string
 	// ReconcileEvery is the mean interval between MGETs of the stored state,
@@ -53,8 +59,8 @@ type PauseConfig struct {
 	Now func() time.Time
 }
 
-// PauseSnapshot is the state a replica acts on.
-type PauseSnapshot struct {
+// Snapshot is the state a replica acts on.
+type Snapshot struct {
 	Paused  bool
 	Version int64 // the Valkey counter, incremented by every SetPaused
 	// Confirmed is when Valkey last confirmed the replica's state: the
@@ -63,8 +69,8 @@ type PauseSnapshot struct {
 	Confirmed time.Time
 }
 
-// PauseStats are a Pause's counters, for metrics.
-type PauseStats struct {
+// Stats are a Pause's counters, for metrics.
+type Stats struct {
 	EventsApplied   int64 // events newer than the snapshot
 	EventsIgnored   int64 // events not newer: late or duplicate
 	EventsMalformed int64
@@ -133,9 +139,9 @@ type Pause struct {
 	lastErr                                                               atomic.Pointer[string]
 }
 
-// NewPause returns a Pause on c. It is not ready, and Check fails, until
+// New returns a Pause on c. It is not ready, and Check fails, until
 // Start has loaded the state.
-func NewPause(c valkey.Client, cfg PauseConfig) *Pause {
+func New(c valkey.Client, cfg Config) *Pause {
 	if cfg.ReconcileEvery <= 0 {
 		cfg.ReconcileEvery = time.Second
 	}
@@ -190,6 +196,10 @@ func (p *Pause) Start(ctx context.Context) error {
 	return nil
 }
 
+// FlagKey is the key of the stored pause flag ("1" when paused). Only the
+// old shape's measurement reads it directly.
+func (p *Pause) FlagKey() string { return p.flagKey }
+
 // Ready reports whether the initial state is loaded.
 func (p *Pause) Ready() bool { return p.snap.Load() != nil }
 
@@ -210,12 +220,12 @@ func (p *Pause) Check() error {
 }
 
 // Snapshot returns the current state; ok is false before the initial load.
-func (p *Pause) Snapshot() (s PauseSnapshot, ok bool) {
+func (p *Pause) Snapshot() (s Snapshot, ok bool) {
 	cur := p.snap.Load()
 	if cur == nil {
-		return PauseSnapshot{}, false
+		return Snapshot{}, false
 	}
-	return PauseSnapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}, true
+	return Snapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}, true
 }
 
 // Age is how long ago, on the monotonic clock, Valkey last confirmed the
@@ -228,8 +238,8 @@ func (p *Pause) Age() time.Duration {
 }
 
 // Stats returns the counters.
-func (p *Pause) Stats() PauseStats {
-	s := PauseStats{
+func (p *Pause) Stats() Stats {
+	s := Stats{
 		EventsApplied: p.applied.Load(), EventsIgnored: p.ignored.Load(), EventsMalformed: p.malformedEvents.Load(),
 		Reconciles: p.reconciles.Load(), ReconcileFailures: p.failures.Load(),
 		ServerBehind: p.behind.Load(), Subscriptions: p.subs.Load(),

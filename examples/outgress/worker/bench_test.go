@@ -1,8 +1,14 @@
-package main
+package worker
 
 import (
 	"context"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"net/http"
 	"os"
 	"slices"
@@ -32,9 +38,9 @@ func benchDelay(b *testing.B) time.Duration {
 
 // benchLimits admit every request, so both shapes always pay all their
 // round trips (a denial would skip the old shape's second script).
-var benchLimits = func() Limits {
+var benchLimits = func() limits.Limits {
 	huge := admit.MustSpec(admit.MaxLimit, 1<<30)
-	return Limits{ChatShared: huge, ChatStandard: huge, ChatModShared: huge, ChatModStandard: huge,
+	return limits.Limits{ChatShared: huge, ChatStandard: huge, ChatModShared: huge, ChatModStandard: huge,
 		HelixGeneral: huge, HelixStandard: huge, HelixSystem: huge}
 }()
 
@@ -47,7 +53,7 @@ var benchLimits = func() Limits {
 // It reports the p50 and p99 of one call and the Valkey round trips per
 // call. Run it with:
 //
-//	go test -run '^$' -bench PreHTTP -benchtime 2000x ./examples/outgress
+//	cd examples/outgress && go test -run '^$' -bench PreHTTP -benchtime 2000x ./worker
 func BenchmarkPreHTTP(b *testing.B) {
 	srv := testserver.Shared(b)
 	delay := benchDelay(b)
@@ -59,7 +65,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 	direct := testserver.NewClient(b, srv)
 	prefix := testserver.Prefix(b, direct)
 	ctx := context.Background()
-	if err := seedChannels(ctx, direct, prefix, 1); err != nil {
+	if err := direct.Do(ctx, direct.B().Hset().Key(channels.Key(prefix, "1001")).FieldValue().FieldValue("login", "c").FieldValue("bot_mod", "0").Build()).Error(); err != nil {
 		b.Fatal(err)
 	}
 	raw, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr()}, DisableCache: true})
@@ -67,29 +73,32 @@ func BenchmarkPreHTTP(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer raw.Close()
-	c := &CountingClient{Client: raw}
+	c := &counting.Client{Client: raw}
 	// No reconcile during the run, and no failing closed however long it is.
-	pause := NewPause(c, PauseConfig{Prefix: prefix, ReconcileEvery: time.Hour, MaxAge: 24 * time.Hour})
-	defer pause.Close()
-	if err := pause.Start(ctx); err != nil {
+	p := pause.New(c, pause.Config{Prefix: prefix, ReconcileEvery: time.Hour, MaxAge: 24 * time.Hour})
+	defer p.Close()
+	if err := p.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	fake := StartFakeHelix()
+	fake := helix.StartFake()
 	defer fake.Close()
-	metrics := NewMetrics()
-	helix, err := NewHelix(HelixConfig{BaseURL: fake.URL, ClientID: "bench", Token: "bench", BotID: botID}, metrics)
+	m := metrics.New()
+	hx, err := helix.New(helix.Config{BaseURL: fake.URL, ClientID: "bench", Token: "bench", BotID: botID}, m)
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := NewWorker(admit.New(c), pause, NewChannelCache(c, ChannelCacheConfig{Prefix: prefix}), helix, metrics,
-		WorkerConfig{Prefix: prefix, Limits: &benchLimits})
-	data := chatBody(firstChannel, "benchmark")
+	w := New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m,
+		Config{Prefix: prefix, Limits: &benchLimits})
+	data := []byte(chat("1001"))
+	legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
+		return w.LegacyPrepare(ctx, c, lane, m)
+	}
 
-	for _, lane := range []Lane{LaneStandard, LanePremium} {
+	for _, lane := range []limits.Lane{limits.LaneStandard, limits.LanePremium} {
 		for _, shape := range []struct {
 			name    string
-			prepare func(context.Context, Lane, *bus.Message) (*http.Request, Path, error)
-		}{{"old", w.LegacyPrepare}, {"new", w.Prepare}} {
+			prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
+		}{{"old", legacy}, {"new", w.Prepare}} {
 			b.Run("lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
 				m := &bus.Message{Data: data}
 				call := func(warm bool) time.Duration {
@@ -97,7 +106,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 					t0 := time.Now()
 					_, path, err := shape.prepare(ctx, lane, m)
 					d := time.Since(t0)
-					if err != nil || !path.Admitted || (warm && path.Cache != CacheHit) {
+					if err != nil || !path.Admitted || (warm && path.Cache != channels.CacheHit) {
 						b.Fatalf("path %+v, err %v: want admitted (on a warm cache: %v)", path, err, warm)
 					}
 					return d

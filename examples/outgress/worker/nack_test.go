@@ -1,9 +1,11 @@
-package main
+package worker
 
 import (
 	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/limits"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,9 +57,9 @@ func TestDenialIsExpectedNack(t *testing.T) {
 			}
 		},
 	})
-	subject := b.cfg.Subjects[LaneStandard]
+	subject := b.cfg.Subjects[limits.LaneStandard]
 	handler := func(ctx context.Context, m *bus.Message) error {
-		err := e.worker.Handler(LaneStandard)(ctx, m)
+		err := e.worker.Handler(limits.LaneStandard)(ctx, m)
 		var nack *bus.ExpectedNack
 		if errors.As(err, &nack) {
 			mu.Lock()
@@ -67,14 +69,14 @@ func TestDenialIsExpectedNack(t *testing.T) {
 		return err
 	}
 	for range 11 {
-		if _, err := b.Publish(ctxT(t), subject, []byte(chat("42"))); err != nil {
+		if _, err := b.Publish(testenv.Ctx(t), subject, []byte(chat("42"))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := b.Consume(ctxT(t), subject, 1, handler); err != nil {
+	if err := b.Consume(testenv.Ctx(t), subject, 1, handler); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(func() bool { return finals.Load() == 11 }) {
+	if !testenv.WaitFor(func() bool { return finals.Load() == 11 }) {
 		t.Fatalf("%d of 11 messages finished; stats %+v", finals.Load(), b.Stats())
 	}
 	want := bus.Stats{Delivered: 12, Acked: 11}
@@ -84,13 +86,13 @@ func TestDenialIsExpectedNack(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(delays) != 1 || delays[0] <= 0 || delays[0] > chatStandard.Interval() {
-		t.Errorf("nack delays %v, want one: the limiter's RetryAfter, in (0, %v]", delays, chatStandard.Interval())
+	if len(delays) != 1 || delays[0] <= 0 || delays[0] > limits.DefaultLimits.ChatStandard.Interval() {
+		t.Errorf("nack delays %v, want one: the limiter's RetryAfter, in (0, %v]", delays, limits.DefaultLimits.ChatStandard.Interval())
 	}
 	if n := reports.Load(); n != 0 {
 		t.Errorf("%d error reports for a denial, want 0", n)
 	}
-	if a, d := e.metrics.Admitted(LaneStandard), e.metrics.Denied(LaneStandard, ClassStandard); a != 11 || d != 1 {
+	if a, d := e.metrics.Admitted(limits.LaneStandard), e.metrics.Denied(limits.LaneStandard, limits.ClassStandard); a != 11 || d != 1 {
 		t.Errorf("metrics: %d admitted, %d denied by the standard share; want 11 and 1", a, d)
 	}
 }
@@ -101,19 +103,19 @@ func TestDenialBeyondLifetimeDropped(t *testing.T) {
 	e := newEnv(t, nil)
 	e.seed(t, "42", false)
 	for i := range 10 {
-		if _, err := e.process(t, LaneStandard, chat("42")); err != nil {
+		if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil {
 			t.Fatalf("message %d: %v", i, err)
 		}
 	}
 	// The share refills one token every 3 s; this message has 1 s left.
 	old := &bus.Message{Data: []byte(chat("42")), Published: time.Now().Add(-4 * time.Second)}
-	path, err := e.worker.Process(ctxT(t), LaneStandard, old)
+	path, err := e.worker.Process(testenv.Ctx(t), limits.LaneStandard, old)
 	var drop *bus.Dropped
 	if !errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry || !path.Decided || path.Admitted {
 		t.Errorf("path %+v, err %v: want denied and dropped (no time to retry)", path, err)
 	}
 	// The same denial with the whole lifetime left is a nack.
-	path, err = e.process(t, LaneStandard, chat("42"))
+	path, err = e.process(t, limits.LaneStandard, chat("42"))
 	var nack *bus.ExpectedNack
 	if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || path.Admitted {
 		t.Errorf("path %+v, err %v: want a limited nack", path, err)
@@ -129,12 +131,12 @@ func TestValkeyDownIsRealError(t *testing.T) {
 	}
 	e := newEnv(t, srv, withPrefix("down:"))
 	e.seed(t, "42", false)
-	if _, err := e.process(t, LaneStandard, chat("42")); err != nil { // warms the channel cache
+	if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil { // warms the channel cache
 		t.Fatal(err)
 	}
 	srv.Stop()
 
-	_, err := e.process(t, LaneStandard, chat("42"))
+	_, err := e.process(t, limits.LaneStandard, chat("42"))
 	var nack *bus.ExpectedNack
 	var drop *bus.Dropped
 	if err == nil || errors.As(err, &nack) || errors.As(err, &drop) {
@@ -154,15 +156,15 @@ func TestValkeyDownIsRealError(t *testing.T) {
 			n.(*atomic.Int64).Add(1)
 		},
 	})
-	subject := b.cfg.Subjects[LaneStandard]
-	b.Consume(ctxT(t), subject, 1, func(ctx context.Context, m *bus.Message) error {
+	subject := b.cfg.Subjects[limits.LaneStandard]
+	b.Consume(testenv.Ctx(t), subject, 1, func(ctx context.Context, m *bus.Message) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := e.worker.Process(ctx, LaneStandard, m)
+		_, err := e.worker.Process(ctx, limits.LaneStandard, m)
 		return err
 	})
-	b.Publish(ctxT(t), subject, []byte(chat("42")))
-	if !waitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeToRetry] == 1 }) {
+	b.Publish(testenv.Ctx(t), subject, []byte(chat("42")))
+	if !testenv.WaitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeToRetry] == 1 }) {
 		t.Fatalf("stats %+v: want the error, then a drop (no time to retry)", b.Stats())
 	}
 	if s := b.Stats(); reports.Load() != 1 || s.Errors != 0 || s.Acked != 0 || s.Nacked != [bus.NumNackReasons]int64{} {
