@@ -2,8 +2,7 @@ package main
 
 import (
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/demo"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -16,115 +15,10 @@ import (
 	"io"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 )
-
-// pathRow groups messages by the way they went, for the commands table.
-type pathRow uint8
-
-const (
-	rowStdWarm pathRow = iota // the plan's four rows first
-	rowStdCold
-	rowPremWarm
-	rowPremCold
-	rowHelixAPI
-	rowHelixWarm
-	rowHelixCold
-	rowJoined
-	rowPaused
-	rowOther
-	numRows
-)
-
-var rowNames = [numRows]string{
-	"standard chat, warm channel cache",
-	"standard chat, cold channel cache",
-	"premium chat, warm channel cache",
-	"premium chat, cold channel cache",
-	"Helix API call (no channel)",
-	"Helix announce/shoutout, warm cache",
-	"Helix announce/shoutout, cold cache",
-	"any, cold cache, joined another's load",
-	"stopped by the pause (any lane)",
-	"dropped before the limiter",
-}
-
-// planBefore and planTarget are the plan's table, for the four chat rows.
-var (
-	planBefore = [numRows]int{3, 4, 2, 3}
-	planTarget = [numRows]int{1, 2, 1, 2}
-)
-
-func rowOf(p worker.Path) pathRow {
-	switch {
-	case !p.Decoded:
-		return rowOther
-	case p.Paused:
-		return rowPaused
-	case !p.Decided:
-		return rowOther
-	case p.Cache == channels.CacheJoined:
-		return rowJoined
-	case p.Kind == command.KindAPI:
-		return rowHelixAPI
-	case p.Kind != command.KindChat:
-		if p.Cache == channels.CacheHit {
-			return rowHelixWarm
-		}
-		return rowHelixCold
-	case p.Lane == limits.LanePremium && p.Cache == channels.CacheHit:
-		return rowPremWarm
-	case p.Lane == limits.LanePremium:
-		return rowPremCold
-	case p.Cache == channels.CacheHit:
-		return rowStdWarm
-	}
-	return rowStdCold
-}
-
-type rowStats struct {
-	n, commands, roundTrips, min, max int64
-}
-
-// pathTable accumulates Valkey commands per message by path.
-type pathTable struct {
-	mu   sync.Mutex
-	rows [numRows]rowStats
-}
-
-func newPathTable() *pathTable { return &pathTable{} }
-
-func (t *pathTable) add(p worker.Path, commands, roundTrips int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := &t.rows[rowOf(p)]
-	if r.n == 0 || commands < r.min {
-		r.min = commands
-	}
-	if r.n == 0 || commands > r.max {
-		r.max = commands
-	}
-	r.n++
-	r.commands += commands
-	r.roundTrips += roundTrips
-}
-
-func (t *pathTable) row(r pathRow) rowStats {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.rows[r]
-}
-
-type pauseEvent struct {
-	at      time.Duration
-	paused  bool
-	version int64
-	err     error
-	seen    []time.Duration // per replica; -1 if not within 2 s
-}
 
 type replicaReport struct {
 	name  string
@@ -139,17 +33,17 @@ type demoResult struct {
 	where          string
 	helixURL       string
 	warmupCommands int64
-	rows           *pathTable
-	oldShape       pathTable
+	rows           *worker.PathTable
+	oldShape       worker.PathTable
 	metrics        *metrics.Metrics
-	pauseLog       []pauseEvent
+	pauseLog       []demo.PauseChange
 	natsWhere      string
 	published      int
 	refused        int          // publishes the stream did not acknowledge
 	finals         atomic.Int64 // deliveries that ended a message: acked or dropped
 	unfinished     int64        // still in the stream at the end
 	restartErr     error
-	contract       []contractCase
+	contract       []demo.ContractCase
 	elapsed        time.Duration
 	bus            bus.Stats // summed over every replica's connections
 	reported       int64
@@ -178,21 +72,21 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintln(out, "1. Valkey commands per message, by path (each message's commands counted by a wrapped client)")
 	fmt.Fprintln(w, "   \tbefore\t\tafter\t\t\t\t")
 	fmt.Fprintln(w, "   path\tplan\tmeasured\tplan\tmeasured\tmessages\tmin-max\t")
-	for row := range numRows {
-		s := r.rows.row(row)
+	for row := range worker.NumRows {
+		s := r.rows.Row(row)
 		before, target, old := "-", "-", "-"
-		if row <= rowPremCold {
-			before, target = fmt.Sprint(planBefore[row]), fmt.Sprint(planTarget[row])
-			if o := r.oldShape.row(row); o.n > 0 {
-				old = fmt.Sprintf("%.2f", float64(o.commands)/float64(o.n))
+		if row <= worker.RowPremCold {
+			before, target = fmt.Sprint(worker.PlanBefore[row]), fmt.Sprint(worker.PlanTarget[row])
+			if o := r.oldShape.Row(row); o.N > 0 {
+				old = fmt.Sprintf("%.2f", float64(o.Commands)/float64(o.N))
 			}
 		}
 		mean, span := "-", "-"
-		if s.n > 0 {
-			mean = fmt.Sprintf("%.2f", float64(s.commands)/float64(s.n))
-			span = fmt.Sprintf("%d-%d", s.min, s.max)
+		if s.N > 0 {
+			mean = fmt.Sprintf("%.2f", float64(s.Commands)/float64(s.N))
+			span = fmt.Sprintf("%d-%d", s.Min, s.Max)
 		}
-		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", rowNames[row], before, old, target, mean, s.n, span)
+		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", worker.RowNames[row], before, old, target, mean, s.N, span)
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   before: a pause GET, the channel HGETALL when cold, then one script per bucket in turn")
@@ -208,12 +102,12 @@ func (r *demoResult) Print(out io.Writer) {
 
 	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by pub/sub")
 	for _, ev := range r.pauseLog {
-		if ev.err != nil {
-			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.at.Round(time.Millisecond), ev.paused, ev.err)
+		if ev.Err != nil {
+			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Err)
 			continue
 		}
 		var seen []string
-		for i, d := range ev.seen {
+		for i, d := range ev.Seen {
 			name := r.replicas[i].name
 			if d < 0 {
 				seen = append(seen, name+" not within 2s")
@@ -225,7 +119,7 @@ func (r *demoResult) Print(out io.Writer) {
 				seen = append(seen, fmt.Sprintf("%s (%s) after %v", name, how, d.Round(10*time.Microsecond)))
 			}
 		}
-		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.at.Round(time.Millisecond), ev.paused, ev.version, strings.Join(seen, ", "))
+		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
 	}
 	for _, rep := range r.replicas {
 		st := "running"
@@ -250,18 +144,18 @@ func (r *demoResult) Print(out io.Writer) {
 	for _, c := range r.contract {
 		outcome := "admitted"
 		switch {
-		case errors.Is(c.err, admit.ErrOutcomeUnknown):
+		case errors.Is(c.Err, admit.ErrOutcomeUnknown):
 			outcome = "ErrOutcomeUnknown: not repeated (it may have taken a token); the error nacks the message"
-		case c.err != nil:
-			outcome = "failed: " + c.err.Error()
-		case !c.admitted:
+		case c.Err != nil:
+			outcome = "failed: " + c.Err.Error()
+		case !c.Admitted:
 			outcome = "denied"
 		}
 		retried := ""
-		if c.limiterCalls > 1 {
+		if c.LimiterCalls > 1 {
 			retried = " (ErrNotExecuted: nothing ran, so it was retried)"
 		}
-		fmt.Fprintf(out, "     %s: %d limiter call(s)%s, %s\n", c.fault, c.limiterCalls, retried, outcome)
+		fmt.Fprintf(out, "     %s: %d limiter call(s)%s, %s\n", c.Fault, c.LimiterCalls, retried, outcome)
 	}
 	fmt.Fprintln(out)
 
