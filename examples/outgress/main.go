@@ -3,7 +3,7 @@
 // sends them to a third-party HTTP API (Twitch Helix) under its rate limits,
 // keeping part of every shared budget for premium traffic.
 //
-//	cd examples/outgress && go run .                              # in-process miniredis
+//	cd examples/outgress && go run .                              # in-process miniredis, embedded NATS
 //	cd examples/outgress && VALKEY_ADDR=127.0.0.1:6379 go run .   # a real Valkey
 //
 // It starts two worker replicas, a fake Helix server and NATS JetStream,

@@ -30,6 +30,7 @@ const (
 
 var nackNames = [NumNackReasons]string{"paused", "limited", "throttled"}
 
+// String is the reason's metric label.
 func (r NackReason) String() string {
 	if r < NumNackReasons {
 		return nackNames[r]
@@ -43,6 +44,7 @@ type ExpectedNack struct {
 	RetryAfter time.Duration // redeliver no sooner than this
 }
 
+// Error describes the postponement.
 func (e *ExpectedNack) Error() string {
 	return "outgress: postponed (" + e.Reason.String() + "), retry after " + e.RetryAfter.String()
 }
@@ -63,6 +65,7 @@ const (
 
 var dropNames = [NumDropReasons]string{"malformed", "unknown_channel", "rejected", "no_time_to_retry", "expired", "max_attempts"}
 
+// String is the reason's metric label.
 func (r DropReason) String() string {
 	if r < NumDropReasons {
 		return dropNames[r]
@@ -76,6 +79,7 @@ type Dropped struct {
 	Err    error // the detail, if any; not a metric label
 }
 
+// Error describes the drop and its detail.
 func (d *Dropped) Error() string {
 	if d.Err != nil {
 		return "outgress: dropped (" + d.Reason.String() + "): " + d.Err.Error()
@@ -83,6 +87,7 @@ func (d *Dropped) Error() string {
 	return "outgress: dropped (" + d.Reason.String() + ")"
 }
 
+// Unwrap returns the detail.
 func (d *Dropped) Unwrap() error { return d.Err }
 
 // RetryOrDrop postpones work by retryAfter, or drops it at once when the
@@ -112,6 +117,7 @@ const (
 
 var outcomeNames = [NumOutcomes]string{"acked", "nacked", "dropped", "error", "released"}
 
+// String is the outcome's metric label.
 func (o Outcome) String() string {
 	if o < NumOutcomes {
 		return outcomeNames[o]

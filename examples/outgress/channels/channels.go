@@ -206,6 +206,7 @@ const (
 
 var cacheUseNames = [NumCacheUses]string{"none", "hit", "miss", "joined"}
 
+// String is the use's metric label.
 func (c CacheUse) String() string {
 	if c < NumCacheUses {
 		return cacheUseNames[c]

@@ -26,6 +26,7 @@ const (
 
 var kindNames = [NumKinds]string{"chat", "api", "announce", "shoutout"}
 
+// String is the kind's metric label.
 func (k Kind) String() string {
 	if k < NumKinds {
 		return kindNames[k]

@@ -35,7 +35,7 @@ type Tally struct{ Commands, RoundTrips atomic.Int64 }
 
 type tallyKey struct{}
 
-// WithTally returns a context whose calls through a CountingClient are
+// WithTally returns a context whose calls through a Client are
 // counted into t.
 func WithTally(ctx context.Context, t *Tally) context.Context {
 	return context.WithValue(ctx, tallyKey{}, t)

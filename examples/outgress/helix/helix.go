@@ -223,6 +223,7 @@ const (
 
 var statusNames = [NumStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error"}
 
+// String is the class's metric label.
 func (s StatusClass) String() string {
 	if s < NumStatus {
 		return statusNames[s]

@@ -74,6 +74,7 @@ const (
 
 var laneNames = [NumLanes]string{"standard", "premium", "system"}
 
+// String is the lane's metric label.
 func (l Lane) String() string {
 	if l < NumLanes {
 		return laneNames[l]
@@ -96,6 +97,7 @@ const (
 
 var classNames = [NumClasses]string{"standard", "shared", "general", "system"}
 
+// String is the class's metric label.
 func (c BucketClass) String() string {
 	if c < NumClasses {
 		return classNames[c]

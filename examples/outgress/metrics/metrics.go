@@ -49,6 +49,7 @@ const (
 
 var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
 
+// String is the stage's metric label.
 func (s Stage) String() string {
 	if s < NumStages {
 		return stageNames[s]
@@ -69,6 +70,7 @@ const (
 	NumDecisions           = DecisionOutcomeUnknown + 1
 )
 
+// String is the decision's metric label.
 func (d Decision) String() string {
 	switch {
 	case d == DecisionAllowed:

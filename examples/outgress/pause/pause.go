@@ -55,7 +55,7 @@ type Config struct {
 	// NewPause, which Go measures on the monotonic clock.
 	Elapsed func() time.Duration
 	// Now is the wall clock, used only to report when a confirmation
-	// happened (PauseSnapshot.Confirmed). Default time.Now.
+	// happened (Snapshot.Confirmed). Default time.Now.
 	Now func() time.Time
 }
 
@@ -108,7 +108,7 @@ type snapshot struct {
 // A snapshot only moves to a newer version. The version key must therefore
 // never go backwards. Should Valkey lose it, SetPaused fails with
 // ErrVersionBehind, and the replicas, whose reconciles now read only older
-// versions (counted in PauseStats.ServerBehind, confirming nothing), fail
+// versions (counted in Stats.ServerBehind, confirming nothing), fail
 // closed once MaxAge passes, until an operator sets the version above
 // theirs or restarts them. A write that cannot be applied fails loudly.
 //

@@ -80,7 +80,7 @@ type RowStats struct {
 	N, Commands, RoundTrips, Min, Max int64
 }
 
-// pathTable accumulates Valkey commands per message by path.
+// PathTable accumulates Valkey commands per message by path.
 type PathTable struct {
 	mu   sync.Mutex
 	rows [NumRows]RowStats
