@@ -212,9 +212,9 @@ func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (D
 // bucket. It sends SCRIPT LOAD first, then both EVALSHAs in one pipeline,
 // and bucket two runs (and is charged) even when bucket one denies.
 func execMulti(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	rs := orderedScript.ExecMulti(ctx, n.c,
-		valkey.LuaExec{Keys: []string{k1}, Args: []string{p.first.intervalArg, p.first.burstArg, p.first.ttlArg}},
-		valkey.LuaExec{Keys: []string{k2}, Args: []string{p.second.intervalArg, p.second.burstArg, p.second.ttlArg}})
+	rs := scripts().take.ExecMulti(ctx, n.c,
+		valkey.LuaExec{Keys: []string{k1}, Args: []string{modeTake, p.first.intervalArg, p.first.burstArg, p.first.ttlArg, "1"}},
+		valkey.LuaExec{Keys: []string{k2}, Args: []string{modeTake, p.second.intervalArg, p.second.burstArg, p.second.ttlArg, "1"}})
 	d1, err := decode(rs[0], 1)
 	if err != nil || !d1.Allowed() {
 		return d1, err
@@ -247,7 +247,7 @@ func (env *benchEnv) keys(impl string, n *benchNet, p benchPath) (k1, k2 string)
 func (env *benchEnv) prepare(b *testing.B, n *benchNet, k1, k2 string, p benchPath, decide decider) {
 	b.Helper()
 	ctx := context.Background()
-	for _, r := range []Request{{k1, p.first}, {k2, p.second}} {
+	for _, r := range []Request{{Key: k1, Spec: p.first}, {Key: k2, Spec: p.second}} {
 		if r.Spec != tight {
 			continue
 		}
@@ -585,7 +585,7 @@ func (env *benchEnv) benchThroughputRatio(b *testing.B, n *benchNet, goroutines 
 // TestBenchAccounting checks the benchmarks' bookkeeping without a server:
 // which commands count as round trips, quantiles and net names.
 func TestBenchAccounting(t *testing.T) {
-	for _, cmd := range []string{"time", "hmget", "hset", "pexpire"} {
+	for _, cmd := range []string{"time", "hmget", "hset", "pexpire", "exists"} {
 		if !scriptCommands[cmd] {
 			t.Errorf("scriptCommands lacks %q, which the script calls: cmds/op would count it", cmd)
 		}

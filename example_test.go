@@ -29,7 +29,7 @@ func ExampleNewSpec() {
 	_, err = admit.NewSpec(admit.Every(time.Second), 0)
 	fmt.Println(err)
 	// Output:
-	// 0.6667/s burst 20 (1.5s per token)
+	// 0.666667/s burst 20 (1.5s per token)
 	// refill from empty: 30s
 	// admit: invalid spec: burst 0 must be at least 1
 }

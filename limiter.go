@@ -8,8 +8,8 @@
 //
 //	first   second   Decision.Denied   state
 //	deny    (any)    1                 first's refill state refreshed; second untouched
-//	allow   deny     2                 first consumed; second's refill state refreshed
-//	allow   allow    0                 both consumed
+//	allow   deny     2                 first charged its Cost; second's refill state refreshed
+//	allow   allow    0                 both charged their Cost
 //
 // The decision is one Lua script (EVALSHA, falling back to EVAL once after a
 // SCRIPT FLUSH) that reads the server clock with TIME once: the clocks of
@@ -30,6 +30,15 @@
 // [ErrCrossSlot], [ErrWrongType], [ErrCorruptState], [ErrBadReply]) for what
 // went wrong; transport and context errors stay in the chain.
 //
+// # Budgets
+//
+// A Request may cost more than one token ([Request.Cost]), and every Decision
+// reports the tokens left in each bucket ([Decision.Remaining]).
+// [Limiter.Peek] tells what AllowOrdered would decide without taking
+// anything, [Limiter.Refund] gives tokens back (reserve an estimate, refund
+// the unused part), and [Limiter.Wait] blocks until admitted. All of them run
+// the same embedded script, each in one round trip.
+//
 // # Cluster
 //
 // On Valkey Cluster both keys of a two-bucket call must hash to one slot:
@@ -45,32 +54,68 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// A Request names one bucket: the key of its hash and its shape.
+// A Request names one bucket: the key of its hash, its shape, and what this
+// call takes from it.
 type Request struct {
 	// Key is the bucket's hash key. It must not be empty.
 	Key string
 	// Spec is the bucket's rate and burst. It must not be the zero Spec.
 	Spec Spec
+	// Cost is the number of tokens this call takes from this bucket (or, for
+	// Refund, gives back). 0 means 1. A negative Cost, or one above the
+	// Spec's burst (a bucket could never hold it), is refused with
+	// ErrInvalidRequest before anything is sent.
+	Cost int
 }
 
-// A Decision is the outcome of one AllowOrdered call.
+// cost returns the Request's cost, 0 meaning 1.
+func (r Request) cost() int {
+	if r.Cost == 0 {
+		return 1
+	}
+	return r.Cost
+}
+
+// A Decision is the outcome of one AllowOrdered (or Peek, or Wait) call.
+//
+// The zero Decision is not an admission: every call that returns an error
+// returns a Decision whose Allowed reports false, so a caller that looks at
+// the Decision before the error fails closed. Test admission with Allowed,
+// not with Denied == 0.
 type Decision struct {
-	// Denied is 0 when the request was admitted, 1 when the first bucket
-	// refused it and 2 when the second bucket refused it.
+	// Denied is 1 when the first bucket refused the request and 2 when the
+	// second bucket refused it. It is 0 both when the request was admitted
+	// and in the zero Decision that comes with an error; Allowed tells them
+	// apart.
 	Denied uint8
 	// RetryAfter is 0 when the request was admitted. Otherwise it is the
-	// server-computed time until the refusing bucket holds one token, in
-	// whole microseconds and never short: waiting RetryAfter is enough for
-	// that bucket, though other callers may take the token first.
+	// server-computed time until the refusing bucket holds the request's
+	// Cost, in whole microseconds and never short: waiting RetryAfter is
+	// enough for that bucket, though other callers may take the tokens
+	// first.
 	RetryAfter time.Duration
+	// Remaining is the number of tokens the first and second bucket hold
+	// after the call, or -1 for a bucket the call did not evaluate: the
+	// second bucket of a one-bucket call, or after the first bucket
+	// refused. It fills the IETF RateLimit header's "r" parameter.
+	Remaining [2]int
+
+	// decided is set on every Decision the server made, so that the zero
+	// Decision is not an admission.
+	decided bool
 }
 
-// Allowed reports whether the request was admitted.
-func (d Decision) Allowed() bool { return d.Denied == 0 }
+// Allowed reports whether the request was admitted. It is false for the
+// zero Decision, which every error comes with.
+func (d Decision) Allowed() bool { return d.decided && d.Denied == 0 }
 
-// String describes the decision, for example "allowed" or
-// "denied by bucket 2, retry after 1.2s".
+// String describes the decision, for example "allowed",
+// "denied by bucket 2, retry after 1.2s" or, for the zero Decision,
+// "no decision".
 func (d Decision) String() string {
+	if !d.decided {
+		return "no decision"
+	}
 	if d.Allowed() {
 		return "allowed"
 	}
@@ -82,32 +127,38 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client  valkey.Client
-	script  *valkey.Lua
-	cluster bool
+	client valkey.Client
+	script *valkey.Lua // EVALSHA: take and refund
+	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
-// sentinel or cluster client, or a mock.
+// sentinel or cluster client, or a mock. New only stores the client: it
+// calls no method on it and sends nothing. Each two-bucket call asks the
+// client for its Mode, to check cluster hash slots before sending.
 //
 // Do not hand admit a client built with ClientOption.ConnLifetime > 0:
 // valkey-go (v1.0.79) re-sends a command that is in flight when its
 // connection expires, whatever its retry flag, so a script could run twice.
 func New(client valkey.Client) *Limiter {
-	return newLimiter(client, orderedScript)
+	s := scripts()
+	return &Limiter{client: client, script: s.take, peek: s.peek}
 }
 
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
-	l := &Limiter{client: client, script: script}
-	if client != nil {
-		l.cluster = client.Mode() == valkey.ClientModeCluster
-	}
-	return l
+	return &Limiter{client: client, script: script, peek: script}
 }
 
-// AllowOrdered takes one token from first and, only when first admits, one
-// token from second, in one atomic server-side step and one round trip. A nil
-// second is the single-bucket path.
+// Script modes, ARGV[1].
+const (
+	modeTake   = "t"
+	modePeek   = "p"
+	modeRefund = "r"
+)
+
+// AllowOrdered takes first's Cost from first and, only when first admits,
+// second's Cost from second, in one atomic server-side step and one round
+// trip. A nil second is the single-bucket path.
 //
 // A denial is a Decision with Denied set, not an error. An error is either
 // [ErrNotExecuted] or [ErrOutcomeUnknown]; AllowOrdered never retries.
@@ -116,6 +167,11 @@ func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
 // command is in flight gives ErrOutcomeUnknown, because the command may
 // still reach the server.
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
+	return l.run(ctx, modeTake, first, second)
+}
+
+// run checks the call, sends the script in mode and decodes its reply.
+func (l *Limiter) run(ctx context.Context, mode string, first Request, second *Request) (Decision, error) {
 	switch {
 	case l == nil || l.client == nil:
 		return Decision{}, invalidRequest("the Limiter has no client; build it with admit.New")
@@ -125,21 +181,36 @@ func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Reque
 	if err := checkRequest("first", first); err != nil {
 		return Decision{}, err
 	}
-	// Keys and arguments share one backing array: 2 keys, then 3 arguments a bucket.
-	var buf [8]string
-	buf[0], buf[2], buf[3], buf[4] = first.Key, first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg
-	keys, args := buf[0:1], buf[2:5]
+	// Keys and arguments share one backing array: 2 keys, the mode, then 4
+	// arguments a bucket.
+	var buf [11]string
+	buf[0], buf[2] = first.Key, mode
+	buf[3], buf[4], buf[5], buf[6] = first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg, costArg(first.cost())
+	keys, args := buf[0:1], buf[2:7]
 	if second != nil {
 		if err := l.checkPair(first, *second); err != nil {
 			return Decision{}, err
 		}
-		buf[1], buf[5], buf[6], buf[7] = second.Key, second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg
-		keys, args = buf[0:2], buf[2:8]
+		buf[1] = second.Key
+		buf[7], buf[8], buf[9], buf[10] = second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg, costArg(second.cost())
+		keys, args = buf[0:2], buf[2:11]
 	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
 	}
-	return decode(l.script.Exec(ctx, l.client, keys, args), uint8(len(keys)))
+	script := l.script
+	if mode == modePeek {
+		script = l.peek
+	}
+	return decode(script.Exec(ctx, l.client, keys, args), uint8(len(keys)))
+}
+
+// costArg encodes a cost; strconv.Itoa does not allocate below 100.
+func costArg(cost int) string {
+	if cost == 1 {
+		return "1"
+	}
+	return strconv.Itoa(cost)
 }
 
 func checkRequest(which string, r Request) error {
@@ -148,6 +219,11 @@ func checkRequest(which string, r Request) error {
 		return invalidRequest(which + " request has an empty Key")
 	case r.Spec.IsZero():
 		return invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has the zero Spec; build one with admit.NewSpec")
+	case r.Cost < 0:
+		return invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has a negative Cost " + strconv.Itoa(r.Cost))
+	case r.Cost > r.Spec.burst:
+		return invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has Cost " + strconv.Itoa(r.Cost) +
+			" above its Spec's burst " + strconv.Itoa(r.Spec.burst) + ": the bucket could never hold it")
 	}
 	return nil
 }
@@ -159,7 +235,7 @@ func (l *Limiter) checkPair(first, second Request) error {
 	if first.Key == second.Key {
 		return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
 	}
-	if l.cluster {
+	if l.client.Mode() == valkey.ClientModeCluster {
 		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
 			return &callError{
 				msg: "admit: invalid request: keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
@@ -170,34 +246,4 @@ func (l *Limiter) checkPair(first, second Request) error {
 		}
 	}
 	return nil
-}
-
-// decode reads the script's reply {denied, retry_us} without allocating
-// beyond valkey-go's own reply.
-func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
-	arr, err := resp.ToArray()
-	if valkey.IsParseErr(err) {
-		return Decision{}, badReply(err.Error())
-	}
-	if err != nil {
-		return Decision{}, classify(err)
-	}
-	if len(arr) != 2 {
-		return Decision{}, badReply("want 2 elements, got " + strconv.Itoa(len(arr)))
-	}
-	denied, err1 := arr[0].AsInt64()
-	retry, err2 := arr[1].AsInt64()
-	switch {
-	case err1 != nil || err2 != nil:
-		return Decision{}, badReply("elements are not integers")
-	case denied < 0 || denied > int64(buckets):
-		return Decision{}, badReply("denied " + strconv.FormatInt(denied, 10) + " out of range")
-	case (denied == 0) != (retry == 0) || retry < 0:
-		return Decision{}, badReply("retry " + strconv.FormatInt(retry, 10) + "µs inconsistent with denied " + strconv.FormatInt(denied, 10))
-	}
-	return Decision{Denied: uint8(denied), RetryAfter: time.Duration(retry) * time.Microsecond}, nil
-}
-
-func badReply(detail string) error {
-	return &callError{msg: "admit: unexpected reply from the server: " + detail, reason: ErrBadReply, class: ErrOutcomeUnknown}
 }

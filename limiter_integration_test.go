@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admittest"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
@@ -127,9 +128,10 @@ func TestConformanceTLS(t *testing.T) {
 	admittest.Run(t, c, describe(t, srv.Version+", standalone, TLS only, started by the test", true, opt)...)
 }
 
-// aclRules are the least-privilege rules of a Limiter's ACL user: the
-// script and the commands it calls, on the keys under one prefix.
-const aclRules = "-@all +evalsha +eval +time +hmget +hset +pexpire"
+// aclRules are the least-privilege rules of a Limiter's ACL user (README,
+// "Least-privilege ACL"): the script and the commands it calls, on the
+// keys under one prefix.
+const aclRules = admit.LeastPrivilegeACL
 
 // TestConformanceACL runs the suite with a Limiter client logged in as a
 // user that may run only what admit needs, on the suite's key prefix (the

@@ -22,6 +22,9 @@ type step struct {
 	advance time.Duration
 	second  bool // two-bucket call when true
 	want    Decision
+	// remaining: compare want.Remaining too; otherwise only Denied and
+	// RetryAfter are compared.
+	remaining bool
 }
 
 // runSteps runs steps against first (and second, where a step asks for it)
@@ -38,6 +41,10 @@ func runSteps(t *testing.T, e *unitEnv, first, second Request, steps []step) {
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i, st.rule, err)
 		}
+		st.want.decided = true // every step is a decision the server made
+		if !st.remaining {
+			st.want.Remaining = got.Remaining // this table pins Denied and RetryAfter only
+		}
 		if got != st.want {
 			t.Errorf("step %d (%s): got %v, want %v", i, st.rule, got, st.want)
 		}
@@ -45,13 +52,13 @@ func runSteps(t *testing.T, e *unitEnv, first, second Request, steps []step) {
 }
 
 func denied(bucket uint8, after time.Duration) Decision {
-	return Decision{Denied: bucket, RetryAfter: after}
+	return Decision{Denied: bucket, RetryAfter: after, decided: true}
 }
 
 func TestAllowOrderedTransitions(t *testing.T) {
 	t.Run("first denies: second untouched", func(t *testing.T) {
 		e := newUnitEnv(t)
-		first, second := Request{"a:1", perSecond3}, Request{"a:2", perSecond3}
+		first, second := Request{Key: "a:1", Spec: perSecond3}, Request{Key: "a:2", Spec: perSecond3}
 		e.srv.HSet(first.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros(), 10))
 		e.srv.HSet(second.Key, "tokens", "1", "ts", "12345")
 		e.srv.SetTTL(second.Key, time.Hour)
@@ -71,7 +78,7 @@ func TestAllowOrderedTransitions(t *testing.T) {
 	})
 	t.Run("second denies: first consumed", func(t *testing.T) {
 		e := newUnitEnv(t)
-		first, second := Request{"b:1", perSecond3}, Request{"b:2", perSecond3}
+		first, second := Request{Key: "b:1", Spec: perSecond3}, Request{Key: "b:2", Spec: perSecond3}
 		e.srv.HSet(second.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros()-400_000, 10))
 		runSteps(t, e, first, second, []step{{rule: "empty second bucket denies", second: true, want: denied(2, 600*time.Millisecond)}})
 		if tk, ts := e.state(first.Key); tk != "2" || ts != strconv.FormatInt(e.micros(), 10) {
@@ -86,7 +93,7 @@ func TestAllowOrderedTransitions(t *testing.T) {
 	})
 	t.Run("both allow: both consumed", func(t *testing.T) {
 		e := newUnitEnv(t)
-		first, second := Request{"c:1", perSecond3}, Request{"c:2", MustSpec(10, 5)}
+		first, second := Request{Key: "c:1", Spec: perSecond3}, Request{Key: "c:2", Spec: MustSpec(10, 5)}
 		runSteps(t, e, first, second, []step{{rule: "fresh buckets admit", second: true}})
 		now := strconv.FormatInt(e.micros(), 10)
 		for key, want := range map[string]string{first.Key: "2", second.Key: "4"} {
@@ -99,7 +106,7 @@ func TestAllowOrderedTransitions(t *testing.T) {
 
 func TestAllowOrderedBucketStates(t *testing.T) {
 	e := newUnitEnv(t)
-	first, second := Request{"s:1", perSecond3}, Request{"s:2", MustSpec(Every(2*time.Second), 2)}
+	first, second := Request{Key: "s:1", Spec: perSecond3}, Request{Key: "s:2", Spec: MustSpec(Every(2*time.Second), 2)}
 	runSteps(t, e, first, second, []step{
 		{rule: "fresh bucket is full", want: Decision{}},
 		{rule: "partially full admits", advance: 100 * time.Millisecond},
@@ -125,12 +132,12 @@ func TestRefillNoDrift(t *testing.T) {
 		step    time.Duration
 	}{
 		{MustSpec(Every(1500*time.Millisecond), 20), 300, 100 * time.Millisecond},
-		{MustSpec(3, 4), 120, 37 * time.Millisecond},           // 333333 µs per token
+		{MustSpec(3, 4), 120, 37 * time.Millisecond},           // 333334 µs per token
 		{MustSpec(Limit(0.1), 2), 600, 999 * time.Millisecond}, // 10 s per token
 	} {
 		t.Run(tc.spec.String(), func(t *testing.T) {
 			e := newUnitEnv(t)
-			r := Request{"drift", tc.spec}
+			r := Request{Key: "drift", Spec: tc.spec}
 			admitted := 0
 			end := e.now.Add(time.Duration(tc.seconds) * time.Second)
 			for range 100_000 {
@@ -154,33 +161,58 @@ func TestRefillNoDrift(t *testing.T) {
 }
 
 // TestServerClockSteppingBack: a server clock that steps back grants no
-// token and never moves a bucket's timestamp backwards.
+// token and never moves a bucket's timestamp backwards, but it freezes a
+// bucket for at most one full refill.
 func TestServerClockSteppingBack(t *testing.T) {
-	e := newUnitEnv(t)
-	r := Request{"back", perSecond3}
-	start := strconv.FormatInt(e.micros(), 10)
-	runSteps(t, e, r, Request{}, []step{
-		{rule: "fresh"},
-		{rule: "clock 10 s back: tokens still counted", advance: -10 * time.Second},
-		{rule: "last token", advance: 0},
-		{rule: "empty: wait counts from the stored time", want: denied(1, 11*time.Second)},
+	t.Run("back less than a full refill: frozen until the clock catches up", func(t *testing.T) {
+		e := newUnitEnv(t)
+		r := Request{Key: "back", Spec: MustSpec(Every(time.Second), 20)} // full refill 20 s
+		start := strconv.FormatInt(e.micros(), 10)
+		steps := []step{{rule: "fresh"}, {rule: "clock 10 s back: tokens still counted", advance: -10 * time.Second}}
+		for range 18 {
+			steps = append(steps, step{rule: "draining"})
+		}
+		steps = append(steps, step{rule: "empty: wait counts from the stored time", want: denied(1, 11*time.Second)})
+		runSteps(t, e, r, Request{}, steps)
+		if tk, ts := e.state(r.Key); tk != "0" || ts != start {
+			t.Errorf("after stepping back: tokens %q ts %q, want 0 and %s (unchanged)", tk, ts, start)
+		}
+		if got, want := e.srv.TTL(r.Key), r.Spec.TTL()+10*time.Second; got != want {
+			t.Errorf("after stepping back 10 s: TTL %v, want %v (refill time + the step)", got, want)
+		}
+		runSteps(t, e, r, Request{}, []step{
+			{rule: "back to the start: still nothing earned", advance: 10 * time.Second, want: denied(1, time.Second)},
+			{rule: "one interval later: one token", advance: time.Second},
+			{rule: "and only one", want: denied(1, time.Second)},
+		})
 	})
-	if tk, ts := e.state(r.Key); tk != "0" || ts != start {
-		t.Errorf("after stepping back: tokens %q ts %q, want 0 and %s (unchanged)", tk, ts, start)
-	}
-	if got, want := e.srv.TTL(r.Key), perSecond3.TTL()+10*time.Second; got != want {
-		t.Errorf("after stepping back 10 s: TTL %v, want %v (refill time + the step)", got, want)
-	}
-	runSteps(t, e, r, Request{}, []step{
-		{rule: "back to the start: still nothing earned", advance: 10 * time.Second, want: denied(1, time.Second)},
-		{rule: "one interval later: one token", advance: time.Second},
-		{rule: "and only one", want: denied(1, time.Second)},
+	t.Run("back more than a full refill: frozen for one full refill at most", func(t *testing.T) {
+		e := newUnitEnv(t)
+		r := Request{Key: "far-back", Spec: perSecond3} // full refill 3 s
+		runSteps(t, e, r, Request{}, []step{
+			{rule: "fresh"}, {rule: "two"}, {rule: "three"},
+			{rule: "clock 24 h back: the wait is one full refill, not 24 h", advance: -24 * time.Hour, want: denied(1, 3*time.Second)},
+		})
+		if got, want := e.srv.TTL(r.Key), perSecond3.TTL()+2*time.Second; got != want {
+			t.Errorf("TTL %v, want %v (refill time + what is left of the freeze)", got, want)
+		}
+		runSteps(t, e, r, Request{}, []step{
+			{rule: "still nothing for the gap", advance: 3*time.Second - time.Microsecond, want: denied(1, time.Microsecond)},
+			{rule: "one full refill later: one token", advance: time.Microsecond},
+			{rule: "and only one", want: denied(1, time.Second)},
+		})
+	})
+	t.Run("a ts at the top of the schema's range", func(t *testing.T) {
+		e := newUnitEnv(t)
+		r := Request{Key: "far-future", Spec: perSecond3}
+		e.srv.HSet(r.Key, "tokens", "0", "ts", "9007199254740991") // 2^53-1 µs: year 2255
+		runSteps(t, e, r, Request{}, []step{{rule: "frozen for one full refill, not 224 years", want: denied(1, 3*time.Second)}})
 	})
 }
 
 func TestBadInputRefusedBeforeSending(t *testing.T) {
 	e := newUnitEnv(t)
-	ok := Request{"k:{x}:1", perSecond3}
+	ok := Request{Key: "k:{x}:1", Spec: perSecond3}
 	cluster := newLimiter(clusterMode{e.c}, e.l.script)
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -192,16 +224,16 @@ func TestBadInputRefusedBeforeSending(t *testing.T) {
 		second *Request
 		reason error
 	}{
-		{"empty first key", e.l, context.Background(), Request{"", perSecond3}, nil, ErrInvalidRequest},
-		{"zero first spec", e.l, context.Background(), Request{"k", Spec{}}, nil, ErrInvalidRequest},
-		{"empty second key", e.l, context.Background(), ok, &Request{"", perSecond3}, ErrInvalidRequest},
-		{"zero second spec", e.l, context.Background(), ok, &Request{"k2", Spec{}}, ErrInvalidRequest},
+		{"empty first key", e.l, context.Background(), Request{Key: "", Spec: perSecond3}, nil, ErrInvalidRequest},
+		{"zero first spec", e.l, context.Background(), Request{Key: "k", Spec: Spec{}}, nil, ErrInvalidRequest},
+		{"empty second key", e.l, context.Background(), ok, &Request{Key: "", Spec: perSecond3}, ErrInvalidRequest},
+		{"zero second spec", e.l, context.Background(), ok, &Request{Key: "k2", Spec: Spec{}}, ErrInvalidRequest},
 		{"same key twice", e.l, context.Background(), ok, &ok, ErrInvalidRequest},
 		{"nil context", e.l, nil, ok, nil, ErrInvalidRequest},
 		{"nil Limiter", nil, context.Background(), ok, nil, ErrInvalidRequest},
 		{"Limiter without client", New(nil), context.Background(), ok, nil, ErrInvalidRequest},
 		{"context already canceled", e.l, canceled, ok, nil, context.Canceled},
-		{"cross-slot keys on a cluster", cluster, context.Background(), Request{"rl:{chan:1}:std", perSecond3}, &Request{"rl:{chan:2}:shared", perSecond3}, ErrCrossSlot},
+		{"cross-slot keys on a cluster", cluster, context.Background(), Request{Key: "rl:{chan:1}:std", Spec: perSecond3}, &Request{Key: "rl:{chan:2}:shared", Spec: perSecond3}, ErrCrossSlot},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := e.srv.CommandCount()
@@ -218,7 +250,7 @@ func TestBadInputRefusedBeforeSending(t *testing.T) {
 		})
 	}
 	t.Run("same-slot keys on a cluster pass the check", func(t *testing.T) {
-		d, err := cluster.AllowOrdered(context.Background(), Request{"rl:{chan:1}:std", perSecond3}, &Request{"rl:{chan:1}:shared", perSecond3})
+		d, err := cluster.AllowOrdered(context.Background(), Request{Key: "rl:{chan:1}:std", Spec: perSecond3}, &Request{Key: "rl:{chan:1}:shared", Spec: perSecond3})
 		if err != nil || !d.Allowed() {
 			t.Errorf("got %v, %v; want allowed", d, err)
 		}
@@ -233,7 +265,7 @@ func (clusterMode) Mode() valkey.ClientMode { return valkey.ClientModeCluster }
 
 func TestServerRefusalsAreNotExecuted(t *testing.T) {
 	e := newUnitEnv(t)
-	good, bad := Request{"ok", perSecond3}, Request{"bad", perSecond3}
+	good, bad := Request{Key: "ok", Spec: perSecond3}, Request{Key: "bad", Spec: perSecond3}
 	for _, tc := range []struct {
 		name   string
 		setup  func()
@@ -267,22 +299,65 @@ func TestServerRefusalsAreNotExecuted(t *testing.T) {
 func TestMalformedRepliesAreErrors(t *testing.T) {
 	for _, src := range []string{
 		"return 1",
+		"return {0, 0, 3, -1}", // the previous reply shape, an array
 		"return 'x'",
-		"return {0}",
-		"return {0, 0, 0}",
-		"return {'a', 0}",
-		"return {3, 5}",
-		"return {2, 5}", // bucket 2 on a one-bucket call
-		"return {-1, 5}",
-		"return {1, 0}", // a denial must carry a wait
-		"return {0, 5}", // an admission must not
-		"return {1, -5}",
+		"return ''",
+		"return '0 0 2'",
+		"return '0 0 2 -1 0'",
+		"return '0  0 2 -1'",
+		"return ' 0 0 2 -1'",
+		"return '0 0 2 -1 '",
+		"return 'a 0 2 -1'",
+		"return '0 0 2.5 -1'",
+		"return '0 0 99999999999999999999 -1'",
+		"return '3 5 2 -1'",
+		"return '2 5 2 -1'", // bucket 2 on a one-bucket call
+		"return '-1 5 2 -1'",
+		"return '1 0 0 -1'",  // a denial must carry a wait
+		"return '0 5 2 -1'",  // an admission must not
+		"return '1 -5 0 -1'", // a negative wait
+		"return '0 0 -1 -1'", // the first bucket is always evaluated
+		"return '0 0 2 5'",   // a one-bucket call has no second bucket
+		"return '0 0 2 -2'",
 	} {
 		t.Run(src, func(t *testing.T) {
 			e := newUnitEnvScript(t, src)
-			d, err := e.l.AllowOrdered(context.Background(), Request{"k", perSecond3}, nil)
-			if !errors.Is(err, ErrBadReply) || !errors.Is(err, ErrOutcomeUnknown) {
+			d, err := e.l.AllowOrdered(context.Background(), Request{Key: "k", Spec: perSecond3}, nil)
+			if !errors.Is(err, ErrBadReply) || !errors.Is(err, ErrOutcomeUnknown) || d.Allowed() {
 				t.Errorf("got %v, %v; want ErrBadReply and ErrOutcomeUnknown", d, err)
+			}
+		})
+	}
+	for _, src := range []string{
+		"return '0 0 2 -1'", // the second bucket of a two-bucket call must be evaluated unless the first denied
+		"return '1 5 0 3'",  // after a first-bucket denial the second is not evaluated
+	} {
+		t.Run("two buckets: "+src, func(t *testing.T) {
+			e := newUnitEnvScript(t, src)
+			d, err := e.l.AllowOrdered(context.Background(), Request{Key: "k", Spec: perSecond3}, &Request{Key: "k2", Spec: perSecond3})
+			if !errors.Is(err, ErrBadReply) || d.Allowed() {
+				t.Errorf("got %v, %v; want ErrBadReply", d, err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		src    string
+		second bool
+		want   Decision
+	}{
+		{"return '0 0 2 -1'", false, Decision{Remaining: [2]int{2, -1}, decided: true}},
+		{"return '1 1500 0 -1'", true, Decision{Denied: 1, RetryAfter: 1500 * time.Microsecond, Remaining: [2]int{0, -1}, decided: true}},
+		{"return '2 7 4 0'", true, Decision{Denied: 2, RetryAfter: 7 * time.Microsecond, Remaining: [2]int{4, 0}, decided: true}},
+	} {
+		t.Run("well formed: "+tc.src, func(t *testing.T) {
+			e := newUnitEnvScript(t, tc.src)
+			var second *Request
+			if tc.second {
+				second = &Request{Key: "k2", Spec: perSecond3}
+			}
+			d, err := e.l.AllowOrdered(context.Background(), Request{Key: "k", Spec: perSecond3}, second)
+			if err != nil || d != tc.want {
+				t.Errorf("got %+v, %v; want %+v", d, err, tc.want)
 			}
 		})
 	}
@@ -292,7 +367,7 @@ func TestMalformedRepliesAreErrors(t *testing.T) {
 // change to field names, units or encoding must fail here first.
 func TestKeySchema(t *testing.T) {
 	e := newUnitEnv(t)
-	r := Request{"schema", perSecond3}
+	r := Request{Key: "schema", Spec: perSecond3}
 	for range 3 {
 		e.allow(t, r, nil)
 	}
@@ -320,12 +395,12 @@ func TestKeySchema(t *testing.T) {
 func TestArgumentsCarryNoTime(t *testing.T) {
 	rec := &recordingClient{Client: newUnitEnv(t).c}
 	l := New(rec)
-	first, second := Request{"rl:{c}:std", MustSpec(Every(1500*time.Millisecond), 20)}, Request{"rl:{c}:shared", MustSpec(Every(300*time.Millisecond), 100)}
+	first, second := Request{Key: "rl:{c}:std", Spec: MustSpec(Every(1500*time.Millisecond), 20)}, Request{Key: "rl:{c}:shared", Spec: MustSpec(Every(300*time.Millisecond), 100)}
 	if _, err := l.AllowOrdered(context.Background(), first, &second); err != nil && !errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatal(err)
 	}
 	sum := sha1.Sum([]byte(scriptSource))
-	want := [][]string{{"EVALSHA", hex.EncodeToString(sum[:]), "2", "rl:{c}:std", "rl:{c}:shared", "1500000", "20", "30000", "300000", "100", "30000"}}
+	want := [][]string{{"EVALSHA", hex.EncodeToString(sum[:]), "2", "rl:{c}:std", "rl:{c}:shared", "t", "1500000", "20", "30000", "1", "300000", "100", "30000", "1"}}
 	if len(rec.cmds) == 0 {
 		t.Fatal("no command sent")
 	}

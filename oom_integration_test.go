@@ -21,11 +21,11 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	l := New(c)
 	spec := MustSpec(Every(time.Hour), 5)
-	first, second := Request{"oom:{x}:1", spec}, Request{"oom:{x}:2", spec}
+	first, second := Request{Key: "oom:{x}:1", Spec: spec}, Request{Key: "oom:{x}:2", Spec: spec}
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil {
 		t.Fatal(err)
 	}
-	fresh := Request{"oom:{x}:fresh", spec}
+	fresh := Request{Key: "oom:{x}:fresh", Spec: spec}
 	read := func() []string {
 		var out []string
 		for _, k := range []string{first.Key, second.Key, fresh.Key} {

@@ -1,25 +1,60 @@
 -- admit: ordered token-bucket admission. One call decides one or two buckets.
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.
--- ARGV[3i-2]     microseconds per token (a whole number >= 1)
--- ARGV[3i-1]     burst: the most tokens the bucket holds
--- ARGV[3i]       expiry in milliseconds: burst * interval, rounded up
+-- ARGV[1]        mode: 't' take (AllowOrdered), 'p' peek (what take would
+--                decide, with no write: runs as EVALSHA_RO), 'r' refund
+-- ARGV[4i-2]     bucket i: microseconds per token (a whole number >= 1)
+-- ARGV[4i-1]     bucket i: burst, the most tokens the bucket holds
+-- ARGV[4i]       bucket i: expiry in milliseconds, burst * interval rounded up
+-- ARGV[4i+1]     bucket i: cost, the tokens this call takes (1 <= cost <= burst)
 --
 -- Hash fields (the key schema; README "Key schema (compatibility contract)"):
 --   tokens  whole tokens left, a decimal integer in [0, burst]
 --   ts      server time in microseconds since the Unix epoch up to which
 --           refill has been credited, a decimal integer
 --
--- Reply: {denied, retry_us}, integers only. denied is 0 when every bucket
--- admitted, else the index of the bucket that refused; retry_us is 0 when
--- admitted, else the exact wait until the refusing bucket holds one token.
+-- Reply: one string of four decimal integers, "denied retry_us rem1 rem2"
+-- (a string, so the client decodes it with one small allocation). denied is
+-- 0 when every bucket admitted, else the index of the bucket that refused;
+-- retry_us is 0 when admitted, else the exact wait until the refusing bucket
+-- holds its cost; remI is the tokens bucket I holds after the call, -1 for a
+-- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2".
 --
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
--- validated before the first write, because Valkey does not roll back a
--- script's earlier writes when a later command fails.
+-- validated, and every write is checked against the caller's ACL, before the
+-- first write, because Valkey does not roll back a script's earlier writes
+-- when a later command fails.
 
 local n = #KEYS
-local t = redis.call('TIME')
+local mode = ARGV[1]
+
+-- noperm names the command the ACL user lacks; nothing has been written.
+local function noperm(cmd, i)
+  return redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd ..
+    (i and (' on bucket ' .. i .. "'s key") or '') .. '; grant +' .. string.lower(cmd) ..
+    ' (README, "Least-privilege ACL")')
+end
+
+-- A user may read a key and not write it (%R~), or lack HSET or PEXPIRE:
+-- without this check the script would fail between two writes and leave a
+-- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
+-- Valkey 7.2+ and Redis 7.0+. A peek writes nothing, so it needs no write
+-- permission.
+if mode ~= 'p' and redis.acl_check_cmd then
+  for i = 1, n do
+    if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
+      return noperm('HSET', i)
+    end
+    if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then
+      return noperm('PEXPIRE', i)
+    end
+  end
+end
+
+local t = redis.pcall('TIME')
+if t.err then
+  return noperm('TIME')
+end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- valid accepts what the schema stores: a decimal integer below 2^53, the
@@ -28,11 +63,23 @@ local function valid(v)
   return string.match(v, '^%d+$') ~= nil and #v <= 16 and tonumber(v) < 9007199254740992
 end
 
+-- readErr turns a failed read into the script's error: a wrong type, or an
+-- ACL refusal (Redis 7.0's message does not name the command, so we do).
+local function readErr(err, cmd, i)
+  if string.sub(err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
+  end
+  if string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or string.find(err, "can't run", 1, true) then
+    return noperm(cmd, i)
+  end
+  return redis.error_reply(err)
+end
+
 local tokens, stamps = {}, {}
 for i = 1, n do
   local v = redis.pcall('HMGET', KEYS[i], 'tokens', 'ts')
   if v.err then
-    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
+    return readErr(v.err, 'HMGET', i)
   end
   local tk, ts = v[1], v[2]
   if tk or ts then
@@ -41,20 +88,40 @@ for i = 1, n do
         ' hash fields tokens and ts must both be decimal integers')
     end
     tokens[i], stamps[i] = tonumber(tk), tonumber(ts)
+  else
+    -- Neither field: a new bucket, unless the key holds a hash of someone
+    -- else's (HSET user:42 name alice), which must not gain our fields
+    -- and an expiry.
+    local e = redis.pcall('EXISTS', KEYS[i])
+    if type(e) == 'table' then
+      return readErr(e.err, 'EXISTS', i)
+    end
+    if e == 1 then
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i ..
+        ' key holds a hash without the fields tokens and ts: it is not a bucket')
+    end
   end
 end
 
 -- refill credits whole tokens earned since ts. A fresh bucket is full. The
--- remainder of a partial token stays in ts, so refill never drifts; ts never
--- moves backwards, so a server clock stepping back grants nothing.
+-- remainder of a partial token stays in ts, so refill never drifts. A
+-- server clock that stepped back grants nothing for the gap, but a ts in
+-- the future is pulled back to now + (burst - 1) * interval, so the freeze
+-- never outlasts one full refill: an empty bucket's next token comes at
+-- most burst * interval from now, whatever ts a lagging node or a bad
+-- write left.
 local function refill(i)
-  local interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1])
+  local interval, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
   local tk, ts = tokens[i], stamps[i]
   if tk == nil then
     return burst, now
   end
   if tk > burst then
     tk = burst
+  end
+  local latest = now + (burst - 1) * interval
+  if ts > latest then
+    ts = latest
   end
   if now > ts then
     local gained = math.floor((now - ts) / interval)
@@ -76,26 +143,66 @@ end
 -- expiry is extended by that gap.
 local function store(i, tk, ts)
   redis.call('HSET', KEYS[i], 'tokens', string.format('%d', tk), 'ts', string.format('%d', ts))
-  local ttl = ARGV[3 * i]
+  local ttl = ARGV[4 * i]
   if ts > now then
     ttl = string.format('%d', tonumber(ttl) + math.ceil((ts - now) / 1000))
   end
   redis.call('PEXPIRE', KEYS[i], ttl)
 end
 
+local function reply(denied, retry, rem1, rem2)
+  return string.format('%d %d %d %d', denied, retry, rem1, rem2)
+end
+
+-- wait is the time until bucket i, holding tk tokens credited up to ts,
+-- holds its cost.
+local function wait(i, tk, ts)
+  return ts + (tonumber(ARGV[4 * i + 1]) - tk) * tonumber(ARGV[4 * i - 2]) - now
+end
+
+local write = mode == 't'
+
+if mode == 'r' then
+  -- A refund gives each bucket its cost back, capped at burst. A missing
+  -- key is a full bucket already: it is not created.
+  local rem = {-1, -1}
+  for i = 1, n do
+    local tk, ts = refill(i)
+    local burst = tonumber(ARGV[4 * i - 1])
+    tk = math.min(burst, tk + tonumber(ARGV[4 * i + 1]))
+    if tokens[i] ~= nil then
+      store(i, tk, ts)
+    end
+    rem[i] = tk
+  end
+  return reply(0, 0, rem[1], rem[2])
+end
+
+local c1 = tonumber(ARGV[5])
 local tk1, ts1 = refill(1)
-if tk1 < 1 then
-  store(1, tk1, ts1)
-  return {1, ts1 + tonumber(ARGV[1]) - now}
+if tk1 < c1 then
+  if write then
+    store(1, tk1, ts1)
+  end
+  return reply(1, wait(1, tk1, ts1), tk1, -1)
 end
 if n == 2 then
+  local c2 = tonumber(ARGV[9])
   local tk2, ts2 = refill(2)
-  if tk2 < 1 then
-    store(1, tk1 - 1, ts1)
-    store(2, tk2, ts2)
-    return {2, ts2 + tonumber(ARGV[4]) - now}
+  if tk2 < c2 then
+    if write then
+      store(1, tk1 - c1, ts1)
+      store(2, tk2, ts2)
+    end
+    return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end
-  store(2, tk2 - 1, ts2)
+  if write then
+    store(2, tk2 - c2, ts2)
+    store(1, tk1 - c1, ts1)
+  end
+  return reply(0, 0, tk1 - c1, tk2 - c2)
 end
-store(1, tk1 - 1, ts1)
-return {0, 0}
+if write then
+  store(1, tk1 - c1, ts1)
+end
+return reply(0, 0, tk1 - c1, -1)

@@ -1,7 +1,9 @@
 package admit
 
 import (
+	"crypto/fips140"
 	_ "embed"
+	"sync"
 
 	"github.com/valkey-io/valkey-go"
 )
@@ -19,7 +21,25 @@ import (
 //go:embed script.lua
 var scriptSource string
 
-// orderedScript runs through EVALSHA, falling back to EVAL on NOSCRIPT. It is
-// deliberately not retryable: a retry after a lost reply would consume tokens
-// twice.
-var orderedScript = valkey.NewLuaScript(scriptSource)
+// scripts returns the script every Limiter runs, twice: take and refund
+// through EVALSHA, peek through EVALSHA_RO (so that it runs for read-only
+// users and on replicas), each falling back to EVAL (EVAL_RO) on NOSCRIPT.
+// The source is the same, so the server caches one script. Neither is
+// retryable: a retry after a lost reply would consume tokens twice.
+//
+// They are built on first use, not at package init: valkey-go computes the
+// script's SHA-1 when it builds it, and under GODEBUG=fips140=only SHA-1
+// panics, which at init would kill any program that merely imports admit.
+// In FIPS 140 mode the SHA-1 is not computed here at all: valkey-go asks the
+// server for it with one SCRIPT LOAD on the first call (so the ACL user
+// needs +script|load too), then uses EVALSHA as usual.
+var scripts = sync.OnceValue(func() (s struct{ take, peek *valkey.Lua }) {
+	if fips140.Enabled() {
+		s.take = valkey.NewLuaScript(scriptSource, valkey.WithLoadSHA1(true))
+		s.peek = valkey.NewLuaScriptReadOnly(scriptSource, valkey.WithLoadSHA1(true))
+		return s
+	}
+	s.take = valkey.NewLuaScript(scriptSource)
+	s.peek = valkey.NewLuaScriptReadOnly(scriptSource)
+	return s
+})

@@ -17,16 +17,16 @@ func TestServerClockFarFromHost(t *testing.T) {
 		e := newUnitEnv(t)
 		e.now = epoch
 		e.srv.SetTime(epoch)
-		r := Request{"clock", MustSpec(Every(time.Second), 2)}
+		r := Request{Key: "clock", Spec: MustSpec(Every(time.Second), 2)}
 		for i, st := range []struct {
 			advance time.Duration
 			want    Decision
 		}{
-			{0, Decision{}},
-			{0, Decision{}},
-			{0, Decision{Denied: 1, RetryAfter: time.Second}},
-			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond}},
-			{time.Microsecond, Decision{}},
+			{0, Decision{Remaining: [2]int{1, -1}, decided: true}},
+			{0, Decision{Remaining: [2]int{0, -1}, decided: true}},
+			{0, Decision{Denied: 1, RetryAfter: time.Second, Remaining: [2]int{0, -1}, decided: true}},
+			{999_999 * time.Microsecond, Decision{Denied: 1, RetryAfter: time.Microsecond, Remaining: [2]int{0, -1}, decided: true}},
+			{time.Microsecond, Decision{Remaining: [2]int{0, -1}, decided: true}},
 		} {
 			e.advance(st.advance)
 			if d := e.allow(t, r, nil); d != st.want {
@@ -44,7 +44,7 @@ func TestServerClockFarFromHost(t *testing.T) {
 // only-declared-keys checks the same on a real server.)
 func TestOnlyDeclaredKeys(t *testing.T) {
 	e := newUnitEnv(t)
-	a, b, c := Request{"m:{x}:a", MustSpec(Every(time.Hour), 2)}, Request{"m:{x}:b", MustSpec(Every(time.Hour), 1)}, Request{"m:{x}:c", MustSpec(Every(time.Hour), 3)}
+	a, b, c := Request{Key: "m:{x}:a", Spec: MustSpec(Every(time.Hour), 2)}, Request{Key: "m:{x}:b", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "m:{x}:c", Spec: MustSpec(Every(time.Hour), 3)}
 	for i, call := range []struct {
 		first  Request
 		second *Request

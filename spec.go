@@ -31,12 +31,29 @@ const (
 	maxRefillMicros = 1 << 50
 )
 
+// RateTolerance is how much slower than asked a Spec may enforce a rate.
+// The server counts whole microseconds per token, so NewSpec rounds
+// 1/rate up to the next whole microsecond: the enforced rate is never
+// faster than the one asked for, and NewSpec refuses a rate whose enforced
+// rate would be more than 1% slower. Every rate up to 10,000 per second
+// is within the tolerance; faster rates are accepted only near 1e6/n per
+// second for a whole n (1,000,000/s, 500,000/s, 333,333.3/s, ...).
+const RateTolerance = 0.01
+
+// snapTolerance absorbs float64 noise: 1e6/float64(Every(5*time.Microsecond))
+// is 5.000000000000001, and a caller who wrote Every(5*time.Microsecond)
+// asked for exactly 5 µs. An interval within one part in 10^12 of a whole
+// microsecond is taken as that microsecond.
+const snapTolerance = 1e-12
+
 // A Spec describes one token bucket: it holds at most Burst tokens, starts
 // full, and gains one token every Interval. A request takes one token.
 //
 // The server applies the rate as a whole number of microseconds per token:
-// NewSpec rounds 1/rate to the nearest microsecond, and Interval reports the
-// result. Every(d) with d a whole number of microseconds is exact.
+// NewSpec rounds 1/rate up to a whole microsecond, so the bucket is never
+// faster than asked, and refuses a rate it cannot honour within
+// [RateTolerance]. Limit, Interval and String report the rate the server
+// enforces. Every(d) with d a whole number of microseconds is exact.
 //
 // A Spec is an immutable value: the script arguments it implies are encoded
 // once, in NewSpec, so a decision formats nothing. Build Specs once (for
@@ -55,10 +72,12 @@ type Spec struct {
 }
 
 // NewSpec returns a Spec for a bucket that refills at rate tokens per second
-// and holds at most burst tokens. It returns an error wrapping
-// [ErrInvalidSpec] when rate is NaN, infinite, not positive or above
-// [MaxLimit], when burst is below 1, or when refilling from empty would take
-// longer than about 35 years.
+// and holds at most burst tokens. The enforced rate is 1/rate rounded up to
+// a whole microsecond per token: never faster than rate, and at most
+// [RateTolerance] slower. It returns an error wrapping [ErrInvalidSpec] when
+// rate is NaN, infinite, not positive or above [MaxLimit], when it cannot be
+// enforced within RateTolerance, when burst is below 1, or when refilling
+// from empty would take longer than about 35 years.
 func NewSpec(rate Limit, burst int) (Spec, error) {
 	r := float64(rate)
 	switch {
@@ -71,7 +90,16 @@ func NewSpec(rate Limit, burst int) (Spec, error) {
 	case burst < 1:
 		return Spec{}, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidSpec, burst)
 	}
-	micros := math.Round(1e6 / r) // >= 1, since rate <= MaxLimit
+	exact := 1e6 / r // µs per token as asked; >= 1, since rate <= MaxLimit
+	micros := math.Ceil(exact)
+	if near := math.Round(exact); math.Abs(exact-near) <= exact*snapTolerance {
+		micros = near
+	}
+	if micros > exact*(1+RateTolerance) {
+		return Spec{}, fmt.Errorf("%w: rate %.6g/s needs %.4g µs per token, and the server counts whole microseconds: "+
+			"%.6g/s (%v µs) would be faster than asked and %.6g/s (%v µs) %.1f%% slower, beyond RateTolerance (%v%%)",
+			ErrInvalidSpec, r, exact, 1e6/(micros-1), micros-1, 1e6/micros, micros, 100*(1-exact/micros), 100*RateTolerance)
+	}
 	if micros*float64(burst) > maxRefillMicros {
 		return Spec{}, fmt.Errorf("%w: burst %d at rate %v takes longer than %v to refill from empty",
 			ErrInvalidSpec, burst, r, time.Duration(maxRefillMicros)*time.Microsecond)
@@ -80,7 +108,7 @@ func NewSpec(rate Limit, burst int) (Spec, error) {
 	refill := interval * int64(burst)  // µs; exact, bounded above
 	ttlMillis := (refill + 999) / 1000 // rounded up: never shorter than the refill
 	return Spec{
-		limit:       rate,
+		limit:       Every(time.Duration(interval) * time.Microsecond), // as Every computes it: NewSpec(Every(d)).Limit() == Every(d)
 		burst:       burst,
 		interval:    time.Duration(interval) * time.Microsecond,
 		ttl:         time.Duration(ttlMillis) * time.Millisecond,
@@ -102,14 +130,16 @@ func MustSpec(rate Limit, burst int) Spec {
 	return s
 }
 
-// Limit returns the rate the Spec was built with, in tokens per second.
+// Limit returns the rate the server enforces, in tokens per second: one
+// token per Interval. It is never above the rate given to NewSpec, and at
+// most RateTolerance below it.
 func (s Spec) Limit() Limit { return s.limit }
 
 // Burst returns the most tokens the bucket holds; a fresh bucket is full.
 func (s Spec) Burst() int { return s.burst }
 
 // Interval returns the time the server takes to add one token: 1/rate,
-// rounded to the nearest microsecond.
+// rounded up to a whole microsecond.
 func (s Spec) Interval() time.Duration { return s.interval }
 
 // TTL returns the expiry every write gives the bucket's key: the time to
@@ -122,10 +152,11 @@ func (s Spec) TTL() time.Duration { return s.ttl }
 // IsZero reports whether s is the zero Spec, which is invalid.
 func (s Spec) IsZero() bool { return s.burst == 0 }
 
-// String describes the Spec, for example "0.6667/s burst 20 (1.5s per token)".
+// String describes the Spec as the server enforces it, for example
+// "0.666667/s burst 20 (1.5s per token)".
 func (s Spec) String() string {
 	if s.IsZero() {
 		return "invalid zero Spec"
 	}
-	return fmt.Sprintf("%.4g/s burst %d (%v per token)", float64(s.limit), s.burst, s.interval)
+	return fmt.Sprintf("%.6g/s burst %d (%v per token)", float64(s.limit), s.burst, s.interval)
 }

@@ -22,6 +22,7 @@ func TestNewSpecRefusesBadInput(t *testing.T) {
 		{"negative rate", -1, 1},
 		{"smallest positive rate", Limit(math.SmallestNonzeroFloat64), 1},
 		{"rate above MaxLimit", MaxLimit * 1.5, 1},
+		{"rate between two whole-µs intervals", 700_000, 1},
 		{"zero burst", 1, 0},
 		{"negative burst", 1, -5},
 		{"refill longer than 2^50 µs", Every(time.Hour), 1 << 22},
@@ -47,7 +48,7 @@ func TestNewSpecValues(t *testing.T) {
 		args     [3]string
 	}{
 		{Every(1500 * time.Millisecond), 20, 1500 * time.Millisecond, 30 * time.Second, [3]string{"1500000", "20", "30000"}},
-		{3, 4, 333333 * time.Microsecond, 1334 * time.Millisecond, [3]string{"333333", "4", "1334"}}, // 1333.332 ms, rounded up
+		{3, 4, 333334 * time.Microsecond, 1334 * time.Millisecond, [3]string{"333334", "4", "1334"}}, // 1333.336 ms, rounded up
 		{MaxLimit, 1, time.Microsecond, time.Millisecond, [3]string{"1", "1", "1"}},
 		{Every(time.Hour), 1 << 18, time.Hour, time.Hour << 18, [3]string{"3600000000", "262144", "943718400000"}},
 	} {
@@ -56,9 +57,9 @@ func TestNewSpecValues(t *testing.T) {
 			t.Errorf("NewSpec(%v, %d): %v", float64(tc.rate), tc.burst, err)
 			continue
 		}
-		if s.Limit() != tc.rate || s.Burst() != tc.burst || s.Interval() != tc.interval || s.TTL() != tc.ttl {
+		if s.Limit() != Every(tc.interval) || s.Burst() != tc.burst || s.Interval() != tc.interval || s.TTL() != tc.ttl {
 			t.Errorf("NewSpec(%v, %d) = limit %v burst %d interval %v ttl %v; want %v %d %v %v",
-				float64(tc.rate), tc.burst, float64(s.Limit()), s.Burst(), s.Interval(), s.TTL(), float64(tc.rate), tc.burst, tc.interval, tc.ttl)
+				float64(tc.rate), tc.burst, float64(s.Limit()), s.Burst(), s.Interval(), s.TTL(), float64(Every(tc.interval)), tc.burst, tc.interval, tc.ttl)
 		}
 		if got := [3]string{s.intervalArg, s.burstArg, s.ttlArg}; got != tc.args {
 			t.Errorf("NewSpec(%v, %d) script args = %q, want %q", float64(tc.rate), tc.burst, got, tc.args)
@@ -82,7 +83,7 @@ func TestMustSpecPanicsOnBadInput(t *testing.T) {
 
 func TestSpecString(t *testing.T) {
 	for spec, want := range map[Spec]string{
-		MustSpec(Every(1500*time.Millisecond), 20): "0.6667/s burst 20 (1.5s per token)",
+		MustSpec(Every(1500*time.Millisecond), 20): "0.666667/s burst 20 (1.5s per token)",
 		MustSpec(100, 10):                          "100/s burst 10 (10ms per token)",
 		{}:                                         "invalid zero Spec",
 	} {

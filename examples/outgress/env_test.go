@@ -128,7 +128,7 @@ func waitFor(cond func() bool) bool {
 
 // scriptCommands are the commands admit's script runs inside the server.
 // INFO commandstats counts them too, but they are not round trips.
-var scriptCommands = map[string]bool{"time": true, "hmget": true, "hset": true, "pexpire": true}
+var scriptCommands = map[string]bool{"time": true, "hmget": true, "hset": true, "pexpire": true, "exists": true}
 
 // commandDelta returns the commands sent by clients between two INFO
 // commandstats readings, leaving out the readings' own INFO, the client's

@@ -20,7 +20,9 @@ type Write struct{ Tokens, TS, TTLMs int64 }
 // Decide decides first (and second) at server time now, in µs since the
 // epoch, given the stored buckets (a key absent from states is absent on the
 // server). It returns the decision and the buckets it writes; a key it does
-// not write must be left byte for byte as it was.
+// not write must be left byte for byte as it was. The Decision it returns
+// is built outside package admit, so its Allowed is false: compare Denied,
+// RetryAfter and Remaining.
 func Decide(now int64, states map[string]State, first admit.Request, second *admit.Request) (admit.Decision, map[string]Write) {
 	writes := map[string]Write{}
 	refill := func(r admit.Request) (tk, ts int64) {
@@ -34,22 +36,35 @@ func Decide(now int64, states map[string]State, first admit.Request, second *adm
 		}
 		writes[r.Key] = Write{tk, ts, ttl}
 	}
-	tk1, ts1 := refill(first)
-	if tk1 < 1 {
-		store(first, tk1, ts1)
-		return admit.Decision{Denied: 1, RetryAfter: micros(ts1 + first.Spec.Interval().Microseconds() - now)}, writes
-	}
-	if second != nil {
-		tk2, ts2 := refill(*second)
-		if tk2 < 1 {
-			store(first, tk1-1, ts1)
-			store(*second, tk2, ts2)
-			return admit.Decision{Denied: 2, RetryAfter: micros(ts2 + second.Spec.Interval().Microseconds() - now)}, writes
+	cost := func(r admit.Request) int64 {
+		if r.Cost == 0 {
+			return 1
 		}
-		store(*second, tk2-1, ts2)
+		return int64(r.Cost)
 	}
-	store(first, tk1-1, ts1)
-	return admit.Decision{}, writes
+	wait := func(r admit.Request, tk, ts int64) time.Duration {
+		return micros(ts + (cost(r)-tk)*r.Spec.Interval().Microseconds() - now)
+	}
+	c1 := cost(first)
+	tk1, ts1 := refill(first)
+	if tk1 < c1 {
+		store(first, tk1, ts1)
+		return admit.Decision{Denied: 1, RetryAfter: wait(first, tk1, ts1), Remaining: [2]int{int(tk1), -1}}, writes
+	}
+	rem2 := int64(-1)
+	if second != nil {
+		c2 := cost(*second)
+		tk2, ts2 := refill(*second)
+		if tk2 < c2 {
+			store(first, tk1-c1, ts1)
+			store(*second, tk2, ts2)
+			return admit.Decision{Denied: 2, RetryAfter: wait(*second, tk2, ts2), Remaining: [2]int{int(tk1 - c1), int(tk2)}}, writes
+		}
+		store(*second, tk2-c2, ts2)
+		rem2 = tk2 - c2
+	}
+	store(first, tk1-c1, ts1)
+	return admit.Decision{Remaining: [2]int{int(tk1 - c1), int(rem2)}}, writes
 }
 
 // Refill returns a bucket's tokens and ts after crediting the refill earned
@@ -60,6 +75,7 @@ func Refill(now int64, spec admit.Spec, st State, exists bool) (tk, ts int64) {
 		return burst, now // a fresh bucket is full
 	}
 	tk, ts = min(st.Tokens, burst), st.TS // a smaller burst caps old state
+	ts = min(ts, now+(burst-1)*interval)  // a clock behind ts freezes at most one full refill
 	if now > ts {                         // a clock behind ts earns nothing
 		gained := (now - ts) / interval
 		if tk+gained >= burst {

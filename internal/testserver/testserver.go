@@ -199,24 +199,30 @@ func dialExisting(addr string) (*Server, error) {
 // Start starts bin on 127.0.0.1 at a free port, without persistence,
 // and waits (at most 10 s) until it answers. The caller stops it.
 func Start(bin string, extra ...string) (*Server, error) {
-	return start(bin, extra, nil)
+	return StartEnv(bin, nil, extra...)
 }
 
-func start(bin string, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
+// StartEnv is Start with env added to the server's environment.
+func StartEnv(bin string, env []string, extra ...string) (*Server, error) {
+	return start(bin, env, extra, nil)
+}
+
+func start(bin string, env, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
 	var err error
 	for range 3 { // a free port may be taken between the probe and the bind
 		var srv *Server
-		if srv, err = tryStartServer(bin, extra, tlsFiles); err == nil {
+		if srv, err = tryStartServer(bin, env, extra, tlsFiles); err == nil {
 			return srv, nil
 		}
 	}
 	return nil, err
 }
 
-// tryStartServer starts bin; with tlsFiles, which writes certificates into
-// the server's directory and returns the client configuration and the
-// server's TLS arguments, the server listens for TLS only.
-func tryStartServer(bin string, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
+// tryStartServer starts bin with env added to its environment; with
+// tlsFiles, which writes certificates into the server's directory and
+// returns the client configuration and the server's TLS arguments, the
+// server listens for TLS only.
+func tryStartServer(bin string, env, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -258,6 +264,9 @@ func tryStartServer(bin string, extra []string, tlsFiles func(dir string) (*tls.
 		args = append(args, "--cluster-port", strconv.Itoa(busPort))
 	}
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = serverProcAttr()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	exited := make(chan struct{})

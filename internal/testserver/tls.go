@@ -29,7 +29,7 @@ func OwnTLS(tb testing.TB) *Server {
 	if bin == "" {
 		SkipOrFail(tb, Help)
 	}
-	srv, err := start(bin, nil, writeTLSFiles)
+	srv, err := start(bin, nil, nil, writeTLSFiles)
 	if err != nil {
 		tb.Fatalf("TLS server: %v", err)
 	}

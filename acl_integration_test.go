@@ -1,0 +1,82 @@
+package admit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// leastPrivilege is the README's least-privilege ACL for admit, without the
+// key pattern.
+const leastPrivilege = "-@all +evalsha +eval +time +hmget +hset +pexpire +exists"
+
+// TestIntegrationACL runs decisions as ACL users that lack one permission
+// each: every call fails, names what is missing, is classed not executed,
+// and leaves both buckets byte for byte as they were (no partial charge, no
+// key without an expiry). The least-privilege user decides normally.
+// (Before the fix, a user without HMGET got ErrWrongType on a key that did
+// not exist, and a user without PEXPIRE charged the second bucket, left the
+// first one alone, and left the second key with no expiry.)
+func TestIntegrationACL(t *testing.T) {
+	srv := testserver.Own(t)
+	admin := testserver.NewClient(t, srv)
+	ctx := context.Background()
+	p := "rl:{acl}:"
+	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 5)}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 5)}
+
+	user := func(name, rules string) *Limiter {
+		t.Helper()
+		args := append([]string{name, "reset", "on", ">pw"}, strings.Fields(rules)...)
+		if err := admin.Do(ctx, admin.B().AclSetuser().Username(args[0]).Rule(args[1:]...).Build()).Error(); err != nil {
+			t.Fatalf("ACL SETUSER %s %s: %v", name, rules, err)
+		}
+		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: name, Password: "pw", DisableCache: true})
+		if err != nil {
+			t.Fatalf("connect as %s: %v", name, err)
+		}
+		t.Cleanup(c.Close)
+		return New(c)
+	}
+
+	good := user("admit", leastPrivilege+" ~"+p+"*")
+	// Fresh buckets, then one call each so that both hold state to protect.
+	if d, err := good.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
+		t.Fatalf("least-privilege user: %v, %v; want allowed", d, err)
+	}
+
+	for _, tc := range []struct {
+		name, rules, want string
+	}{
+		{"no hmget", strings.Replace(leastPrivilege, "+hmget", "", 1) + " ~" + p + "*", "HMGET"},
+		{"no hset", strings.Replace(leastPrivilege, "+hset", "", 1) + " ~" + p + "*", "HSET"},
+		{"no pexpire", strings.Replace(leastPrivilege, "+pexpire", "", 1) + " ~" + p + "*", "PEXPIRE"},
+		{"no time", strings.Replace(leastPrivilege, "+time", "", 1) + " ~" + p + "*", "TIME"},
+		{"no exists", strings.Replace(leastPrivilege, "+exists", "", 1) + " ~" + p + "*", "EXISTS"},
+		{"shared bucket read-only", leastPrivilege + " ~" + p + "std %R~" + p + "shared", "NOPERM"}, // refused by EVAL itself, before the script runs
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := user(strings.ReplaceAll(tc.name, " ", "-"), tc.rules)
+			keys := []string{std.Key, shared.Key}
+			if tc.want == "EXISTS" {
+				keys = []string{p + "fresh-std", p + "fresh-shared"} // EXISTS runs for a key with no bucket fields
+			}
+			first, second := Request{Key: keys[0], Spec: std.Spec}, Request{Key: keys[1], Spec: shared.Spec}
+			before := keysState(t, admin, keys...)
+			d, err := l.AllowOrdered(ctx, first, &second)
+			if err == nil || !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || d.Allowed() {
+				t.Fatalf("got %v, %v; want an error classed not executed", d, err)
+			}
+			if errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name the missing permission %q", err, tc.want)
+			}
+			if after := keysState(t, admin, keys...); after != before {
+				t.Errorf("a refused call changed the buckets:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}

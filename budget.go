@@ -1,0 +1,36 @@
+package admit
+
+import "context"
+
+// Peek returns the Decision that AllowOrdered would return now for the same
+// requests, Remaining included, and takes nothing: it writes no key and
+// refreshes no expiry. It runs the same script read-only (EVALSHA_RO), so it
+// works for an ACL user without write permissions and may be served by a
+// replica (valkey-go's ClientOption.SendToReplicas), where the answer is as
+// fresh as the replica.
+//
+// A Peek is advice, not a reservation: another caller may take the tokens
+// before a following AllowOrdered. Errors are classed as for AllowOrdered;
+// since a Peek writes nothing, retrying one after ErrOutcomeUnknown is
+// safe.
+func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
+	return l.run(ctx, modePeek, first, second)
+}
+
+// Refund gives each Request's Cost back to its bucket, capped at the
+// Spec's burst: a refund never creates a token above it, and a bucket
+// whose key has expired (a full bucket) is left alone. Refund with a nil
+// second gives back to first only.
+//
+// It is meant for reserve-then-settle: take an estimate with AllowOrdered,
+// do the work, then Refund the unused part with Cost set to it. Refund only
+// what was charged: after a Decision with Denied 2 only the first bucket
+// was charged, so refund first alone; after Denied 1 nothing was charged.
+// After ErrOutcomeUnknown from AllowOrdered, the charge may or may not have
+// happened: refunding could hand out tokens that were never taken, so do
+// not refund (let the bucket refill on its own). Refund is not idempotent:
+// after ErrOutcomeUnknown from Refund itself, do not repeat it.
+func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
+	_, err := l.run(ctx, modeRefund, first, second)
+	return err
+}

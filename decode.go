@@ -1,0 +1,67 @@
+package admit
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// decode reads the script's reply "denied retry_us rem1 rem2": one string,
+// so that valkey-go allocates one small buffer for it and decoding
+// allocates nothing more. Anything else is ErrBadReply.
+func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
+	s, err := resp.ToString()
+	if valkey.IsParseErr(err) {
+		return Decision{}, badReply(err.Error())
+	}
+	if err != nil {
+		return Decision{}, classify(err)
+	}
+	var f [4]int64
+	rest := s
+	for i := range f {
+		field := rest
+		if i < len(f)-1 {
+			sp := indexByte(rest, ' ')
+			if sp < 0 {
+				return Decision{}, badReply("want 4 fields, got " + strconv.Quote(s))
+			}
+			field, rest = rest[:sp], rest[sp+1:]
+		}
+		v, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return Decision{}, badReply("field " + strconv.Itoa(i+1) + " of " + strconv.Quote(s) + " is not an integer")
+		}
+		f[i] = v
+	}
+	denied, retry, rem1, rem2 := f[0], f[1], f[2], f[3]
+	switch {
+	case denied < 0 || denied > int64(buckets):
+		return Decision{}, badReply("denied " + strconv.FormatInt(denied, 10) + " out of range")
+	case (denied == 0) != (retry == 0) || retry < 0:
+		return Decision{}, badReply("retry " + strconv.FormatInt(retry, 10) + "µs inconsistent with denied " + strconv.FormatInt(denied, 10))
+	case rem1 < 0 || rem2 < -1 || (rem2 == -1) != (buckets == 1 || denied == 1):
+		return Decision{}, badReply("remaining " + strconv.FormatInt(rem1, 10) + ", " + strconv.FormatInt(rem2, 10) +
+			" inconsistent with " + strconv.Itoa(int(buckets)) + " buckets and denied " + strconv.FormatInt(denied, 10))
+	}
+	return Decision{
+		Denied:     uint8(denied),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		Remaining:  [2]int{int(rem1), int(rem2)},
+		decided:    true,
+	}, nil
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func badReply(detail string) error {
+	return &callError{msg: "admit: unexpected reply from the server: " + detail, reason: ErrBadReply, class: ErrOutcomeUnknown}
+}

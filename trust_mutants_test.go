@@ -1,0 +1,65 @@
+package admit
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// trustMutants break the script where the trust issue changed it; each
+// must make the named real-server tests fail. They run in a child test
+// binary whose every Limiter runs the mutated script (ADMIT_TEST_SCRIPT,
+// read by TestMain).
+var trustMutants = []struct {
+	name     string
+	old, new string
+	caughtBy string // -test.run pattern
+}{
+	{"freeze-unbounded", "  if ts > latest then\n    ts = latest\n  end\n", "", "^(TestIntegrationClockStepBounded|TestServerClockSteppingBack)$"},
+	{"freeze-bound-one-interval-late", "local latest = now + (burst - 1) * interval", "local latest = now + burst * interval", "^TestIntegrationClockStepBounded$"},
+	{"foreign-hash-accepted", "if e == 1 then", "if e == 2 then", "^TestIntegrationForeignHashRefused$"},
+	{"acl-precheck-skipped", "if mode ~= 'p' and redis.acl_check_cmd then", "if false then", "^TestIntegrationACL$"},
+	{"acl-pexpire-unchecked", "if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then", "if false then", "^TestIntegrationACL$"},
+	{"acl-read-refusal-as-server-error", "string.find(err, 'ACL', 1, true) or", "false and", "^TestIntegrationACL$"},
+}
+
+// TestTrustMutants requires every trust mutant to be caught, and prints
+// the table mutant -> catching tests. Needs ADMIT_MUTANTS=1 and a server
+// binary (VALKEY_SERVER or valkey-server on PATH), as TestMutants does.
+func TestTrustMutants(t *testing.T) {
+	if os.Getenv("ADMIT_MUTANTS") != "1" {
+		t.Skip("tests the tests; set ADMIT_MUTANTS=1 to run it")
+	}
+	dir := t.TempDir()
+	run := func(src, pattern string) (failed bool, out string) {
+		path := filepath.Join(dir, "script.lua")
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run="+pattern, "-test.count=1")
+		cmd.Env = append(os.Environ(), "ADMIT_TEST_SCRIPT="+path, "ADMIT_REQUIRE_SERVER=1", "ADMIT_MUTANTS=")
+		b, err := cmd.CombinedOutput()
+		return err != nil, string(b)
+	}
+	for _, m := range trustMutants {
+		if failed, out := run(scriptSource, m.caughtBy); failed {
+			t.Fatalf("%s fails on the unmutated script:\n%s", m.caughtBy, out)
+		}
+		if strings.Count(scriptSource, m.old) != 1 {
+			t.Errorf("mutant %s: %q is not in script.lua exactly once", m.name, m.old)
+			continue
+		}
+		failed, out := run(strings.Replace(scriptSource, m.old, m.new, 1), m.caughtBy)
+		if !failed {
+			t.Errorf("mutant %s survived %s", m.name, m.caughtBy)
+			continue
+		}
+		if strings.Contains(out, "[build failed]") || strings.Contains(out, "panic:") {
+			t.Errorf("mutant %s did not run:\n%s", m.name, out)
+			continue
+		}
+		t.Logf("caught: %-34s by %s", m.name, m.caughtBy)
+	}
+}

@@ -1,0 +1,55 @@
+package admit
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// Wait blocks until AllowOrdered admits the requests, and returns that
+// Decision. Between attempts it sleeps the denial's RetryAfter plus up to
+// 10% of jitter, so that waiters do not wake in lockstep.
+//
+// It honours ctx: it returns ctx's error when ctx is done while sleeping,
+// and, like golang.org/x/time/rate, it returns at once, without sleeping,
+// when the refusing bucket cannot hold the Cost before ctx's deadline. That
+// error wraps ErrNotExecuted and context.DeadlineExceeded and comes with the
+// denial: nothing was taken.
+//
+// An attempt that fails is never repeated: Wait returns its error as
+// AllowOrdered gave it, so an attempt whose outcome is unknown
+// (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
+// long as the buckets keep refusing.
+func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		d, err := l.AllowOrdered(ctx, first, second)
+		if err != nil || d.Allowed() {
+			return d, err
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d.RetryAfter {
+			return d, &callError{
+				msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
+					d.RetryAfter.String() + ", after the context's deadline (in " + time.Until(deadline).Round(time.Microsecond).String() + ")",
+				class: ErrNotExecuted, cause: context.DeadlineExceeded,
+			}
+		}
+		sleep := d.RetryAfter + rand.N(d.RetryAfter/10+1)
+		if timer == nil {
+			timer = time.NewTimer(sleep)
+		} else {
+			timer.Reset(sleep)
+		}
+		select {
+		case <-ctx.Done():
+			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token", class: ErrNotExecuted, cause: ctx.Err()}
+		case <-timer.C:
+		}
+	}
+}
