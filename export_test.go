@@ -14,3 +14,7 @@ var ScriptSource = scriptSource
 func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 	return newLimiter(c, valkey.NewLuaScript(src))
 }
+
+// LeastPrivilegeACL is the README's least-privilege ACL rules for admit's
+// user, without the key pattern.
+const LeastPrivilegeACL = leastPrivilege

@@ -10,9 +10,13 @@ package admit_test
 // admittest.Run from your own tests with your own client.
 
 import (
+	"context"
+	"crypto/x509"
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admittest"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
@@ -25,12 +29,15 @@ func TestConformance(t *testing.T) {
 	admittest.Run(t, c, opts...)
 }
 
-// openTarget connects to the target of testserver.Deployment and returns
-// the client and the admittest options that describe it: Owned when the
-// tests started the server, or VALKEY_ALLOW_DESTRUCTIVE=1 says it is the
-// suite's alone.
+// openTarget connects to the target the environment names: VALKEY_URL, or
+// else testserver.Deployment. It returns the client and the admittest
+// options that describe it: Owned when the tests started the server, or
+// VALKEY_ALLOW_DESTRUCTIVE=1 says it is the suite's alone.
 func openTarget(t *testing.T) (valkey.Client, []admittest.Option) {
 	t.Helper()
+	if os.Getenv("VALKEY_URL") != "" {
+		return openURL(t)
+	}
 	target := testserver.Deployment(t)
 	opt := valkey.ClientOption{InitAddress: target.Addrs, DisableCache: true}
 	c, err := valkey.NewClient(opt)
@@ -41,12 +48,123 @@ func openTarget(t *testing.T) (valkey.Client, []admittest.Option) {
 	if got := c.Mode() == valkey.ClientModeCluster; got != target.Cluster {
 		t.Fatalf("%s: client cluster mode %v, want %v", target.Name, got, target.Cluster)
 	}
+	return c, describe(t, target.Name, target.Destructive(), opt)
+}
+
+func describe(t *testing.T, name string, owned bool, opt valkey.ClientOption) []admittest.Option {
+	t.Helper()
 	opts := []admittest.Option{admittest.WithClientOption(opt)}
 	mode := "not the suite's alone: no SCRIPT FLUSH and no server command counts; VALKEY_ALLOW_DESTRUCTIVE=1 if it is"
-	if target.Destructive() {
+	if owned {
 		opts = append(opts, admittest.Owned())
 		mode = "the suite's alone"
 	}
-	t.Logf("target: %s; %s", target.Name, mode)
+	t.Logf("target: %s; %s", name, mode)
+	return opts
+}
+
+// openURL connects to VALKEY_URL: valkey://[user:password@]host:port, or
+// valkeys:// (rediss://) for TLS, with the CA certificates of the PEM file
+// VALKEY_CA_FILE when set (else the system's). Where the URL's user may run
+// only what admit needs, VALKEY_ADMIN_URL names a user for the suite's
+// preparation and inspection, and VALKEY_PREFIX the key prefix the
+// limiter user may write (admittest.WithPrefix).
+func openURL(t *testing.T) (valkey.Client, []admittest.Option) {
+	t.Helper()
+	dial := func(env string) (valkey.Client, valkey.ClientOption) {
+		opt, err := valkey.ParseURL(os.Getenv(env))
+		if err != nil {
+			t.Fatalf("%s: %v", env, err)
+		}
+		opt.DisableCache = true
+		if file := os.Getenv("VALKEY_CA_FILE"); file != "" && opt.TLSConfig != nil {
+			pem, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatalf("VALKEY_CA_FILE: %v", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				t.Fatalf("VALKEY_CA_FILE=%s holds no PEM certificate", file)
+			}
+			opt.TLSConfig.RootCAs = pool
+		}
+		c, err := valkey.NewClient(opt)
+		if err != nil {
+			t.Fatalf("dial %s: %v", env, err)
+		}
+		t.Cleanup(c.Close)
+		return c, opt
+	}
+	c, opt := dial("VALKEY_URL")
+	name := "VALKEY_URL at " + strings.Join(opt.InitAddress, ",")
+	if opt.TLSConfig != nil {
+		name += " over TLS"
+	}
+	if opt.Username != "" {
+		name += " as " + opt.Username
+	}
+	opts := describe(t, name, os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") == "1", opt)
+	if os.Getenv("VALKEY_ADMIN_URL") != "" {
+		admin, _ := dial("VALKEY_ADMIN_URL")
+		opts = append(opts, admittest.WithAdmin(admin))
+	}
+	if p := os.Getenv("VALKEY_PREFIX"); p != "" {
+		opts = append(opts, admittest.WithPrefix(p))
+	}
 	return c, opts
+}
+
+// TestConformanceTLS runs the suite over TLS, on a server the test starts
+// with certificates it generates, through a client that trusts only that
+// test CA; the fault proxy dials the server over TLS too.
+func TestConformanceTLS(t *testing.T) {
+	srv := testserver.OwnTLS(t)
+	opt := valkey.ClientOption{InitAddress: []string{srv.Addr}, TLSConfig: srv.TLS, DisableCache: true}
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		t.Fatalf("dial %s over TLS: %v", srv.Addr, err)
+	}
+	defer c.Close()
+	admittest.Run(t, c, describe(t, srv.Version+", standalone, TLS only, started by the test", true, opt)...)
+}
+
+// aclRules are the least-privilege rules of a Limiter's ACL user (README,
+// "Least-privilege ACL"): the script and the commands it calls, on the
+// keys under one prefix.
+const aclRules = admit.LeastPrivilegeACL
+
+// TestConformanceACL runs the suite with a Limiter client logged in as a
+// user that may run only what admit needs, on the suite's key prefix (the
+// README documents these ACL rules); an admin client prepares and inspects.
+// It also checks the user is refused outside that, so the run proves the
+// rules suffice, not that the user could do anything.
+func TestConformanceACL(t *testing.T) {
+	srv := testserver.Own(t)
+	admin := testserver.NewClient(t, srv)
+	ctx := context.Background()
+	const user, pass, prefix = "admit-limiter", "admit-test-password", "admittest-acl:"
+	setuser := admin.B().Arbitrary("ACL", "SETUSER").Args(user, "reset", "on", ">"+pass, "~"+prefix+"*").
+		Args(strings.Fields(aclRules)...).Build()
+	if err := admin.Do(ctx, setuser).Error(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), admin.B().AclDeluser().Username(user).Build()) })
+	opt := valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: user, Password: pass, DisableCache: true}
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		t.Fatalf("dial %s as %s: %v", srv.Addr, user, err)
+	}
+	defer c.Close()
+	for _, cmd := range []valkey.Completed{
+		c.B().Get().Key(prefix + "x").Build(),
+		c.B().Hset().Key("elsewhere").FieldValue().FieldValue("tokens", "1").Build(),
+		c.B().Del().Key(prefix + "x").Build(),
+	} {
+		if err := c.Do(ctx, cmd).Error(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Fatalf("%s as %s: %v, want NOPERM: the user may do more than the ACL rules say", strings.Join(cmd.Commands(), " "), user, err)
+		}
+	}
+	opts := append(describe(t, srv.Version+", standalone, as an ACL user with "+aclRules+" ~"+prefix+"*", true, opt),
+		admittest.WithAdmin(admin), admittest.WithPrefix(prefix))
+	admittest.Run(t, c, opts...)
 }

@@ -96,6 +96,8 @@ var scriptMutants = []mutant{
 	{name: "time-from-argument-not-TIME", // the host sends its clock and the script trusts it
 		edits: [][2]string{{"local now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
+	{name: "remaining-before-the-charge",
+		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1, tk2 - c2)"}}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
 		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",

@@ -41,7 +41,7 @@
 // own commands.
 //
 // The suite needs Valkey 7.2+ or Redis 7.0+ (it reads PEXPIRETIME). It takes
-// about ten seconds against a server on the same machine.
+// a few seconds against a server on the same machine.
 package admittest
 
 import (

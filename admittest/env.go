@@ -473,8 +473,13 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 		return d, fmt.Errorf("inconclusive: the model's decision changes within the server window of %dµs", tAfter-tBefore)
 	}
 	var errs []error
-	if d.Denied != dLo.Denied || !between(dLo.RetryAfter.Microseconds(), dHi.RetryAfter.Microseconds(), d.RetryAfter.Microseconds()) {
-		errs = append(errs, fmt.Errorf("decision %v, want %v (RetryAfter %v..%v by the server clock)", d, dLo, dLo.RetryAfter, dHi.RetryAfter))
+	if d.Denied != dLo.Denied || d.Allowed() != (dLo.Denied == 0) || !between(dLo.RetryAfter.Microseconds(), dHi.RetryAfter.Microseconds(), d.RetryAfter.Microseconds()) {
+		errs = append(errs, fmt.Errorf("decision %v, want Denied %d (RetryAfter %v..%v by the server clock)", d, dLo.Denied, dLo.RetryAfter, dHi.RetryAfter))
+	}
+	for i := range d.Remaining {
+		if lo, hi := dLo.Remaining[i], dHi.Remaining[i]; !between(int64(lo), int64(hi), int64(d.Remaining[i])) {
+			errs = append(errs, fmt.Errorf("Remaining[%d] = %d, want %d..%d (-1 for a bucket not evaluated)", i, d.Remaining[i], lo, hi))
+		}
 	}
 	for _, k := range keys {
 		lo, written := wLo[k]

@@ -19,9 +19,12 @@ func ExampleRun() {
 		}
 		opt := valkey.ClientOption{
 			InitAddress: []string{addr},
-			Username:    os.Getenv("VALKEY_USER"), // an ACL user with the key pattern admittest:*
+			Username:    os.Getenv("VALKEY_USER"),
 			Password:    os.Getenv("VALKEY_PASSWORD"),
 		}
+		// A least-privilege user of admit's cannot prepare or inspect the
+		// suite's keys: give a client of another user with WithAdmin, and
+		// the prefix the limiter user may write with WithPrefix.
 		client, err := valkey.NewClient(opt)
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/testcontainers/testcontainers-go"
@@ -34,7 +35,12 @@ func Start(ctx context.Context, image string, args ...string) (addr string, stop
 	}
 	opts := []testcontainers.ContainerCustomizer{
 		testcontainers.WithExposedPorts("6379/tcp"),
-		testcontainers.WithWaitStrategy(wait.ForListeningPort("6379/tcp")),
+		// The log line, not a check inside the container, which would need a
+		// shell and tools that a minimal image lacks; then the mapped port.
+		testcontainers.WithWaitStrategy(wait.ForAll(
+			wait.ForLog("Ready to accept connections"),
+			wait.ForListeningPort("6379/tcp").SkipInternalCheck(),
+		).WithDeadline(time.Minute)),
 	}
 	if len(args) > 0 {
 		opts = append(opts, testcontainers.WithCmdArgs(args...))

@@ -23,6 +23,7 @@ package testserver
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -54,6 +55,9 @@ type Server struct {
 	Owned bool
 	// Version is the server's "valkey_version" or "redis_version".
 	Version string
+	// TLS is the client configuration for a server started by StartTLS
+	// (it trusts the server's test certificate); nil for plain TCP.
+	TLS *tls.Config
 
 	cmd    *exec.Cmd
 	dir    string
@@ -200,17 +204,25 @@ func Start(bin string, extra ...string) (*Server, error) {
 
 // StartEnv is Start with env added to the server's environment.
 func StartEnv(bin string, env []string, extra ...string) (*Server, error) {
+	return start(bin, env, extra, nil)
+}
+
+func start(bin string, env, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
 	var err error
 	for range 3 { // a free port may be taken between the probe and the bind
 		var srv *Server
-		if srv, err = tryStartServer(bin, env, extra); err == nil {
+		if srv, err = tryStartServer(bin, env, extra, tlsFiles); err == nil {
 			return srv, nil
 		}
 	}
 	return nil, err
 }
 
-func tryStartServer(bin string, env, extra []string) (*Server, error) {
+// tryStartServer starts bin with env added to its environment; with
+// tlsFiles, which writes certificates into the server's directory and
+// returns the client configuration and the server's TLS arguments, the
+// server listens for TLS only.
+func tryStartServer(bin string, env, extra []string, tlsFiles func(dir string) (*tls.Config, []string, error)) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -219,6 +231,17 @@ func tryStartServer(bin string, env, extra []string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var tlsConfig *tls.Config
+	portArgs := []string{"--port", strconv.Itoa(port)}
+	if tlsFiles != nil {
+		cfg, args, err := tlsFiles(dir)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		tlsConfig = cfg
+		portArgs = append([]string{"--port", "0", "--tls-port", strconv.Itoa(port)}, args...)
+	}
 	logPath := filepath.Join(dir, "server.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -226,10 +249,10 @@ func tryStartServer(bin string, env, extra []string) (*Server, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	args := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+	args := append(append(portArgs,
+		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
-	}, extra...)
+	), extra...)
 	// The cluster bus defaults to port+10000, which may be taken or beyond
 	// 65535; give it a free port of its own.
 	if slices.Contains(extra, "--cluster-enabled") && !slices.Contains(extra, "--cluster-port") {
@@ -251,7 +274,7 @@ func tryStartServer(bin string, env, extra []string) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, cmd: cmd, dir: dir, exited: exited}
+	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, TLS: tlsConfig, cmd: cmd, dir: dir, exited: exited}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
@@ -260,7 +283,7 @@ func tryStartServer(bin string, env, extra []string) (*Server, error) {
 			return nil, fmt.Errorf("%s %s exited at start: %s", bin, strings.Join(args, " "), strings.TrimSpace(string(log)))
 		default:
 		}
-		if v, err := serverVersion(srv.Addr); err == nil {
+		if v, err := serverVersionTLS(srv.Addr, tlsConfig); err == nil {
 			srv.Version = v
 			return srv, nil
 		}
@@ -293,8 +316,10 @@ func freePort() (int, error) {
 }
 
 // serverVersion asks addr for its version, within 2 s.
-func serverVersion(addr string) (string, error) {
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, DisableCache: true, DisableRetry: true})
+func serverVersion(addr string) (string, error) { return serverVersionTLS(addr, nil) }
+
+func serverVersionTLS(addr string, tlsConfig *tls.Config) (string, error) {
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, TLSConfig: tlsConfig, DisableCache: true, DisableRetry: true})
 	if err != nil {
 		return "", err
 	}
@@ -328,7 +353,7 @@ func InfoFields(info string) map[string]string {
 // NewClient returns a client for srv, closed at the end of the test.
 func NewClient(tb testing.TB, srv *Server) valkey.Client {
 	tb.Helper()
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, TLSConfig: srv.TLS, DisableCache: true})
 	if err != nil {
 		tb.Fatalf("dial %s: %v", srv.Addr, err)
 	}
