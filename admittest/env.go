@@ -476,6 +476,9 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 	if d.Denied != dLo.Denied || !between(dLo.RetryAfter.Microseconds(), dHi.RetryAfter.Microseconds(), d.RetryAfter.Microseconds()) {
 		errs = append(errs, fmt.Errorf("decision %v, want %v (RetryAfter %v..%v by the server clock)", d, dLo, dLo.RetryAfter, dHi.RetryAfter))
 	}
+	if err := remainingBetween(d, dLo, dHi); err != nil {
+		errs = append(errs, err)
+	}
 	for _, k := range keys {
 		lo, written := wLo[k]
 		if !written {
