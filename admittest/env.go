@@ -481,6 +481,9 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 			errs = append(errs, fmt.Errorf("Remaining[%d] = %d, want %d..%d (-1 for a bucket not evaluated)", i, d.Remaining[i], lo, hi))
 		}
 	}
+	if err := remainingBetween(d, dLo, dHi); err != nil {
+		errs = append(errs, err)
+	}
 	for _, k := range keys {
 		lo, written := wLo[k]
 		if !written {
