@@ -581,18 +581,20 @@ func checkWaitDeadline(ctx context.Context, e *env) error {
 
 	// The token is an hour away and the deadline 10 s: one attempt, then
 	// an error wrapping context.DeadlineExceeded that comes with the
-	// denial, while the context still runs. After Denied 1 nothing was
-	// taken (admit.ErrNotExecuted); after Denied 2 the one attempt charged
-	// the first bucket, once.
+	// denial, while the context still runs, and nothing taken
+	// (admit.ErrNotExecuted): after Denied 2 the attempt charged the first
+	// bucket, and Wait refunded it (a second script command).
 	std, shared := req(p+"std", hourly1), req(p+"shared", hourly1)
 	for _, tc := range []struct {
 		name   string
 		second *admit.Request
 		seeds  map[string]seedAt
 		denied uint8
+		sent   int   // script commands: the attempt, and after Denied 2 its refund
+		left   int64 // tokens in the first bucket afterwards
 	}{
-		{"one bucket, empty", nil, map[string]seedAt{std.Key: {0, -sec}}, 1},
-		{"second bucket empty", &shared, map[string]seedAt{std.Key: {1, -sec}, shared.Key: {0, -sec}}, 2},
+		{"one bucket, empty", nil, map[string]seedAt{std.Key: {0, -sec}}, 1, 1, 0},
+		{"second bucket empty", &shared, map[string]seedAt{std.Key: {1, -sec}, shared.Key: {0, -sec}}, 2, 2, 1},
 	} {
 		if _, err := e.seedKeys(ctx, keysOf(std, tc.second), tc.seeds); err != nil {
 			return err
@@ -604,15 +606,14 @@ func checkWaitDeadline(ctx context.Context, e *env) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", tc.name, err)
 		}
-		if w.attempts != 1 || !stillRunning || w.d.Allowed() || w.d.Denied != tc.denied || w.d.RetryAfter <= 10*time.Second ||
-			!errors.Is(w.err, context.DeadlineExceeded) || errors.Is(w.err, admit.ErrOutcomeUnknown) ||
-			tc.denied == 1 && !errors.Is(w.err, admit.ErrNotExecuted) {
-			errs = append(errs, fmt.Errorf("%s, deadline in 10s, token in 1h: %d attempts, returned before the deadline %v, got %v, %v; "+
-				"want 1 attempt, returned at once, Denied %d, and an error wrapping context.DeadlineExceeded (and admit.ErrNotExecuted after Denied 1)",
-				tc.name, w.attempts, stillRunning, w.d, w.err, tc.denied))
+		if w.attempts != tc.sent || !stillRunning || w.d.Allowed() || w.d.Denied != tc.denied || w.d.RetryAfter <= 10*time.Second ||
+			!errors.Is(w.err, context.DeadlineExceeded) || errors.Is(w.err, admit.ErrOutcomeUnknown) || !errors.Is(w.err, admit.ErrNotExecuted) {
+			errs = append(errs, fmt.Errorf("%s, deadline in 10s, token in 1h: %d script commands, returned before the deadline %v, got %v, %v; "+
+				"want %d, returned at once, Denied %d, and an error wrapping context.DeadlineExceeded and admit.ErrNotExecuted",
+				tc.name, w.attempts, stillRunning, w.d, w.err, tc.sent, tc.denied))
 		}
-		if tk, err := e.tokensLeft(ctx, std.Key); err != nil || tk != 0 {
-			errs = append(errs, fmt.Errorf("%s: the first bucket holds %d tokens (%v), want 0", tc.name, tk, err))
+		if tk, err := e.tokensLeft(ctx, std.Key); err != nil || tk != tc.left {
+			errs = append(errs, fmt.Errorf("%s: the first bucket holds %d tokens (%v), want %d", tc.name, tk, err, tc.left))
 		}
 	}
 
