@@ -13,7 +13,7 @@ import (
 
 // leastPrivilege is the README's least-privilege ACL for admit, without the
 // key pattern.
-const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists"
+const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set"
 
 // TestIntegrationACL runs decisions as ACL users that lack one permission
 // each: every call fails, names what is missing, is classed not executed,

@@ -88,6 +88,14 @@ var goMutants = []goMutant{
 		edits:   [][2]string{{`if valkey.IsValkeyNil(err) {`, `if false {`}},
 		catcher: "TestIntegrationErrClassNilReply"},
 
+	// AllowOrderedOnce's record must share its first key's cluster slot.
+	{name: "once-record-in-another-slot", file: "once.go",
+		edits:   [][2]string{{`if hasHashTag(key) {`, `if false {`}},
+		catcher: "TestOnceKeySlot"},
+	{name: "once-id-unbounded", file: "once.go",
+		edits:   [][2]string{{`case len(id) > MaxOnceIDLen:`, `case len(id) > 1<<30:`}},
+		catcher: "TestOnceKeyBounds"},
+
 	// Decoding: a reply the script never gives turned into a Decision.
 	{name: "call-site-bypasses-execScript", file: "limiter.go", // what a merge could do
 		edits:   [][2]string{{`decode(execScript(ctx, script, l.client, keys, args), `, `decode(script.Exec(ctx, l.client, keys, args), `}},
@@ -119,7 +127,7 @@ var goMutants = []goMutant{
 }
 
 // goMutantTests are the tests run on every mutant.
-const goMutantTests = "^(TestErrClass|TestIntegrationErrClass)"
+const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce)"
 
 func (m goMutant) apply(src string) (string, error) {
 	for _, ed := range m.edits {
@@ -167,7 +175,7 @@ func goMutantRows(t *testing.T) [][2]string {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if !strings.HasSuffix(f, "_test.go") || f == "errclass_test.go" || f == "errclass_integration_test.go" {
+		if !strings.HasSuffix(f, "_test.go") || f == "errclass_test.go" || f == "errclass_integration_test.go" || f == "once_key_test.go" {
 			goMutantCopy(t, f, filepath.Join(dir, f))
 		}
 	}
@@ -206,7 +214,7 @@ func goMutantRows(t *testing.T) [][2]string {
 		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
 	}
 	sources := map[string]string{}
-	for _, f := range []string{"errors.go", "limiter.go", "decode.go"} {
+	for _, f := range []string{"errors.go", "limiter.go", "decode.go", "once.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

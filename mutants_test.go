@@ -98,6 +98,16 @@ var scriptMutants = []mutant{
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "remaining-before-the-charge",
 		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1, tk2 - c2)"}}},
+	{name: "once-record-written-not-read", // every retry decides again
+		edits: [][2]string{{"  if r then\n    return r\n  end\n", "  if false then\n    return r\n  end\n"}}},
+	{name: "once-record-read-but-charged", // the retry returns the old Decision and charges again
+		edits: [][2]string{
+			{"if record then\n  local r = redis.pcall('GET', record)", "local replayed\nif record then\n  local r = redis.pcall('GET', record)"},
+			{"  if r then\n    return r\n  end\n", "  if r then\n    replayed = r\n  end\n"},
+			{"    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return r\n", "    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return replayed or r\n"},
+		}},
+	{name: "once-record-never-expires",
+		edits: [][2]string{{"redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])", "redis.call('SET', record, r)"}}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
 		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",

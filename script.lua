@@ -1,8 +1,12 @@
 -- admit: ordered token-bucket admission. One call decides one or two buckets.
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.
+-- KEYS[n+1]      mode 'o' only: the record of the id (a string key)
 -- ARGV[1]        mode: 't' take (AllowOrdered), 'p' peek (what take would
---                decide, with no write: runs as EVALSHA_RO), 'r' refund
+--                decide, with no write: runs as EVALSHA_RO), 'r' refund,
+--                'o' take once (AllowOrderedOnce): a recorded decision is
+--                returned as it is; otherwise take, and record the reply
+-- ARGV[4n+2]     mode 'o' only: the record's expiry in milliseconds
 -- ARGV[4i-2]     bucket i: microseconds per token (a whole number >= 1)
 -- ARGV[4i-1]     bucket i: burst, the most tokens the bucket holds
 -- ARGV[4i]       bucket i: expiry in milliseconds, burst * interval rounded up
@@ -34,6 +38,11 @@
 
 local n = #KEYS
 local mode = ARGV[1]
+local record
+if mode == 'o' then
+  n = n - 1
+  record = KEYS[n + 1]
+end
 
 -- noperm names the command the ACL user lacks; nothing has been written.
 local function noperm(cmd, i)
@@ -56,6 +65,9 @@ if mode ~= 'p' and redis.acl_check_cmd then
       return noperm('PEXPIREAT', i)
     end
   end
+  if record and not redis.acl_check_cmd('SET', record, '0', 'PX', '1') then
+    return noperm('SET')
+  end
 end
 
 local t = redis.pcall('TIME')
@@ -66,6 +78,24 @@ if t.err then
   return redis.error_reply(t.err) -- miniredis, say, refuses TIME in a read-only script
 end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- A decision already recorded under this id is returned as it was made,
+-- and nothing is taken.
+if record then
+  local r = redis.pcall('GET', record)
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
+    end
+    if string.find(r.err, 'ACL', 1, true) or string.find(r.err, 'permission', 1, true) or string.find(r.err, "can't run", 1, true) then
+      return noperm('GET')
+    end
+    return redis.error_reply(r.err)
+  end
+  if r then
+    return r
+  end
+end
 
 -- valid accepts what the schema stores: a decimal integer below 2^53, the
 -- largest range in which Lua numbers are exact.
@@ -175,8 +205,13 @@ local function keep(i, tk, ts)
   redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
 end
 
+-- reply formats the reply and, in mode 'o', records it under the id.
 local function reply(denied, retry, rem1, rem2)
-  return string.format('%d %d %d %d', denied, retry, rem1, rem2)
+  local r = string.format('%d %d %d %d', denied, retry, rem1, rem2)
+  if record then
+    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])
+  end
+  return r
 end
 
 -- wait is the time until bucket i, holding tk tokens credited up to ts,
@@ -185,7 +220,7 @@ local function wait(i, tk, ts)
   return ts + (tonumber(ARGV[4 * i + 1]) - tk) * tonumber(ARGV[4 * i - 2]) - now
 end
 
-local write = mode == 't'
+local write = mode == 't' or mode == 'o'
 
 if mode == 'r' then
   -- A refund gives each bucket its cost back, capped at burst. A missing
