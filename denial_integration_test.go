@@ -180,3 +180,15 @@ func TestIntegrationDenialCacheFlood(t *testing.T) {
 		t.Errorf("shared bucket holds %d tokens, want 19: a local denial must not touch it", tk)
 	}
 }
+
+// bucketFields reads a bucket's tokens and ts.
+func bucketFields(t *testing.T, c valkey.Client, key string) (tokens, ts int64) {
+	t.Helper()
+	v, err := c.Do(context.Background(), c.B().Hmget().Key(key).Field("tokens", "ts").Build()).AsStrSlice()
+	if err != nil || len(v) != 2 {
+		t.Fatalf("HMGET %s: %v %v", key, v, err)
+	}
+	tokens, _ = strconv.ParseInt(v[0], 10, 64)
+	ts, _ = strconv.ParseInt(v[1], 10, 64)
+	return tokens, ts
+}

@@ -98,6 +98,8 @@ var scriptMutants = []mutant{
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "remaining-before-the-charge",
 		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1, tk2 - c2)"}}},
+	{name: "foreign-hash-accepted", // a user's hash gains tokens, ts and an expiry
+		edits: [][2]string{{"if e == 1 then", "if e == 2 then"}}},
 	{name: "once-record-written-not-read", // every retry decides again
 		edits: [][2]string{{"  if r then\n    return r\n  end\n", "  if false then\n    return r\n  end\n"}}},
 	{name: "once-record-read-but-charged", // the retry returns the old Decision and charges again

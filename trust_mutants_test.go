@@ -19,7 +19,6 @@ var trustMutants = []struct {
 }{
 	{"freeze-unbounded", "  if ts > latest then\n    ts = latest\n    pulled[i] = true\n  end\n", "", "^(TestIntegrationClockStepBounded|TestServerClockSteppingBack)$"},
 	{"freeze-bound-one-interval-late", "local latest = now + (burst - 1) * interval", "local latest = now + burst * interval", "^TestIntegrationClockStepBounded$"},
-	{"foreign-hash-accepted", "if e == 1 then", "if e == 2 then", "^TestIntegrationForeignHashRefused$"},
 	{"acl-precheck-skipped", "if mode ~= 'p' and redis.acl_check_cmd then", "if false then", "^TestIntegrationACL$"},
 	{"acl-pexpireat-unchecked", "if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then", "if false then", "^TestIntegrationACL$"},
 	{"denial-rewrites-bucket", "  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)", "^TestIntegrationDenialWritesNothing$"},
