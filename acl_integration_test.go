@@ -3,6 +3,7 @@ package admit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,11 +45,28 @@ func TestIntegrationACL(t *testing.T) {
 	}
 
 	good := user("admit", leastPrivilege+" ~"+p+"*")
+	drained := Request{Key: p + "drained", Spec: MustSpec(Every(time.Hour), 1)}
+	if d, err := good.AllowOrdered(ctx, drained, nil); err != nil || !d.Allowed() {
+		t.Fatalf("drain: %v, %v", d, err)
+	}
 	// Fresh buckets, then one call each so that both hold state to protect.
 	if d, err := good.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
 		t.Fatalf("least-privilege user: %v, %v; want allowed", d, err)
 	}
 
+	// A denial writes one command only (PEXPIREAT GT), unchecked beforehand:
+	// its refusal must still name the permission and change nothing.
+	t.Run("no pexpireat, denial", func(t *testing.T) {
+		l := user("no-pexpireat-denial", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*")
+		before := keysState(t, admin, drained.Key)
+		d, err := l.AllowOrdered(ctx, drained, nil)
+		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT") || d.Allowed() {
+			t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT, not executed", d, err)
+		}
+		if after := keysState(t, admin, drained.Key); after != before {
+			t.Errorf("the bucket changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
 	for _, tc := range []struct {
 		name, rules, want string
 	}{

@@ -19,16 +19,16 @@ var baselineScript string
 
 // BenchmarkScriptServerCost puts the shipped script side by side with the
 // baseline, and with the shipped script minus its ACL pre-check, on every
-// path, on one server the benchmark owns: server-µs/op is the script's own
-// time from INFO commandstats (usec of EVALSHA over its calls, the
-// commands it runs included), so network and client time do not blur it.
-// Each script gets the arguments of its own version, sent with
-// valkey.Lua.Exec; the client's allocations are BenchmarkAllowOrdered's.
+// path. Each script runs on a server of its own, and every iteration calls
+// all three in turn, so that whatever else the machine does weighs on all
+// alike; server-µs/op is each script's own time from INFO commandstats
+// (usec of EVALSHA over its calls, the commands it runs included), so
+// network and client time do not blur it. Each script gets the arguments of
+// its own version, sent with valkey.Lua.Exec; the client's allocations are
+// BenchmarkAllowOrdered's.
 //
 //	go test -run '^$' -bench ScriptServerCost -count 6 .
 func BenchmarkScriptServerCost(b *testing.B) {
-	srv := testserver.Own(b)
-	c := testserver.NewClient(b, srv)
 	ctx := context.Background()
 	open := MustSpec(MaxLimit, 1<<30) // never runs dry within a benchmark
 	shut := MustSpec(Every(time.Hour), 1)
@@ -47,16 +47,22 @@ func BenchmarkScriptServerCost(b *testing.B) {
 		}
 		return args
 	}
-	scripts := []struct {
+	noACL := strings.Replace(scriptSource, "  if not redis.acl_check_cmd then\n    return nil\n  end\n", "  if true then\n    return nil\n  end\n", 1)
+	if noACL == scriptSource {
+		b.Fatal("the ACL pre-check is not where the benchmark expects it")
+	}
+	type variant struct {
 		name, src string
 		args      func(...Spec) []string
-	}{
-		{"baseline-0b7bc55", baselineScript, baselineArgs},
-		{"current", scriptSource, currentArgs},
-		{"current-without-acl-check", strings.Replace(scriptSource, "if mode ~= 'p' and redis.acl_check_cmd then", "if false then", 1), currentArgs},
+		c         valkey.Client
 	}
-	if scripts[2].src == scriptSource {
-		b.Fatal("the ACL pre-check is not where the benchmark expects it")
+	variants := []*variant{
+		{name: "baseline-0b7bc55", src: baselineScript, args: baselineArgs},
+		{name: "current", src: scriptSource, args: currentArgs},
+		{name: "current-without-acl-check", src: noACL, args: currentArgs},
+	}
+	for _, v := range variants {
+		v.c = testserver.NewClient(b, testserver.Own(b))
 	}
 	paths := []struct {
 		name   string
@@ -71,30 +77,35 @@ func BenchmarkScriptServerCost(b *testing.B) {
 		{"denied-by-second", open, &shut, 2},
 	}
 	for _, p := range paths {
-		for _, s := range scripts {
-			b.Run("path="+p.name+"/script="+s.name, func(b *testing.B) {
-				script := valkey.NewLuaScript(s.src)
-				key := testserver.Prefix(b, c)
-				keys, args := []string{key + "first"}, s.args(p.first)
+		b.Run("path="+p.name, func(b *testing.B) {
+			type run struct {
+				script     *valkey.Lua
+				keys, args []string
+			}
+			runs := make([]run, len(variants))
+			for i, v := range variants {
+				key := testserver.Prefix(b, v.c)
+				runs[i] = run{valkey.NewLuaScript(v.src), []string{key + "first"}, v.args(p.first)}
 				if p.second != nil {
-					keys, args = append(keys, key+"second"), s.args(p.first, *p.second)
+					runs[i].keys, runs[i].args = append(runs[i].keys, key+"second"), v.args(p.first, *p.second)
 				}
 				// Drain the shut buckets and load the script before timing.
 				for range 2 {
-					if err := script.Exec(ctx, c, keys, args).Error(); err != nil {
+					if err := runs[i].script.Exec(ctx, v.c, runs[i].keys, runs[i].args).Error(); err != nil {
 						b.Fatal(err)
 					}
 				}
-				if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+				if err := v.c.Do(ctx, v.c.B().ConfigResetstat().Build()).Error(); err != nil {
 					b.Fatal(err)
 				}
-				b.ResetTimer()
-				for b.Loop() {
-					reply := script.Exec(ctx, c, keys, args)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				for i, v := range variants {
+					reply := runs[i].script.Exec(ctx, v.c, runs[i].keys, runs[i].args)
 					var denied int64
 					if arr, err := reply.ToArray(); err == nil { // the baseline's {denied, retry}
-						denied, err = arr[0].AsInt64()
-						if err != nil {
+						if denied, err = arr[0].AsInt64(); err != nil {
 							b.Fatal(err)
 						}
 					} else if str, err := reply.ToString(); err == nil { // "denied retry rem1 rem2"
@@ -103,15 +114,21 @@ func BenchmarkScriptServerCost(b *testing.B) {
 						b.Fatal(err)
 					}
 					if denied != int64(p.want) {
-						b.Fatalf("denied %d, want %d", denied, p.want)
+						b.Fatalf("%s: denied %d, want %d", v.name, denied, p.want)
 					}
 				}
-				b.StopTimer()
-				st := testserver.CommandStats(b, c)["evalsha"]
-				if st.Calls > 0 {
-					b.ReportMetric(float64(st.Usec)/float64(st.Calls), "server-µs/op")
+			}
+			b.StopTimer()
+			usec := make([]float64, len(variants))
+			for i, v := range variants {
+				st := testserver.CommandStats(b, v.c)["evalsha"]
+				if st.Calls == 0 {
+					b.Fatalf("%s: no EVALSHA counted", v.name)
 				}
-			})
-		}
+				usec[i] = float64(st.Usec) / float64(st.Calls)
+				b.ReportMetric(usec[i], v.name+"-server-µs/op")
+			}
+			b.ReportMetric(usec[1]/usec[0], "current/baseline")
+		})
 	}
 }

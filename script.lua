@@ -51,12 +51,22 @@ local function noperm(cmd, i)
     ' (README, "Least-privilege ACL")')
 end
 
--- A user may read a key and not write it (%R~), or lack HSET or PEXPIREAT:
--- without this check the script would fail between two writes and leave a
--- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
--- Valkey 7.2+ and Redis 7.0+. A peek writes nothing, so it needs no write
--- permission.
-if mode ~= 'p' and redis.acl_check_cmd then
+-- isACL tells an ACL refusal of a command run from the script (Valkey and
+-- Redis word it differently) from other errors.
+local function isACL(err)
+  return string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or string.find(err, "can't run", 1, true)
+end
+
+-- precheck runs before the first of several writes. A user may read a key
+-- and not write it (%R~), or lack HSET or PEXPIREAT: without this check the
+-- script would fail between two writes and leave a bucket charged, or a key
+-- with no expiry. redis.acl_check_cmd exists on Valkey 7.2+ and Redis 7.0+.
+-- A call that writes one command only (a denial's PEXPIREAT GT) needs no
+-- precheck: that command succeeds or fails whole. A peek writes nothing.
+local function precheck()
+  if not redis.acl_check_cmd then
+    return nil
+  end
   for i = 1, n do
     if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
       return noperm('HSET', i)
@@ -68,11 +78,12 @@ if mode ~= 'p' and redis.acl_check_cmd then
   if record and not redis.acl_check_cmd('SET', record, '0', 'PX', '1') then
     return noperm('SET')
   end
+  return nil
 end
 
 local t = redis.pcall('TIME')
 if t.err then
-  if string.find(t.err, 'ACL', 1, true) or string.find(t.err, 'permission', 1, true) or string.find(t.err, "can't run", 1, true) then
+  if isACL(t.err) then
     return noperm('TIME')
   end
   return redis.error_reply(t.err) -- miniredis, say, refuses TIME in a read-only script
@@ -87,7 +98,7 @@ if record then
     if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
       return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
     end
-    if string.find(r.err, 'ACL', 1, true) or string.find(r.err, 'permission', 1, true) or string.find(r.err, "can't run", 1, true) then
+    if isACL(r.err) then
       return noperm('GET')
     end
     return redis.error_reply(r.err)
@@ -100,7 +111,7 @@ end
 -- valid accepts what the schema stores: a decimal integer below 2^53, the
 -- largest range in which Lua numbers are exact.
 local function valid(v)
-  return string.match(v, '^%d+$') ~= nil and #v <= 16 and tonumber(v) < 9007199254740992
+  return #v <= 16 and string.find(v, '^%d+$') ~= nil and tonumber(v) < 9007199254740992
 end
 
 -- readErr turns a failed read into the script's error: a wrong type, or an
@@ -109,7 +120,7 @@ local function readErr(err, cmd, i)
   if string.sub(err, 1, 9) == 'WRONGTYPE' then
     return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
   end
-  if string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or string.find(err, "can't run", 1, true) then
+  if isACL(err) then
     return noperm(cmd, i)
   end
   return redis.error_reply(err)
@@ -191,18 +202,30 @@ local function store(i, tk, ts)
   redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))
 end
 
--- keep leaves a denied bucket's fields as they are and makes sure its key
--- outlives the moment the bucket is full again under this Spec,
--- ts + (burst - tk) * interval, which refill leaves unchanged; PEXPIREAT GT
--- only ever lengthens an expiry, so with an unchanged Spec it is a no-op.
--- A ts pulled back from the future must be stored instead.
+-- lengthen makes sure a denied bucket's key outlives the moment the bucket
+-- is full again under this Spec, ts + (burst - tk) * interval, which refill
+-- leaves unchanged; PEXPIREAT GT only ever lengthens an expiry, so with an
+-- unchanged Spec it is a no-op. It returns the error reply of a refusal.
+local function lengthen(i, tk, ts)
+  local full = ts + (tonumber(ARGV[4 * i - 1]) - tk) * tonumber(ARGV[4 * i - 2])
+  local r = redis.pcall('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
+  if type(r) == 'table' and r.err then
+    if isACL(r.err) then
+      return noperm('PEXPIREAT', i)
+    end
+    return redis.error_reply(r.err)
+  end
+  return nil
+end
+
+-- keep leaves a denied bucket's fields as they are and lengthens its
+-- expiry; a ts pulled back from the future must be stored instead.
 local function keep(i, tk, ts)
   if pulled[i] then
     store(i, tk, ts)
-    return
+    return nil
   end
-  local full = ts + (tonumber(ARGV[4 * i - 1]) - tk) * tonumber(ARGV[4 * i - 2])
-  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
+  return lengthen(i, tk, ts)
 end
 
 -- reply formats the reply and, in mode 'o', records it under the id.
@@ -222,9 +245,26 @@ end
 
 local write = mode == 't' or mode == 'o'
 
+-- denyFirst writes the first bucket's denial: one command, which succeeds
+-- or fails whole, unless ts was pulled back or a record follows: then the
+-- writes are several, and prechecked.
+local function denyFirst(tk, ts)
+  if pulled[1] or record then
+    local e = precheck()
+    if e then
+      return e
+    end
+  end
+  return keep(1, tk, ts)
+end
+
 if mode == 'r' then
   -- A refund gives each bucket its cost back, capped at burst. A missing
   -- key is a full bucket already: it is not created.
+  local e = precheck()
+  if e then
+    return e
+  end
   local rem = {-1, -1}
   for i = 1, n do
     local tk, ts = refill(i)
@@ -242,7 +282,10 @@ local c1 = tonumber(ARGV[5])
 local tk1, ts1 = refill(1)
 if tk1 < c1 then
   if write then
-    keep(1, tk1, ts1)
+    local e = denyFirst(tk1, ts1)
+    if e then
+      return e
+    end
   end
   return reply(1, wait(1, tk1, ts1), tk1, -1)
 end
@@ -251,18 +294,33 @@ if n == 2 then
   local tk2, ts2 = refill(2)
   if tk2 < c2 then
     if write then
+      local e = precheck()
+      if e then
+        return e
+      end
       store(1, tk1 - c1, ts1)
-      keep(2, tk2, ts2)
+      e = keep(2, tk2, ts2)
+      if e then
+        return e
+      end
     end
     return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end
   if write then
+    local e = precheck()
+    if e then
+      return e
+    end
     store(2, tk2 - c2, ts2)
     store(1, tk1 - c1, ts1)
   end
   return reply(0, 0, tk1 - c1, tk2 - c2)
 end
 if write then
+  local e = precheck()
+  if e then
+    return e
+  end
   store(1, tk1 - c1, ts1)
 end
 return reply(0, 0, tk1 - c1, -1)

@@ -19,7 +19,8 @@ var trustMutants = []struct {
 }{
 	{"freeze-unbounded", "  if ts > latest then\n    ts = latest\n    pulled[i] = true\n  end\n", "", "^(TestIntegrationClockStepBounded|TestServerClockSteppingBack)$"},
 	{"freeze-bound-one-interval-late", "local latest = now + (burst - 1) * interval", "local latest = now + burst * interval", "^TestIntegrationClockStepBounded$"},
-	{"acl-precheck-skipped", "if mode ~= 'p' and redis.acl_check_cmd then", "if false then", "^TestIntegrationACL$"},
+	{"acl-precheck-skipped", "  if not redis.acl_check_cmd then\n    return nil\n  end\n", "  if true then\n    return nil\n  end\n", "^TestIntegrationACL$"},
+	{"acl-denial-write-refusal-unnamed", "    if isACL(r.err) then\n      return noperm('PEXPIREAT', i)", "    if isACL(r.err) then\n      return redis.error_reply(r.err)", "^TestIntegrationACL$"},
 	{"acl-pexpireat-unchecked", "if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then", "if false then", "^TestIntegrationACL$"},
 	{"denial-rewrites-bucket", "  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)", "^TestIntegrationDenialWritesNothing$"},
 	{"denial-expiry-not-lengthened", "math.ceil(full / 1000)), 'GT')", "math.ceil(full / 1000)), 'LT')", "^TestIntegrationDenialKeepsSlowerSpecAlive$"},
