@@ -22,4 +22,6 @@ func orderedOnce(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (
 // by side with BenchmarkAllowOrdered (same paths, same nets): its cost is
 // the record's GET and SET in the script, and the id's and record key's
 // allocations on the client.
-func BenchmarkAllowOrderedOnce(b *testing.B) { runSerial(b, "ordered-once", twoBucketPaths, orderedOnce) }
+func BenchmarkAllowOrderedOnce(b *testing.B) {
+	runSerial(b, "ordered-once", twoBucketPaths, orderedOnce)
+}
