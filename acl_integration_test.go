@@ -13,7 +13,7 @@ import (
 
 // leastPrivilege is the README's least-privilege ACL for admit, without the
 // key pattern.
-const leastPrivilege = "-@all +evalsha +eval +time +hmget +hset +pexpire +exists"
+const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set"
 
 // TestIntegrationACL runs decisions as ACL users that lack one permission
 // each: every call fails, names what is missing, is classed not executed,
@@ -54,7 +54,7 @@ func TestIntegrationACL(t *testing.T) {
 	}{
 		{"no hmget", strings.Replace(leastPrivilege, "+hmget", "", 1) + " ~" + p + "*", "HMGET"},
 		{"no hset", strings.Replace(leastPrivilege, "+hset", "", 1) + " ~" + p + "*", "HSET"},
-		{"no pexpire", strings.Replace(leastPrivilege, "+pexpire", "", 1) + " ~" + p + "*", "PEXPIRE"},
+		{"no pexpireat", strings.Replace(leastPrivilege, "+pexpireat", "", 1) + " ~" + p + "*", "PEXPIREAT"},
 		{"no time", strings.Replace(leastPrivilege, "+time", "", 1) + " ~" + p + "*", "TIME"},
 		{"no exists", strings.Replace(leastPrivilege, "+exists", "", 1) + " ~" + p + "*", "EXISTS"},
 		{"shared bucket read-only", leastPrivilege + " ~" + p + "std %R~" + p + "shared", "NOPERM"}, // refused by EVAL itself, before the script runs

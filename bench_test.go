@@ -585,7 +585,7 @@ func (env *benchEnv) benchThroughputRatio(b *testing.B, n *benchNet, goroutines 
 // TestBenchAccounting checks the benchmarks' bookkeeping without a server:
 // which commands count as round trips, quantiles and net names.
 func TestBenchAccounting(t *testing.T) {
-	for _, cmd := range []string{"time", "hmget", "hset", "pexpire", "exists"} {
+	for _, cmd := range []string{"time", "hmget", "hset", "pexpireat", "exists"} {
 		if !scriptCommands[cmd] {
 			t.Errorf("scriptCommands lacks %q, which the script calls: cmds/op would count it", cmd)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -217,4 +218,36 @@ func TestWait(t *testing.T) {
 			t.Errorf("got %v, %v after %s attempts; want allowed at the second", d, err, calls)
 		}
 	})
+}
+
+// TestWaitRefundsAfterSecondDenial: an attempt the second bucket refuses
+// charges the first bucket (the ordered transitions); Wait gives that charge
+// back before it sleeps or gives up, so only the admitted attempt costs
+// anything. (Before the fix, each refused attempt left the first bucket
+// charged, and the deadline error still said nothing was taken.)
+func TestWaitRefundsAfterSecondDenial(t *testing.T) {
+	e := newUnitEnv(t)
+	spec := MustSpec(Every(time.Hour), 1)
+	first, second := Request{Key: "w:{x}:a", Spec: spec}, Request{Key: "w:{x}:b", Spec: spec}
+	e.allow(t, second, nil) // the second bucket is empty for an hour
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	d, err := e.l.Wait(ctx, first, &second)
+	if d.Denied != 2 || !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, %v; want the second bucket's denial, ErrNotExecuted and DeadlineExceeded", d, err)
+	}
+	if tk, _ := e.state(first.Key); tk != "1" {
+		t.Errorf("first bucket holds %q tokens after Wait gave up, want 1: its charge must be refunded", tk)
+	}
+}
+
+// TestPeekOnMiniredis: miniredis does not count TIME as a read-only
+// command, so EVALSHA_RO fails there; the error must say so, not blame an
+// ACL. (Before the fix: "NOPERM … grant +time".)
+func TestPeekOnMiniredis(t *testing.T) {
+	e := newUnitEnv(t)
+	_, err := New(e.c).Peek(context.Background(), Request{Key: "k", Spec: perSecond3}, nil)
+	if err != nil && strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("Peek on miniredis: %v; a server that refuses TIME in a read-only script is not an ACL refusal", err)
+	}
 }

@@ -137,8 +137,13 @@ func differential(ctx context.Context, u *miniEnv, seed uint64, steps int) error
 		}
 		want, writes := model.Decide(u.micros(), states, first, second)
 		for k, w := range writes {
+			ttl := time.Duration(w.ExpireAtMs*1000-u.micros()) * time.Microsecond
+			if w.Keep { // a denial: fields as stored, the expiry only lengthened
+				ttls[k] = max(ttls[k], ttl)
+				continue
+			}
 			states[k] = model.State{Tokens: w.Tokens, TS: w.TS}
-			ttls[k] = time.Duration(w.TTLMs) * time.Millisecond
+			ttls[k] = ttl
 		}
 		lastRetry = got.RetryAfter
 		var diffs []string

@@ -10,9 +10,10 @@ import "github.com/valkey-io/valkey-go"
 var ScriptSource = scriptSource
 
 // NewLimiterWithScript returns a Limiter that runs src instead of the
-// shipped script.
+// shipped script, as New runs it: through EVALSHA for take and refund, and
+// read-only through EVALSHA_RO for peek.
 func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
-	return newLimiter(c, valkey.NewLuaScript(src))
+	return &Limiter{client: c, script: valkey.NewLuaScript(src), peek: valkey.NewLuaScriptReadOnly(src)}
 }
 
 // LeastPrivilegeACL is the README's least-privilege ACL rules for admit's

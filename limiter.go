@@ -127,22 +127,30 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client valkey.Client
-	script *valkey.Lua // EVALSHA: take and refund
-	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
+	client  valkey.Client
+	script  *valkey.Lua  // EVALSHA: take and refund
+	peek    *valkey.Lua  // EVALSHA_RO: the same script, read-only
+	denials *denialCache // nil unless WithDenialCache
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
-// sentinel or cluster client, or a mock. New only stores the client: it
+// sentinel or cluster client, or a mock, configured by opts (by default,
+// none: every call goes to the server). New only stores the client: it
 // calls no method on it and sends nothing. Each two-bucket call asks the
 // client for its Mode, to check cluster hash slots before sending.
 //
 // Do not hand admit a client built with ClientOption.ConnLifetime > 0:
 // valkey-go (v1.0.79) re-sends a command that is in flight when its
 // connection expires, whatever its retry flag, so a script could run twice.
-func New(client valkey.Client) *Limiter {
+func New(client valkey.Client, opts ...Option) *Limiter {
 	s := scripts()
-	return &Limiter{client: client, script: s.take, peek: s.peek}
+	l := &Limiter{client: client, script: s.take, peek: s.peek}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(l)
+		}
+	}
+	return l
 }
 
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
@@ -154,6 +162,7 @@ const (
 	modeTake   = "t"
 	modePeek   = "p"
 	modeRefund = "r"
+	modeOnce   = "o" // take, recorded under an id
 )
 
 // AllowOrdered takes first's Cost from first and, only when first admits,
@@ -167,11 +176,49 @@ const (
 // command is in flight gives ErrOutcomeUnknown, because the command may
 // still reach the server.
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
-	return l.run(ctx, modeTake, first, second)
+	if l == nil || l.denials == nil {
+		return l.run(ctx, modeTake, first, second)
+	}
+	if d, ok := l.denials.lookup(first); ok {
+		if err := l.check(ctx, first, second); err != nil { // bad input is refused, cached or not
+			return Decision{}, err
+		}
+		return d, nil
+	}
+	sent := l.denials.now()
+	d, err := l.run(ctx, modeTake, first, second)
+	if err == nil && d.Denied == 1 {
+		l.denials.add(first, sent, d)
+	}
+	return d, err
+}
+
+// check refuses what can be known client-side: the checks run sends.
+func (l *Limiter) check(ctx context.Context, first Request, second *Request) error {
+	switch {
+	case l == nil || l.client == nil:
+		return invalidRequest("the Limiter has no client; build it with admit.New")
+	case ctx == nil:
+		return invalidRequest("nil context")
+	}
+	if err := checkRequest("first", first); err != nil {
+		return err
+	}
+	if second != nil {
+		return l.checkPair(first, *second)
+	}
+	return nil
 }
 
 // run checks the call, sends the script in mode and decodes its reply.
 func (l *Limiter) run(ctx context.Context, mode string, first Request, second *Request) (Decision, error) {
+	return l.runRecorded(ctx, mode, first, second, "")
+}
+
+// runRecorded is run with, for AllowOrderedOnce, the key of the record
+// that makes the decision once: the last key, with the window the last
+// argument.
+func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, second *Request, record string) (Decision, error) {
 	switch {
 	case l == nil || l.client == nil:
 		return Decision{}, invalidRequest("the Limiter has no client; build it with admit.New")
@@ -181,20 +228,27 @@ func (l *Limiter) run(ctx context.Context, mode string, first Request, second *R
 	if err := checkRequest("first", first); err != nil {
 		return Decision{}, err
 	}
-	// Keys and arguments share one backing array: 2 keys, the mode, then 4
-	// arguments a bucket.
-	var buf [11]string
-	buf[0], buf[2] = first.Key, mode
-	buf[3], buf[4], buf[5], buf[6] = first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg, costArg(first.cost())
-	keys, args := buf[0:1], buf[2:7]
+	// Keys and arguments share one backing array: up to 3 keys (the
+	// buckets, then a record), the mode, 4 arguments a bucket, then the
+	// record's window.
+	var buf [13]string
+	buf[0], buf[3] = first.Key, mode
+	buf[4], buf[5], buf[6], buf[7] = first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg, costArg(first.cost())
+	nk, na := 1, 5
 	if second != nil {
 		if err := l.checkPair(first, *second); err != nil {
 			return Decision{}, err
 		}
 		buf[1] = second.Key
-		buf[7], buf[8], buf[9], buf[10] = second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg, costArg(second.cost())
-		keys, args = buf[0:2], buf[2:11]
+		buf[8], buf[9], buf[10], buf[11] = second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg, costArg(second.cost())
+		nk, na = 2, 9
 	}
+	buckets := uint8(nk)
+	if record != "" {
+		buf[nk], buf[3+na] = record, onceWindowArg
+		nk, na = nk+1, na+1
+	}
+	keys, args := buf[0:nk], buf[3:3+na]
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
 	}
@@ -202,7 +256,7 @@ func (l *Limiter) run(ctx context.Context, mode string, first Request, second *R
 	if mode == modePeek {
 		script = l.peek
 	}
-	return decode(script.Exec(ctx, l.client, keys, args), uint8(len(keys)))
+	return decode(execScript(ctx, script, l.client, keys, args), buckets)
 }
 
 // costArg encodes a cost; strconv.Itoa does not allocate below 100.

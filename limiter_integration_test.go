@@ -156,7 +156,7 @@ func TestConformanceACL(t *testing.T) {
 	}
 	defer c.Close()
 	for _, cmd := range []valkey.Completed{
-		c.B().Get().Key(prefix + "x").Build(),
+		c.B().Lpush().Key(prefix + "x").Element("1").Build(),
 		c.B().Hset().Key("elsewhere").FieldValue().FieldValue("tokens", "1").Build(),
 		c.B().Del().Key(prefix + "x").Build(),
 	} {

@@ -60,6 +60,7 @@ func TestAllowOrderedTransitions(t *testing.T) {
 		e := newUnitEnv(t)
 		first, second := Request{Key: "a:1", Spec: perSecond3}, Request{Key: "a:2", Spec: perSecond3}
 		e.srv.HSet(first.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros(), 10))
+		e.srv.SetTTL(first.Key, time.Second) // shorter than the 3 s it needs to be full: as after a Spec was made slower
 		e.srv.HSet(second.Key, "tokens", "1", "ts", "12345")
 		e.srv.SetTTL(second.Key, time.Hour)
 		runSteps(t, e, first, second, []step{{rule: "empty first bucket denies", second: true, want: denied(1, time.Second)}})
@@ -69,17 +70,18 @@ func TestAllowOrderedTransitions(t *testing.T) {
 		if got := e.srv.TTL(second.Key); got != time.Hour {
 			t.Errorf("second bucket TTL changed: %v, want 1h", got)
 		}
-		if tk, _ := e.state(first.Key); tk != "0" {
-			t.Errorf("first bucket tokens = %q, want 0", tk)
+		if tk, ts := e.state(first.Key); tk != "0" || ts != strconv.FormatInt(e.micros(), 10) {
+			t.Errorf("first bucket = tokens %q ts %q, want 0 and %d (not rewritten)", tk, ts, e.micros())
 		}
-		if got := e.srv.TTL(first.Key); got != perSecond3.TTL() {
-			t.Errorf("first bucket TTL = %v, want %v (refreshed on denial)", got, perSecond3.TTL())
+		if got := e.srv.TTL(first.Key); got != 3*time.Second {
+			t.Errorf("first bucket TTL = %v, want 3s (lengthened to the time to full, never shortened)", got)
 		}
 	})
 	t.Run("second denies: first consumed", func(t *testing.T) {
 		e := newUnitEnv(t)
 		first, second := Request{Key: "b:1", Spec: perSecond3}, Request{Key: "b:2", Spec: perSecond3}
 		e.srv.HSet(second.Key, "tokens", "0", "ts", strconv.FormatInt(e.micros()-400_000, 10))
+		e.srv.SetTTL(second.Key, time.Hour) // longer than it needs: a denial leaves it
 		runSteps(t, e, first, second, []step{{rule: "empty second bucket denies", second: true, want: denied(2, 600*time.Millisecond)}})
 		if tk, ts := e.state(first.Key); tk != "2" || ts != strconv.FormatInt(e.micros(), 10) {
 			t.Errorf("first bucket = tokens %q ts %q, want 2 and %d", tk, ts, e.micros())
@@ -87,8 +89,13 @@ func TestAllowOrderedTransitions(t *testing.T) {
 		if tk, ts := e.state(second.Key); tk != "0" || ts != strconv.FormatInt(e.micros()-400_000, 10) {
 			t.Errorf("second bucket = tokens %q ts %q, want 0 and %d", tk, ts, e.micros()-400_000)
 		}
-		if got := e.srv.TTL(second.Key); got != perSecond3.TTL() {
-			t.Errorf("second bucket TTL = %v, want %v (refreshed on denial)", got, perSecond3.TTL())
+		if got := e.srv.TTL(second.Key); got != time.Hour {
+			t.Errorf("second bucket TTL = %v, want 1h (a denial never shortens an expiry)", got)
+		}
+		e.srv.SetTTL(second.Key, time.Second)
+		runSteps(t, e, first, second, []step{{rule: "still empty", second: true, want: denied(2, 600*time.Millisecond)}})
+		if got := e.srv.TTL(second.Key); got != 2600*time.Millisecond {
+			t.Errorf("second bucket TTL = %v, want 2.6s (lengthened to the time to full)", got)
 		}
 	})
 	t.Run("both allow: both consumed", func(t *testing.T) {

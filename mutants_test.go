@@ -42,11 +42,11 @@ func (m mutant) apply(src string) (string, error) {
 
 var scriptMutants = []mutant{
 	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
-		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    store(1, tk1, ts1)\n",
-			"if tk1 < c1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  if write then\n    store(1, tk1, ts1)\n"}}},
+		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    keep(1, tk1, ts1)\n",
+			"if tk1 < c1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  if write then\n    keep(1, tk1, ts1)\n"}}},
 	{name: "second-refreshed-on-first-denial",
-		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    store(1, tk1, ts1)\n",
-			"if tk1 < c1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  if write then\n    store(1, tk1, ts1)\n"}}},
+		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    keep(1, tk1, ts1)\n",
+			"if tk1 < c1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  if write then\n    keep(1, tk1, ts1)\n"}}},
 	{name: "first-written-before-second-read",
 		edits: [][2]string{
 			{"for i = 1, n do\n  local v = redis.pcall", "local function load(i)\n  local v = redis.pcall"},
@@ -56,15 +56,23 @@ var scriptMutants = []mutant{
 				"if n == 2 then\n  store(1, tk1 - c1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local c2 = tonumber(ARGV[9])"},
 		}},
 	{name: "token-taken-on-first-denial",
-		edits: [][2]string{{"if write then\n    store(1, tk1, ts1)", "if write then\n    store(1, tk1 - 1, ts1)"}}},
+		edits: [][2]string{{"if write then\n    keep(1, tk1, ts1)", "if write then\n    store(1, tk1 - 1, ts1)"}}},
 	{name: "second-token-taken-on-second-denial",
-		edits: [][2]string{{"      store(2, tk2, ts2)\n", "      store(2, tk2 - 1, ts2)\n"}}},
+		edits: [][2]string{{"      keep(2, tk2, ts2)\n", "      store(2, tk2 - 1, ts2)\n"}}},
 	{name: "first-not-charged-on-second-denial",
-		edits: [][2]string{{"      store(1, tk1 - c1, ts1)\n      store(2, tk2, ts2)", "      store(1, tk1, ts1)\n      store(2, tk2, ts2)"}}},
+		edits: [][2]string{{"      store(1, tk1 - c1, ts1)\n      keep(2, tk2, ts2)", "      store(1, tk1, ts1)\n      keep(2, tk2, ts2)"}}},
 	{name: "expiry-dropped",
-		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", ""}}},
+		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", ""}}},
 	{name: "expiry-shorter-than-refill",
-		edits: [][2]string{{"local ttl = ARGV[4 * i]", "local ttl = string.format('%d', math.floor(tonumber(ARGV[4 * i]) / 2))"}}},
+		edits: [][2]string{{"+ tonumber(ARGV[4 * i])))", "+ math.floor(tonumber(ARGV[4 * i]) / 2)))"}}},
+	{name: "expiry-from-now-not-ts", // a clock step back would let the key expire before the bucket refills
+		edits: [][2]string{{"math.ceil(math.max(ts, now) / 1000)", "math.ceil(now / 1000)"}}},
+	{name: "denial-rewrites-bucket", // what every denial did before: HSET + PEXPIRE
+		edits: [][2]string{{"  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)"}}},
+	{name: "denial-expiry-not-lengthened", // a Spec made slower lets a denied key expire early
+		edits: [][2]string{{"string.format('%d', math.ceil(full / 1000)), 'GT')", "string.format('%d', math.ceil(full / 1000)), 'LT')"}}},
+	{name: "denial-expiry-always-set", // shortens a key's expiry: no GT
+		edits: [][2]string{{"string.format('%d', math.ceil(full / 1000)), 'GT')", "string.format('%d', math.ceil(full / 1000)))"}}},
 	{name: "le-where-lt-is-meant",
 		edits: [][2]string{{"if tk1 < c1 then", "if tk1 <= c1 then"}}},
 	{name: "field-validation-skipped",
@@ -90,10 +98,22 @@ var scriptMutants = []mutant{
 		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "remaining-before-the-charge",
 		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1, tk2 - c2)"}}},
+	{name: "foreign-hash-accepted", // a user's hash gains tokens, ts and an expiry
+		edits: [][2]string{{"if e == 1 then", "if e == 2 then"}}},
+	{name: "once-record-written-not-read", // every retry decides again
+		edits: [][2]string{{"  if r then\n    return r\n  end\n", "  if false then\n    return r\n  end\n"}}},
+	{name: "once-record-read-but-charged", // the retry returns the old Decision and charges again
+		edits: [][2]string{
+			{"if record then\n  local r = redis.pcall('GET', record)", "local replayed\nif record then\n  local r = redis.pcall('GET', record)"},
+			{"  if r then\n    return r\n  end\n", "  if r then\n    replayed = r\n  end\n"},
+			{"    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return r\n", "    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return replayed or r\n"},
+		}},
+	{name: "once-record-never-expires",
+		edits: [][2]string{{"redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])", "redis.call('SET', record, r)"}}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
-		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
+		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",
-		edits: [][2]string{{"  redis.call('PEXPIRE', KEYS[i], ttl)\n", "  redis.call('PEXPIRE', KEYS[i], ttl)\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},
+		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},
 }
 
 // hostClockClient appends the host's clock, in µs, to every script
@@ -148,7 +168,7 @@ func TestMutants(t *testing.T) {
 
 	// A mutant "caught" by a rule that the shipped script fails too would
 	// prove nothing.
-	for _, r := range suite.Rules(admit.New) {
+	for _, r := range suite.Rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
 		if err := runRule(r); err != nil {
 			if _, skip := suitehook.IsSkip(err); !skip {
 				t.Fatalf("the shipped script fails %s; fix that first:\n%v", r.Name, err)

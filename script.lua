@@ -1,8 +1,12 @@
 -- admit: ordered token-bucket admission. One call decides one or two buckets.
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.
+-- KEYS[n+1]      mode 'o' only: the record of the id (a string key)
 -- ARGV[1]        mode: 't' take (AllowOrdered), 'p' peek (what take would
---                decide, with no write: runs as EVALSHA_RO), 'r' refund
+--                decide, with no write: runs as EVALSHA_RO), 'r' refund,
+--                'o' take once (AllowOrderedOnce): a recorded decision is
+--                returned as it is; otherwise take, and record the reply
+-- ARGV[4n+2]     mode 'o' only: the record's expiry in milliseconds
 -- ARGV[4i-2]     bucket i: microseconds per token (a whole number >= 1)
 -- ARGV[4i-1]     bucket i: burst, the most tokens the bucket holds
 -- ARGV[4i]       bucket i: expiry in milliseconds, burst * interval rounded up
@@ -20,6 +24,13 @@
 -- holds its cost; remI is the tokens bucket I holds after the call, -1 for a
 -- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2".
 --
+-- A denied bucket is not rewritten: its refill is a pure function of its
+-- stored fields and the server's time, so the next call recomputes the same
+-- state. Only its expiry may be lengthened (PEXPIREAT GT), for a Spec made
+-- slower since the last write; a no-op PEXPIREAT GT changes nothing and
+-- replicates nothing. The one exception is a ts pulled back from the future
+-- (a clock step): that is stored, or the freeze would restart each call.
+--
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
 -- validated, and every write is checked against the caller's ACL, before the
 -- first write, because Valkey does not roll back a script's earlier writes
@@ -27,6 +38,11 @@
 
 local n = #KEYS
 local mode = ARGV[1]
+local record
+if mode == 'o' then
+  n = n - 1
+  record = KEYS[n + 1]
+end
 
 -- noperm names the command the ACL user lacks; nothing has been written.
 local function noperm(cmd, i)
@@ -35,7 +51,7 @@ local function noperm(cmd, i)
     ' (README, "Least-privilege ACL")')
 end
 
--- A user may read a key and not write it (%R~), or lack HSET or PEXPIRE:
+-- A user may read a key and not write it (%R~), or lack HSET or PEXPIREAT:
 -- without this check the script would fail between two writes and leave a
 -- bucket charged, or a key with no expiry. redis.acl_check_cmd exists on
 -- Valkey 7.2+ and Redis 7.0+. A peek writes nothing, so it needs no write
@@ -45,17 +61,41 @@ if mode ~= 'p' and redis.acl_check_cmd then
     if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
       return noperm('HSET', i)
     end
-    if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then
-      return noperm('PEXPIRE', i)
+    if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then
+      return noperm('PEXPIREAT', i)
     end
+  end
+  if record and not redis.acl_check_cmd('SET', record, '0', 'PX', '1') then
+    return noperm('SET')
   end
 end
 
 local t = redis.pcall('TIME')
 if t.err then
-  return noperm('TIME')
+  if string.find(t.err, 'ACL', 1, true) or string.find(t.err, 'permission', 1, true) or string.find(t.err, "can't run", 1, true) then
+    return noperm('TIME')
+  end
+  return redis.error_reply(t.err) -- miniredis, say, refuses TIME in a read-only script
 end
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- A decision already recorded under this id is returned as it was made,
+-- and nothing is taken.
+if record then
+  local r = redis.pcall('GET', record)
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
+    end
+    if string.find(r.err, 'ACL', 1, true) or string.find(r.err, 'permission', 1, true) or string.find(r.err, "can't run", 1, true) then
+      return noperm('GET')
+    end
+    return redis.error_reply(r.err)
+  end
+  if r then
+    return r
+  end
+end
 
 -- valid accepts what the schema stores: a decimal integer below 2^53, the
 -- largest range in which Lua numbers are exact.
@@ -110,6 +150,7 @@ end
 -- never outlasts one full refill: an empty bucket's next token comes at
 -- most burst * interval from now, whatever ts a lagging node or a bad
 -- write left.
+local pulled = {}
 local function refill(i)
   local interval, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
   local tk, ts = tokens[i], stamps[i]
@@ -122,6 +163,7 @@ local function refill(i)
   local latest = now + (burst - 1) * interval
   if ts > latest then
     ts = latest
+    pulled[i] = true
   end
   if now > ts then
     local gained = math.floor((now - ts) / interval)
@@ -137,21 +179,39 @@ local function refill(i)
   return tk, ts
 end
 
--- store writes a bucket and its expiry. The expiry is never shorter than the
--- time to refill from empty to full; when the server clock has stepped back
--- behind ts, refill resumes only once the clock passes ts again, so the
--- expiry is extended by that gap.
+-- Expiries are absolute (PEXPIREAT, ms on the server's clock, rounded up),
+-- so that a denial's expiry and the last write's compare exactly.
+--
+-- store writes a bucket and its expiry: the later of now and ts, plus the
+-- time to refill from empty to full. Never shorter than the time the bucket
+-- needs to be full; when the server clock has stepped back behind ts,
+-- refill resumes only once the clock passes ts again, hence the later.
 local function store(i, tk, ts)
   redis.call('HSET', KEYS[i], 'tokens', string.format('%d', tk), 'ts', string.format('%d', ts))
-  local ttl = ARGV[4 * i]
-  if ts > now then
-    ttl = string.format('%d', tonumber(ttl) + math.ceil((ts - now) / 1000))
-  end
-  redis.call('PEXPIRE', KEYS[i], ttl)
+  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))
 end
 
+-- keep leaves a denied bucket's fields as they are and makes sure its key
+-- outlives the moment the bucket is full again under this Spec,
+-- ts + (burst - tk) * interval, which refill leaves unchanged; PEXPIREAT GT
+-- only ever lengthens an expiry, so with an unchanged Spec it is a no-op.
+-- A ts pulled back from the future must be stored instead.
+local function keep(i, tk, ts)
+  if pulled[i] then
+    store(i, tk, ts)
+    return
+  end
+  local full = ts + (tonumber(ARGV[4 * i - 1]) - tk) * tonumber(ARGV[4 * i - 2])
+  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
+end
+
+-- reply formats the reply and, in mode 'o', records it under the id.
 local function reply(denied, retry, rem1, rem2)
-  return string.format('%d %d %d %d', denied, retry, rem1, rem2)
+  local r = string.format('%d %d %d %d', denied, retry, rem1, rem2)
+  if record then
+    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])
+  end
+  return r
 end
 
 -- wait is the time until bucket i, holding tk tokens credited up to ts,
@@ -160,7 +220,7 @@ local function wait(i, tk, ts)
   return ts + (tonumber(ARGV[4 * i + 1]) - tk) * tonumber(ARGV[4 * i - 2]) - now
 end
 
-local write = mode == 't'
+local write = mode == 't' or mode == 'o'
 
 if mode == 'r' then
   -- A refund gives each bucket its cost back, capped at burst. A missing
@@ -182,7 +242,7 @@ local c1 = tonumber(ARGV[5])
 local tk1, ts1 = refill(1)
 if tk1 < c1 then
   if write then
-    store(1, tk1, ts1)
+    keep(1, tk1, ts1)
   end
   return reply(1, wait(1, tk1, ts1), tk1, -1)
 end
@@ -192,7 +252,7 @@ if n == 2 then
   if tk2 < c2 then
     if write then
       store(1, tk1 - c1, ts1)
-      store(2, tk2, ts2)
+      keep(2, tk2, ts2)
     end
     return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end

@@ -143,10 +143,12 @@ func (s Spec) Burst() int { return s.burst }
 func (s Spec) Interval() time.Duration { return s.interval }
 
 // TTL returns the expiry every write gives the bucket's key: the time to
-// refill from empty to full (Burst × Interval), rounded up to a millisecond.
-// An idle bucket expires only once it would be full anyway, so expiry never
-// hands out tokens early. (Should the server clock step back, the script
-// lengthens the expiry by the step, for the same reason.)
+// refill from empty to full (Burst × Interval), rounded up to a millisecond,
+// counted from the later of the server's now and the bucket's ts (which is
+// ahead of now only after the server clock stepped back). An idle bucket
+// expires only once it would be full anyway, so expiry never hands out
+// tokens early. A denial does not rewrite a bucket: it only lengthens the
+// key's expiry, when needed, to the moment the bucket is full again.
 func (s Spec) TTL() time.Duration { return s.ttl }
 
 // IsZero reports whether s is the zero Spec, which is invalid.

@@ -2,7 +2,6 @@ package admit
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -76,43 +75,6 @@ func TestIntegrationClockStepBounded(t *testing.T) {
 		t.Logf("flapping by %v, %d cycles, burst 3, interval 1h: %d admitted (%d over one burst)", tc.delta, cycles, total, total-3)
 	}
 	clock.Set(t, 0)
-}
-
-// TestIntegrationForeignHashRefused: a hash that is not a bucket (a user
-// record at the key) fails the call with ErrCorruptState, and neither key
-// changes. (Before the fix, the call was allowed and the user's hash gained
-// tokens, ts and a 3 s expiry.)
-func TestIntegrationForeignHashRefused(t *testing.T) {
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	l := New(c)
-	ctx := context.Background()
-	p := testserver.Prefix(t, c)
-	user, other := p+"user:42", p+"bucket"
-	if err := c.Do(ctx, c.B().Hset().Key(user).FieldValue().FieldValue("name", "alice").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name          string
-		first, second Request
-	}{
-		{"alone", Request{Key: user, Spec: perSecond3}, Request{}},
-		{"first of two", Request{Key: user, Spec: perSecond3}, Request{Key: other, Spec: perSecond3}},
-		{"second of two", Request{Key: other, Spec: perSecond3}, Request{Key: user, Spec: perSecond3}},
-	} {
-		before := keysState(t, c, user, other)
-		var second *Request
-		if tc.second.Key != "" {
-			second = &tc.second
-		}
-		d, err := l.AllowOrdered(ctx, tc.first, second)
-		if !errors.Is(err, ErrCorruptState) || !errors.Is(err, ErrNotExecuted) || d.Allowed() {
-			t.Errorf("%s: got %v, %v; want ErrCorruptState, not executed", tc.name, d, err)
-		}
-		if after := keysState(t, c, user, other); after != before {
-			t.Errorf("%s: keys changed:\nbefore %s\nafter  %s", tc.name, before, after)
-		}
-	}
 }
 
 // keysState is every key's DUMP and PTTL, to compare byte for byte.

@@ -17,11 +17,13 @@ var trustMutants = []struct {
 	old, new string
 	caughtBy string // -test.run pattern
 }{
-	{"freeze-unbounded", "  if ts > latest then\n    ts = latest\n  end\n", "", "^(TestIntegrationClockStepBounded|TestServerClockSteppingBack)$"},
+	{"freeze-unbounded", "  if ts > latest then\n    ts = latest\n    pulled[i] = true\n  end\n", "", "^(TestIntegrationClockStepBounded|TestServerClockSteppingBack)$"},
 	{"freeze-bound-one-interval-late", "local latest = now + (burst - 1) * interval", "local latest = now + burst * interval", "^TestIntegrationClockStepBounded$"},
-	{"foreign-hash-accepted", "if e == 1 then", "if e == 2 then", "^TestIntegrationForeignHashRefused$"},
 	{"acl-precheck-skipped", "if mode ~= 'p' and redis.acl_check_cmd then", "if false then", "^TestIntegrationACL$"},
-	{"acl-pexpire-unchecked", "if not redis.acl_check_cmd('PEXPIRE', KEYS[i], '1') then", "if false then", "^TestIntegrationACL$"},
+	{"acl-pexpireat-unchecked", "if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then", "if false then", "^TestIntegrationACL$"},
+	{"denial-rewrites-bucket", "  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)", "^TestIntegrationDenialWritesNothing$"},
+	{"denial-expiry-not-lengthened", "math.ceil(full / 1000)), 'GT')", "math.ceil(full / 1000)), 'LT')", "^TestIntegrationDenialKeepsSlowerSpecAlive$"},
+	{"pulled-ts-not-stored", "  if pulled[i] then\n    store(i, tk, ts)", "  if false then\n    store(i, tk, ts)", "^TestIntegrationClockStepBounded$"},
 	{"acl-read-refusal-as-server-error", "string.find(err, 'ACL', 1, true) or", "false and", "^TestIntegrationACL$"},
 }
 

@@ -17,6 +17,12 @@ import (
 // error wraps ErrNotExecuted and context.DeadlineExceeded and comes with the
 // denial: nothing was taken.
 //
+// An attempt that the second bucket refuses has charged the first bucket
+// (the ordered transitions); Wait refunds that charge (one more round trip)
+// before it sleeps or gives up, so only the admitted attempt costs
+// anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
+// refund's error: the first bucket may stay charged.
+//
 // An attempt that fails is never repeated: Wait returns its error as
 // AllowOrdered gave it, so an attempt whose outcome is unknown
 // (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
@@ -32,6 +38,17 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		d, err := l.AllowOrdered(ctx, first, second)
 		if err != nil || d.Allowed() {
 			return d, err
+		}
+		if d.Denied == 2 {
+			// The second bucket refused after the first was charged (the
+			// ordered transitions): give the first its Cost back, so that
+			// only the admitted attempt costs anything.
+			if err := l.Refund(ctx, first, nil); err != nil {
+				return d, &callError{
+					msg:   "admit: Wait: the second bucket refused and the first bucket's charge could not be refunded, so it may stay charged",
+					class: ErrOutcomeUnknown, cause: err,
+				}
+			}
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d.RetryAfter {
 			return d, &callError{

@@ -40,6 +40,12 @@
 // whole script cache) and requires INFO commandstats to move exactly by its
 // own commands.
 //
+// With [Owned] or [WithAdmin], the rule peek-read-only-user also creates a
+// short-lived ACL user ("admittest-peek-" and random hex digits, allowed
+// only the commands of a peek on the rule's keys) with ACL SETUSER on the
+// node that holds the rule's keys, and deletes it with ACL DELUSER when the
+// rule ends.
+//
 // The suite needs Valkey 7.2+ or Redis 7.0+ (it reads PEXPIRETIME). It takes
 // a few seconds against a server on the same machine.
 package admittest
@@ -67,7 +73,7 @@ func Run(t *testing.T, client valkey.Client, opts ...Option) {
 	d := open(t, client, opts)
 	t.Logf("admittest: %s; keys under %q", d.target(), d.base)
 	start := time.Now()
-	for _, r := range d.rules(admit.New) {
+	for _, r := range d.rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
 		t.Run(r.Name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), ruleTimeout)
 			defer cancel()
@@ -108,7 +114,8 @@ func Owned() Option { return optionFunc(func(c *config) { c.owned = true }) }
 
 // WithAdmin gives the client the suite prepares and inspects buckets with
 // (DEL, HSET, PEXPIREAT, SET, RPUSH, DUMP, PEXPIRETIME, HGETALL, EXISTS, SCAN,
-// TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, and SCRIPT FLUSH with [Owned]),
+// TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL SETUSER and ACL DELUSER,
+// and SCRIPT FLUSH with [Owned]),
 // for when the client under test may run only what admit needs, as a
 // least-privilege ACL user does. Default: the client under test.
 func WithAdmin(admin valkey.Client) Option { return optionFunc(func(c *config) { c.admin = admin }) }

@@ -481,6 +481,9 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 			errs = append(errs, fmt.Errorf("Remaining[%d] = %d, want %d..%d (-1 for a bucket not evaluated)", i, d.Remaining[i], lo, hi))
 		}
 	}
+	if err := remainingBetween(d, dLo, dHi); err != nil {
+		errs = append(errs, err)
+	}
 	for _, k := range keys {
 		lo, written := wLo[k]
 		if !written {
@@ -494,6 +497,27 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 			continue
 		}
 		hi := wHi[k]
+		if lo.Keep != hi.Keep {
+			return d, fmt.Errorf("inconclusive: the model's write of %s changes within the server window of %dµs", e.short(k), tAfter-tBefore)
+		}
+		if lo.Keep {
+			// A denial: the fields byte for byte as before; the expiry
+			// only ever lengthened, to at least the time to full.
+			after, err := e.snap(ctx, k)
+			if err != nil {
+				return d, err
+			}
+			minLo, minHi := min(lo.ExpireAtMs, hi.ExpireAtMs), max(lo.ExpireAtMs, hi.ExpireAtMs)
+			switch {
+			case after.dump != before[k].dump:
+				errs = append(errs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
+			case (before[k].expireAt == -1 || before[k].expireAt >= minHi) && after.expireAt != before[k].expireAt:
+				errs = append(errs, fmt.Errorf("%s: PEXPIRETIME %d changed to %d; a denial never shortens an expiry that outlives the refill (%d..%d)", e.short(k), before[k].expireAt, after.expireAt, minLo, minHi))
+			case before[k].expireAt < minLo && !between(minLo, minHi, after.expireAt):
+				errs = append(errs, fmt.Errorf("%s: PEXPIRETIME %d, want it lengthened to the time to full: %d..%d", e.short(k), after.expireAt, minLo, minHi))
+			}
+			continue
+		}
 		obs, err := e.readBucket(ctx, k)
 		if err != nil {
 			return d, err
@@ -503,11 +527,9 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 			errs = append(errs, fmt.Errorf("%s: %v", e.short(k), err))
 			continue
 		}
-		// The expiry is the server's ms clock when the script ran plus the
-		// TTL the model gives at that instant; each lies between its
-		// values at the two ends of the window.
-		expLo := tBefore/1000 + min(lo.TTLMs, hi.TTLMs)
-		expHi := (tAfter+999)/1000 + max(lo.TTLMs, hi.TTLMs)
+		// The expiry the model gives at each end of the window.
+		expLo := min(lo.ExpireAtMs, hi.ExpireAtMs)
+		expHi := max(lo.ExpireAtMs, hi.ExpireAtMs)
 		if !between(lo.Tokens, hi.Tokens, tk) || !between(lo.TS, hi.TS, ts) || !between(expLo, expHi, obs.expireAt) {
 			errs = append(errs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
 				e.short(k), tk, ts, obs.expireAt, lo.Tokens, hi.Tokens, lo.TS, hi.TS, expLo, expHi))

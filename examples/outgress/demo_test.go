@@ -1,6 +1,13 @@
 package main
 
 import (
+	"errors"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/worker"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"strings"
 	"testing"
 	"time"
@@ -23,9 +30,9 @@ func TestDemo(t *testing.T) {
 			cfg := demoConfig{
 				Duration: 600 * time.Millisecond, Rate: 400, Channels: 20,
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
-				Drain: 300 * time.Millisecond, Seed: 3,
+				Drain: 6 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
-			res, err := runDemo(ctxT(t), cfg)
+			res, err := runDemo(testenv.Ctx(t), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -43,34 +50,38 @@ func TestDemo(t *testing.T) {
 
 func checkDemo(t *testing.T, res *demoResult) {
 	t.Helper()
-	want := map[pathRow]int64{
-		rowStdWarm: 1, rowStdCold: 2, rowPremWarm: 1, rowPremCold: 2,
-		rowHelixAPI: 1, rowHelixWarm: 1, rowHelixCold: 2, rowJoined: 1, rowPaused: 0,
+	want := map[worker.Row]int64{
+		worker.RowStdWarm: 1, worker.RowStdCold: 2, worker.RowPremWarm: 1, worker.RowPremCold: 2,
+		worker.RowHelixAPI: 1, worker.RowHelixWarm: 1, worker.RowHelixCold: 2, worker.RowJoined: 1, worker.RowPaused: 0,
 	}
 	for row, n := range want {
-		s := res.rows.row(row)
-		if s.n > 0 && (s.min != n || s.max != n || s.roundTrips != s.commands) {
-			t.Errorf("%s: %d-%d commands in %d round trips over %d messages; want exactly %d each", rowNames[row], s.min, s.max, s.roundTrips, s.n, n)
+		s := res.rows.Row(row)
+		if s.N > 0 && (s.Min != n || s.Max != n || s.RoundTrips != s.Commands) {
+			t.Errorf("%s: %d-%d commands in %d round trips over %d messages; want exactly %d each", worker.RowNames[row], s.Min, s.Max, s.RoundTrips, s.N, n)
 		}
 	}
-	for _, row := range []pathRow{rowStdWarm, rowStdCold, rowPremWarm, rowHelixAPI, rowPaused} {
-		if res.rows.row(row).n == 0 {
-			t.Errorf("%s: no message took this path", rowNames[row])
+	for _, row := range []worker.Row{worker.RowStdWarm, worker.RowStdCold, worker.RowPremWarm, worker.RowHelixAPI, worker.RowPaused} {
+		if res.rows.Row(row).N == 0 {
+			t.Errorf("%s: no message took this path", worker.RowNames[row])
 		}
 	}
-	for row, n := range planBefore[:rowPremCold+1] {
-		if s := res.oldShape.row(pathRow(row)); s.n != 1 || s.commands != int64(n) {
-			t.Errorf("old shape, %s: %d commands over %d messages, want %d over 1", rowNames[row], s.commands, s.n, n)
+	for row, n := range worker.PlanBefore[:worker.RowPremCold+1] {
+		if s := res.oldShape.Row(worker.Row(row)); s.N != 1 || s.Commands != int64(n) {
+			t.Errorf("old shape, %s: %d commands over %d messages, want %d over 1", worker.RowNames[row], s.Commands, s.N, n)
 		}
+	}
+	if c := res.contract; len(c) != 2 || c[0].LimiterCalls != 2 || !c[0].Admitted || c[0].Err != nil ||
+		c[1].LimiterCalls != 1 || !errors.Is(c[1].Err, admit.ErrOutcomeUnknown) {
+		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown not repeated", c)
 	}
 	if len(res.pauseLog) != 2 {
 		t.Fatalf("%d pause changes, want 2", len(res.pauseLog))
 	}
 	for i, ev := range res.pauseLog {
-		if ev.err != nil || ev.version != int64(i+1) {
-			t.Errorf("pause change %d: version %d, %v", i, ev.version, ev.err)
+		if ev.Err != nil || ev.Version != int64(i+1) {
+			t.Errorf("pause change %d: version %d, %v", i, ev.Version, ev.Err)
 		}
-		for r, d := range ev.seen {
+		for r, d := range ev.Seen {
 			if d < 0 {
 				t.Errorf("pause change %d: replica %d never saw it", i, r)
 			}
@@ -80,13 +91,17 @@ func checkDemo(t *testing.T, res *demoResult) {
 	if res.reported != 0 || b.Errors != 0 {
 		t.Errorf("%d errors reported (first: %s); want none", res.reported, res.firstError)
 	}
-	if got := b.Acked + sum(b.Dropped[:]) + b.Abandoned; got != int64(res.published) {
-		t.Errorf("acked %d + dropped %d + abandoned %d = %d, want the %d published", b.Acked, sum(b.Dropped[:]), b.Abandoned, got, res.published)
+	if got := b.Acked + sum(b.Dropped[:]); got != int64(res.published) || res.unfinished != 0 || res.refused != 0 {
+		t.Errorf("acked %d + dropped %d = %d, %d unfinished, %d refused; want the %d published, all finished",
+			b.Acked, sum(b.Dropped[:]), got, res.unfinished, res.refused, res.published)
 	}
-	if b.Nacked[NackPaused] == 0 || b.Dropped[DropMalformed] == 0 {
+	if res.restartErr != nil || b.AckFailures != 0 {
+		t.Errorf("restart: %v; %d unconfirmed acks", res.restartErr, b.AckFailures)
+	}
+	if b.Nacked[bus.NackPaused] == 0 || b.Dropped[bus.DropMalformed] == 0 {
 		t.Errorf("stats %+v: the mix should include paused and malformed messages", b)
 	}
-	if res.metrics.Status(Status2xx) != b.Acked {
-		t.Errorf("%d 2xx responses for %d acks", res.metrics.Status(Status2xx), b.Acked)
+	if res.metrics.Status(helix.Status2xx) != b.Acked {
+		t.Errorf("%d 2xx responses for %d acks", res.metrics.Status(helix.Status2xx), b.Acked)
 	}
 }

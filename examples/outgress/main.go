@@ -3,10 +3,10 @@
 // sends them to a third-party HTTP API (Twitch Helix) under its rate limits,
 // keeping part of every shared budget for premium traffic.
 //
-//	go run ./examples/outgress                              # in-process miniredis
-//	VALKEY_ADDR=127.0.0.1:6379 go run ./examples/outgress   # a real Valkey
+//	cd examples/outgress && go run .                              # in-process miniredis, embedded NATS
+//	cd examples/outgress && VALKEY_ADDR=127.0.0.1:6379 go run .   # a real Valkey
 //
-// It starts two worker replicas, a fake Helix server and an in-memory bus,
+// It starts two worker replicas, a fake Helix server and NATS JetStream,
 // pushes a mix of standard and premium chat plus Helix calls through them for
 // a few seconds, pauses and resumes sending mid-run, and prints the Valkey
 // commands each message cost by path, the decisions by lane, the delivery
@@ -15,18 +15,25 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 )
 
 func main() {
+	cfg := defaultDemo()
+	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
+	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res, err := runDemo(ctx, defaultDemo())
+	res, err := runDemo(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outgress:", err)
 		os.Exit(1)
 	}
-	res.Print(os.Stdout)
+	if res != nil {
+		res.Print(os.Stdout)
+	}
 }

@@ -1,123 +1,30 @@
 package main
 
 import (
+	"errors"
+	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/examples/outgress/worker"
+
 	"fmt"
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"io"
+	"math"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 )
 
-// pathRow groups messages by the way they went, for the commands table.
-type pathRow uint8
-
-const (
-	rowStdWarm pathRow = iota // the plan's four rows first
-	rowStdCold
-	rowPremWarm
-	rowPremCold
-	rowHelixAPI
-	rowHelixWarm
-	rowHelixCold
-	rowJoined
-	rowPaused
-	rowOther
-	numRows
-)
-
-var rowNames = [numRows]string{
-	"standard chat, warm channel cache",
-	"standard chat, cold channel cache",
-	"premium chat, warm channel cache",
-	"premium chat, cold channel cache",
-	"Helix API call (no channel)",
-	"Helix announce/shoutout, warm cache",
-	"Helix announce/shoutout, cold cache",
-	"any, cold cache, joined another's load",
-	"stopped by the pause (any lane)",
-	"dropped before the limiter",
-}
-
-// planBefore and planTarget are the plan's table, for the four chat rows.
-var (
-	planBefore = [numRows]int{3, 4, 2, 3}
-	planTarget = [numRows]int{1, 2, 1, 2}
-)
-
-func rowOf(p Path) pathRow {
-	switch {
-	case !p.Decoded:
-		return rowOther
-	case p.Paused:
-		return rowPaused
-	case !p.Decided:
-		return rowOther
-	case p.Cache == CacheJoined:
-		return rowJoined
-	case p.Kind == KindAPI:
-		return rowHelixAPI
-	case p.Kind != KindChat:
-		if p.Cache == CacheHit {
-			return rowHelixWarm
-		}
-		return rowHelixCold
-	case p.Lane == LanePremium && p.Cache == CacheHit:
-		return rowPremWarm
-	case p.Lane == LanePremium:
-		return rowPremCold
-	case p.Cache == CacheHit:
-		return rowStdWarm
-	}
-	return rowStdCold
-}
-
-type rowStats struct {
-	n, commands, roundTrips, min, max int64
-}
-
-// pathTable accumulates Valkey commands per message by path.
-type pathTable struct {
-	mu   sync.Mutex
-	rows [numRows]rowStats
-}
-
-func newPathTable() *pathTable { return &pathTable{} }
-
-func (t *pathTable) add(p Path, commands, roundTrips int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := &t.rows[rowOf(p)]
-	if r.n == 0 || commands < r.min {
-		r.min = commands
-	}
-	if r.n == 0 || commands > r.max {
-		r.max = commands
-	}
-	r.n++
-	r.commands += commands
-	r.roundTrips += roundTrips
-}
-
-func (t *pathTable) row(r pathRow) rowStats {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.rows[r]
-}
-
-type pauseEvent struct {
-	at      time.Duration
-	paused  bool
-	version int64
-	err     error
-	seen    []time.Duration // per replica; -1 if not within 2 s
-}
-
 type replicaReport struct {
 	name  string
-	snap  PauseSnapshot
+	snap  pause.Snapshot
 	age   time.Duration
-	stats PauseStats
+	stats pause.Stats
 }
 
 // demoResult is everything a run measured.
@@ -126,27 +33,35 @@ type demoResult struct {
 	where          string
 	helixURL       string
 	warmupCommands int64
-	rows           *pathTable
-	oldShape       pathTable
-	metrics        *Metrics
-	pauseLog       []pauseEvent
+	rows           *worker.PathTable
+	oldShape       worker.PathTable
+	metrics        *metrics.Metrics
+	pauseLog       []demo.PauseChange
+	natsWhere      string
 	published      int
-	busFull        int
+	refused        int          // publishes the stream did not acknowledge
+	finals         atomic.Int64 // deliveries that ended a message: acked or dropped
+	unfinished     int64        // still in the stream at the end
+	restartErr     error
+	contract       []demo.ContractCase
 	elapsed        time.Duration
-	bus            BusStats
+	bus            bus.Stats // summed over every replica's connections
 	reported       int64
 	firstError     string
 	replicas       []replicaReport
 	helixConns     int64
 	helixRequests  int64
+	metricsURL     string
+	scrape         []string // the /metrics excerpt
 }
 
 // Print writes the report for a newcomer.
 func (r *demoResult) Print(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[LaneStandard], laneWorkers[LanePremium], laneWorkers[LaneSystem])
+	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[limits.LaneStandard], laneWorkers[limits.LanePremium], laneWorkers[limits.LaneSystem])
 	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
 	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
+	fmt.Fprintf(out, "  NATS    %s\n", r.natsWhere)
 	fmt.Fprintf(out, "  Helix   fake server at %s (HTTP/1.1)\n", r.helixURL)
 	fmt.Fprintf(out, "  fleet   2 replicas (A, B), each with its own Valkey client, pause snapshot,\n")
 	fmt.Fprintf(out, "          channel cache and HTTP transport, and %s\n", workers)
@@ -157,21 +72,21 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintln(out, "1. Valkey commands per message, by path (each message's commands counted by a wrapped client)")
 	fmt.Fprintln(w, "   \tbefore\t\tafter\t\t\t\t")
 	fmt.Fprintln(w, "   path\tplan\tmeasured\tplan\tmeasured\tmessages\tmin-max\t")
-	for row := range numRows {
-		s := r.rows.row(row)
+	for row := range worker.NumRows {
+		s := r.rows.Row(row)
 		before, target, old := "-", "-", "-"
-		if row <= rowPremCold {
-			before, target = fmt.Sprint(planBefore[row]), fmt.Sprint(planTarget[row])
-			if o := r.oldShape.row(row); o.n > 0 {
-				old = fmt.Sprintf("%.2f", float64(o.commands)/float64(o.n))
+		if row <= worker.RowPremCold {
+			before, target = fmt.Sprint(worker.PlanBefore[row]), fmt.Sprint(worker.PlanTarget[row])
+			if o := r.oldShape.Row(row); o.N > 0 {
+				old = fmt.Sprintf("%.2f", float64(o.Commands)/float64(o.N))
 			}
 		}
 		mean, span := "-", "-"
-		if s.n > 0 {
-			mean = fmt.Sprintf("%.2f", float64(s.commands)/float64(s.n))
-			span = fmt.Sprintf("%d-%d", s.min, s.max)
+		if s.N > 0 {
+			mean = fmt.Sprintf("%.2f", float64(s.Commands)/float64(s.N))
+			span = fmt.Sprintf("%d-%d", s.Min, s.Max)
 		}
-		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", rowNames[row], before, old, target, mean, s.n, span)
+		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", worker.RowNames[row], before, old, target, mean, s.N, span)
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   before: a pause GET, the channel HGETALL when cold, then one script per bucket in turn")
@@ -187,12 +102,12 @@ func (r *demoResult) Print(out io.Writer) {
 
 	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by pub/sub")
 	for _, ev := range r.pauseLog {
-		if ev.err != nil {
-			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.at.Round(time.Millisecond), ev.paused, ev.err)
+		if ev.Err != nil {
+			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Err)
 			continue
 		}
 		var seen []string
-		for i, d := range ev.seen {
+		for i, d := range ev.Seen {
 			name := r.replicas[i].name
 			if d < 0 {
 				seen = append(seen, name+" not within 2s")
@@ -204,7 +119,7 @@ func (r *demoResult) Print(out io.Writer) {
 				seen = append(seen, fmt.Sprintf("%s (%s) after %v", name, how, d.Round(10*time.Microsecond)))
 			}
 		}
-		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.at.Round(time.Millisecond), ev.paused, ev.version, strings.Join(seen, ", "))
+		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
 	}
 	for _, rep := range r.replicas {
 		st := "running"
@@ -218,36 +133,63 @@ func (r *demoResult) Print(out io.Writer) {
 
 	fmt.Fprintln(out, "3. Limiter decisions by lane (denials are counted by the class of the bucket that refused)")
 	fmt.Fprintln(w, "   lane\tadmitted\tdenied: standard share\tshared chat limit\tHelix general\tsystem share\t")
-	for lane := range numLanes {
+	for lane := range limits.NumLanes {
 		fmt.Fprintf(w, "   %v\t%d\t%d\t%d\t%d\t%d\t\n", lane, r.metrics.Admitted(lane),
-			r.metrics.Denied(lane, ClassStandard), r.metrics.Denied(lane, ClassShared), r.metrics.Denied(lane, ClassGeneral), r.metrics.Denied(lane, ClassSystem))
+			r.metrics.Denied(lane, limits.ClassStandard), r.metrics.Denied(lane, limits.ClassShared), r.metrics.Denied(lane, limits.ClassGeneral), r.metrics.Denied(lane, limits.ClassSystem))
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
 	fmt.Fprintln(out, "   limit: premium chat, which uses the shared limit alone, keeps getting through.")
+	fmt.Fprintln(out, "   admit's error contract, on two premium messages whose first script call fails (before the run):")
+	for _, c := range r.contract {
+		outcome := "admitted"
+		switch {
+		case errors.Is(c.Err, admit.ErrOutcomeUnknown):
+			outcome = "ErrOutcomeUnknown: not repeated (it may have taken a token); the error nacks the message"
+		case c.Err != nil:
+			outcome = "failed: " + c.Err.Error()
+		case !c.Admitted:
+			outcome = "denied"
+		}
+		retried := ""
+		if c.LimiterCalls > 1 {
+			retried = " (ErrNotExecuted: nothing ran, so it was retried)"
+		}
+		fmt.Fprintf(out, "     %s: %d limiter call(s)%s, %s\n", c.Fault, c.LimiterCalls, retried, outcome)
+	}
 	fmt.Fprintln(out)
 
 	b := r.bus
-	fmt.Fprintln(out, "4. Delivery outcomes on the bus (a message lives 5s; redeliveries included)")
-	fmt.Fprintf(w, "   published\t%d\t(refused, queue full: %d)\t\n", r.published, r.busFull)
+	fmt.Fprintln(out, "4. Delivery on NATS JetStream (a work-queue stream, one durable consumer per lane shared by")
+	fmt.Fprintf(out, "   both replicas; a message lives 5s); replica B's connection restarted at %v\n", r.cfg.RestartAt)
+	fmt.Fprintf(w, "   published\t%d\t(refused by the stream: %d)\t\n", r.published, r.refused)
 	fmt.Fprintf(w, "   handler calls\t%d\t\t\n", b.Delivered)
 	fmt.Fprintf(w, "   acked: sent\t%d\t\t\n", b.Acked)
-	fmt.Fprintf(w, "   nacked, expected\t%d\t%s\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], NackReason.String))
-	fmt.Fprintf(w, "   dropped\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], DropReason.String))
-	fmt.Fprintf(w, "   errors reported\t%d\t%s\t\n", r.reported, r.firstError)
-	fmt.Fprintf(w, "   abandoned at shutdown\t%d\t(in flight or awaiting redelivery when the run ended)\t\n", b.Abandoned)
+	fmt.Fprintf(w, "   dropped (Term)\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], bus.DropReason.String))
+	fmt.Fprintf(w, "   redelivered: expected nacks\t%d\t%s (NakWithDelay, no error report)\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], bus.NackReason.String))
+	fmt.Fprintf(w, "   redelivered: errors\t%d\treported %d%s\t\n", b.Errors, r.reported, prefixed(": ", r.firstError))
+	fmt.Fprintf(w, "   redelivered: released\t%d\t(fetched by B as it restarted, handed back unhandled)\t\n", b.Released)
+	fmt.Fprintf(w, "   unconfirmed acks\t%d\t\t\n", b.AckFailures)
+	fmt.Fprintf(w, "   unfinished\t%d\t(still in the stream when the run ended)\t\n", r.unfinished)
 	w.Flush()
-	fmt.Fprintf(out, "   Every message is accounted for: %d sent + %d dropped + %d abandoned = %d published.\n",
-		b.Acked, sum(b.Dropped[:]), b.Abandoned, b.Acked+sum(b.Dropped[:])+b.Abandoned)
-	fmt.Fprintln(out, "   Expected nacks are backpressure: counted by reason, redelivered after their delay, never")
-	fmt.Fprintln(out, "   reported as errors. A delay past the message's remaining life drops it at once (no_time_to_retry).")
+	fmt.Fprintf(out, "   Every message is accounted for: %d acked + %d dropped + %d unfinished = %d, published %d.\n",
+		b.Acked, sum(b.Dropped[:]), r.unfinished, b.Acked+sum(b.Dropped[:])+r.unfinished, r.published)
+	if r.restartErr != nil {
+		fmt.Fprintf(out, "   Replica B's restart failed: %v\n", r.restartErr)
+	}
+	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_to_retry).")
 	fmt.Fprintln(out)
 
-	fmt.Fprintln(out, "5. Latency by stage, both replicas (histogram bucket upper bounds, about 9% wide)")
+	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")
 	fmt.Fprintln(w, "   stage\tcount\tp50\tp95\tp99\t")
-	for s := range numStages {
-		h := r.metrics.Stage(s)
-		fmt.Fprintf(w, "   %v\t%d\t%v\t%v\t%v\t\n", s, h.Count(), round(h.Quantile(0.50)), round(h.Quantile(0.95)), round(h.Quantile(0.99)))
+	row := func(name string, l metrics.Latency) {
+		fmt.Fprintf(w, "   %s\t%d\t%v\t%v\t%v\t\n", name, l.Count, seconds(l.P50), seconds(l.P95), seconds(l.P99))
+	}
+	for s := range metrics.NumStages {
+		if s == metrics.StageBuild {
+			row("limiter", r.metrics.LimiterLatency())
+		}
+		row(s.String(), r.metrics.StageLatency(s))
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   pre_http is decode through build: the worker's own latency before calling Helix.")
@@ -255,10 +197,40 @@ func (r *demoResult) Print(out io.Writer) {
 
 	reused, fresh := r.metrics.Conns()
 	fmt.Fprintln(out, "6. HTTP to Helix")
-	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(Status2xx),
-		r.metrics.Status(Status4xx), r.metrics.Status(Status429), r.metrics.Status(Status5xx), r.metrics.Status(StatusError))
+	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(helix.Status2xx),
+		r.metrics.Status(helix.Status4xx), r.metrics.Status(helix.Status429), r.metrics.Status(helix.Status5xx), r.metrics.Status(helix.StatusError))
 	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled\n",
 		r.helixRequests, r.helixConns, reused, fresh)
+	fmt.Fprintln(out)
+
+	fmt.Fprintf(out, "7. Prometheus: served on %s during the run; an excerpt of the last scrape\n", r.metricsURL)
+	fmt.Fprintln(out, "   (deliveries and limiter calls that happened, and each replica's pause state; run with -hold to keep serving)")
+	for _, line := range r.scrape {
+		fmt.Fprintln(out, "   "+line)
+	}
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}
+
+// addStats adds two buses' counters.
+func addStats(a, b bus.Stats) bus.Stats {
+	a.Delivered += b.Delivered
+	a.Acked += b.Acked
+	a.Errors += b.Errors
+	a.Released += b.Released
+	a.AckFailures += b.AckFailures
+	for i := range a.Nacked {
+		a.Nacked[i] += b.Nacked[i]
+	}
+	for i := range a.Dropped {
+		a.Dropped[i] += b.Dropped[i]
+	}
+	return a
 }
 
 func sum(xs []int64) int64 {
@@ -277,6 +249,14 @@ func labelled[R ~uint8](counts []int64, name func(R) string) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// seconds formats a histogram bound.
+func seconds(s float64) string {
+	if math.IsInf(s, 1) {
+		return "> 10s"
+	}
+	return round(time.Duration(s * float64(time.Second))).String()
 }
 
 func round(d time.Duration) time.Duration {

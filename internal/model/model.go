@@ -13,9 +13,15 @@ import (
 // State is a stored bucket: the hash fields of the key schema.
 type State struct{ Tokens, TS int64 }
 
-// Write is what one decision stores for a bucket: its fields and the
-// PEXPIRE it gives the key, in milliseconds.
-type Write struct{ Tokens, TS, TTLMs int64 }
+// Write is what one decision does to a bucket: it stores the fields and
+// sets the key's expiry to ExpireAtMs (PEXPIREAT, ms since the epoch) or,
+// with Keep (a denied bucket), leaves the fields as stored (Tokens and TS
+// are then the refilled values, for information) and only lengthens the
+// expiry to at least ExpireAtMs (PEXPIREAT GT).
+type Write struct {
+	Tokens, TS, ExpireAtMs int64
+	Keep                   bool
+}
 
 // Decide decides first (and second) at server time now, in µs since the
 // epoch, given the stored buckets (a key absent from states is absent on the
@@ -30,11 +36,19 @@ func Decide(now int64, states map[string]State, first admit.Request, second *adm
 		return Refill(now, r.Spec, st, ok)
 	}
 	store := func(r admit.Request, tk, ts int64) {
-		ttl := r.Spec.TTL().Milliseconds()
-		if ts > now { // refill resumes only once the clock passes ts again
-			ttl += (ts - now + 999) / 1000
+		// the later of now and ts (refill resumes only once the clock passes
+		// ts again), rounded up to a ms, plus the time to refill from empty
+		writes[r.Key] = Write{Tokens: tk, TS: ts, ExpireAtMs: (max(ts, now)+999)/1000 + r.Spec.TTL().Milliseconds()}
+	}
+	// keep is a denial: nothing stored unless ts was pulled back from the
+	// future; the key lives at least until the bucket is full again.
+	keep := func(r admit.Request, tk, ts int64) {
+		if st := states[r.Key]; st.TS > now+(int64(r.Spec.Burst())-1)*r.Spec.Interval().Microseconds() {
+			store(r, tk, ts)
+			return
 		}
-		writes[r.Key] = Write{tk, ts, ttl}
+		full := ts + (int64(r.Spec.Burst())-tk)*r.Spec.Interval().Microseconds() // the moment it is full again
+		writes[r.Key] = Write{Tokens: tk, TS: ts, ExpireAtMs: (full + 999) / 1000, Keep: true}
 	}
 	cost := func(r admit.Request) int64 {
 		if r.Cost == 0 {
@@ -48,7 +62,7 @@ func Decide(now int64, states map[string]State, first admit.Request, second *adm
 	c1 := cost(first)
 	tk1, ts1 := refill(first)
 	if tk1 < c1 {
-		store(first, tk1, ts1)
+		keep(first, tk1, ts1)
 		return admit.Decision{Denied: 1, RetryAfter: wait(first, tk1, ts1), Remaining: [2]int{int(tk1), -1}}, writes
 	}
 	rem2 := int64(-1)
@@ -57,7 +71,7 @@ func Decide(now int64, states map[string]State, first admit.Request, second *adm
 		tk2, ts2 := refill(*second)
 		if tk2 < c2 {
 			store(first, tk1-c1, ts1)
-			store(*second, tk2, ts2)
+			keep(*second, tk2, ts2)
 			return admit.Decision{Denied: 2, RetryAfter: wait(*second, tk2, ts2), Remaining: [2]int{int(tk1 - c1), int(tk2)}}, writes
 		}
 		store(*second, tk2-c2, ts2)

@@ -1,0 +1,167 @@
+package admit
+
+// The Budget API's calls side by side with AllowOrdered, on the same server,
+// nets and bucket shapes as bench_test.go's benchmarks, with the same
+// metrics (B/op, allocs/op, cmds/op, srv-µs/op, latency quantiles):
+//
+//	BenchmarkAllowOrderedCost/path=both-allow/net=...   AllowOrdered with Cost 50 on both buckets
+//	BenchmarkPeek/path=.../net=...                      Peek (EVALSHA_RO) on the three two-bucket paths
+//	BenchmarkPeekOneBucket/path=.../net=...             Peek on one bucket
+//	BenchmarkRefund/path=both-allow/net=...             Refund of 50 tokens to two buckets
+//	BenchmarkRefundOneBucket/path=allow/net=...         Refund of 50 tokens to one bucket
+//
+// Compare them with BenchmarkAllowOrdered and BenchmarkAllowOrderedOneBucket:
+//
+//	go test -run '^$' -bench 'AllowOrdered|Peek|Refund' -count 3 .
+//
+// The budgets (issue 9): AllowOrdered 1 alloc/op and at most 96 B/op; Peek
+// and Refund at most 2 allocs/op.
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// budgetCost is a Cost above 1 that strconv.Itoa encodes without
+// allocating (below 100), as most small costs are.
+const budgetCost = 50
+
+// costPaths are the paths on which a Cost of budgetCost is met: roomy
+// buckets only (a tight bucket's burst is 1).
+var costPaths = []benchPath{{"both-allow", roomy, roomy, 0}}
+
+// orderedCost is AllowOrdered with budgetCost on both buckets.
+func orderedCost(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
+	return n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, &Request{Key: k2, Spec: p.second, Cost: budgetCost})
+}
+
+// peek is Peek on two buckets: what AllowOrdered would decide, taking
+// nothing, so a path's buckets stay as prepare left them.
+func peek(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
+	return n.l.Peek(ctx, Request{Key: k1, Spec: p.first}, &Request{Key: k2, Spec: p.second})
+}
+
+// peekOne is Peek on one bucket.
+func peekOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (Decision, error) {
+	return n.l.Peek(ctx, Request{Key: k1, Spec: p.first}, nil)
+}
+
+// refund gives budgetCost back to two buckets (capped at their burst).
+// Refund returns no Decision: a success reads as the allowed path.
+func refund(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
+	err := n.l.Refund(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, &Request{Key: k2, Spec: p.second, Cost: budgetCost})
+	return Decision{}, err
+}
+
+// refundOne gives budgetCost back to one bucket.
+func refundOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (Decision, error) {
+	err := n.l.Refund(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, nil)
+	return Decision{}, err
+}
+
+// BenchmarkAllowOrderedCost is AllowOrdered taking budgetCost tokens from
+// each bucket.
+func BenchmarkAllowOrderedCost(b *testing.B) { runSerial(b, "ordered-cost", costPaths, orderedCost) }
+
+// BenchmarkPeek is Peek on every two-bucket path.
+func BenchmarkPeek(b *testing.B) { runSerial(b, "peek", twoBucketPaths, peek) }
+
+// BenchmarkPeekOneBucket is Peek on every one-bucket path.
+func BenchmarkPeekOneBucket(b *testing.B) { runSerial(b, "peek-one", oneBucketPaths, peekOne) }
+
+// BenchmarkRefund is Refund to two buckets that exist, so every timed
+// refund writes both.
+func BenchmarkRefund(b *testing.B) { runSerial(b, "refund", costPaths, refundWithKeys(refund)) }
+
+// BenchmarkRefundOneBucket is Refund to one bucket.
+func BenchmarkRefundOneBucket(b *testing.B) {
+	runSerial(b, "refund-one", []benchPath{{"allow", roomy, Spec{}, 0}}, refundWithKeys(refundOne))
+}
+
+// refundWithKeys makes sure the buckets exist before refunding (a refund
+// to an absent key writes nothing, which would measure another path): it
+// charges them once, on the first call for each pair of keys.
+func refundWithKeys(d decider) decider {
+	seen := map[string]bool{}
+	return func(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
+		if !seen[k1] {
+			seen[k1] = true
+			var second *Request
+			if !p.second.IsZero() {
+				second = &Request{Key: k2, Spec: p.second}
+			}
+			if _, err := n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first}, second); err != nil {
+				return Decision{}, err
+			}
+		}
+		return d(ctx, n, k1, k2, p)
+	}
+}
+
+// TestBudgetAllocations holds the Budget API to its allocation budgets on
+// a real server, with the benchmarks' client: AllowOrdered 1 alloc a call,
+// Peek and Refund at most 2, on two buckets and on one. (B/op is the
+// benchmarks' to report: AllocsPerRun counts allocations only.)
+func TestBudgetAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes what allocates; run without -race")
+	}
+	srv := testserver.Shared(t)
+	// newBenchClient's options: pipelined from the first call, one node,
+	// no background PINGs.
+	c, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{srv.Addr}, DisableCache: true, AlwaysPipelining: true,
+		ForceSingleClient: true, Dialer: net.Dialer{KeepAlive: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := New(c)
+	ctx := context.Background()
+	p := testserver.Prefix(t, testserver.NewClient(t, srv))
+	first, second := Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
+	for _, tc := range []struct {
+		name string
+		max  float64
+		call func() error
+	}{
+		{"AllowOrdered", 1, func() error { _, err := l.AllowOrdered(ctx, first, &second); return err }},
+		{"AllowOrdered one bucket", 1, func() error { _, err := l.AllowOrdered(ctx, first, nil); return err }},
+		{"Peek", 2, func() error { _, err := l.Peek(ctx, first, &second); return err }},
+		{"Peek one bucket", 2, func() error { _, err := l.Peek(ctx, first, nil); return err }},
+		{"Refund", 2, func() error { return l.Refund(ctx, first, &second) }},
+		{"Refund one bucket", 2, func() error { return l.Refund(ctx, first, nil) }},
+	} {
+		var err error
+		for range 3 { // warm up: connection, pipeline, script cache
+			if err = tc.call(); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+		}
+		// The least of three runs: a background allocation of valkey-go's
+		// (a buffer growing once) must not fail the budget; a call over
+		// budget is over it in every run.
+		allocs := -1.0
+		for range 3 {
+			a := testing.AllocsPerRun(200, func() {
+				if e := tc.call(); e != nil {
+					err = e
+				}
+			})
+			if allocs < 0 || a < allocs {
+				allocs = a
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if allocs > tc.max {
+			t.Errorf("%s: %v allocs a call, want at most %v", tc.name, allocs, tc.max)
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package admit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// TestIntegrationDenialWritesNothing counts, on a real primary with a
+// replica attached, the dataset changes (rdb_changes_since_last_save) and
+// replication bytes (master_repl_offset) of denials, on every denial path,
+// for the shipped script and for the baseline (0b7bc55) that rewrote every
+// denied bucket. (Before the change, each denied bucket cost 3 dataset
+// changes: HSET of two fields and PEXPIRE.)
+func TestIntegrationDenialWritesNothing(t *testing.T) {
+	primary := testserver.Own(t, "--repl-diskless-sync-delay", "0")
+	pc := testserver.NewClient(t, primary)
+	ctx := context.Background()
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	replica := testserver.Own(t, "--replicaof", host, port)
+	rc := testserver.NewClient(t, replica)
+	infoString := func(c valkey.Client, section, field string) string {
+		t.Helper()
+		s, err := c.Do(ctx, c.B().Info().Section(section).Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return testserver.InfoFields(s)[field]
+	}
+	info := func(c valkey.Client, section, field string) int64 {
+		t.Helper()
+		v, err := strconv.ParseInt(infoString(c, section, field), 10, 64)
+		if err != nil {
+			t.Fatalf("INFO %s %s: %v", section, field, err)
+		}
+		return v
+	}
+	for deadline := time.Now().Add(10 * time.Second); infoString(rc, "replication", "master_link_status") != "up"; {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not sync within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// No replication PINGs during the count.
+	if err := pc.Do(ctx, pc.B().ConfigSet().ParameterValue().ParameterValue("repl-ping-replica-period", "3600").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	open := MustSpec(MaxLimit, 1<<30)
+	shut := MustSpec(Every(time.Hour), 1)
+	const calls = 100
+	for _, script := range []struct {
+		name string
+		exec func(keys []string, specs ...Spec) (string, error)
+	}{
+		{"current", func(keys []string, specs ...Spec) (string, error) {
+			args := []string{modeTake}
+			for _, s := range specs {
+				args = append(args, s.intervalArg, s.burstArg, s.ttlArg, "1")
+			}
+			return scripts().take.Exec(ctx, pc, keys, args).ToString()
+		}},
+		{"baseline-0b7bc55", func(keys []string, specs ...Spec) (string, error) {
+			var args []string
+			for _, s := range specs {
+				args = append(args, s.intervalArg, s.burstArg, s.ttlArg)
+			}
+			arr, err := valkey.NewLuaScript(baselineScript).Exec(ctx, pc, keys, args).AsIntSlice()
+			if err != nil || len(arr) != 2 {
+				return "", err
+			}
+			return strconv.FormatInt(arr[0], 10), nil
+		}},
+	} {
+		for _, path := range []struct {
+			name        string
+			specs       []Spec
+			denied      string
+			wantChanges int64 // per call, for the current script
+		}{
+			{"one bucket denied", []Spec{shut}, "1", 0},
+			{"first denied", []Spec{shut, open}, "1", 0},
+			{"second denied", []Spec{open, shut}, "2", 3}, // the first bucket is charged: HSET of two fields + PEXPIRE
+		} {
+			p := testserver.Prefix(t, pc)
+			keys := []string{p + "a", p + "b"}[:len(path.specs)]
+			for range 2 { // drain the shut bucket
+				if _, err := script.exec(keys, path.specs...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			changes, offset := info(pc, "persistence", "rdb_changes_since_last_save"), info(pc, "replication", "master_repl_offset")
+			for range calls {
+				reply, err := script.exec(keys, path.specs...)
+				if err != nil || !strings.HasPrefix(reply, path.denied) {
+					t.Fatalf("%s, %s: reply %q, %v; want denied by %s", script.name, path.name, reply, err, path.denied)
+				}
+			}
+			dChanges, dOffset := info(pc, "persistence", "rdb_changes_since_last_save")-changes, info(pc, "replication", "master_repl_offset")-offset
+			t.Logf("%-16s %-17s: %.1f dataset changes and %.1f replication bytes per call", script.name, path.name, float64(dChanges)/calls, float64(dOffset)/calls)
+			if script.name == "current" {
+				if dChanges != path.wantChanges*calls {
+					t.Errorf("%s: %d dataset changes in %d calls, want %d per call", path.name, dChanges, calls, path.wantChanges)
+				}
+				if path.wantChanges == 0 && dOffset != 0 {
+					t.Errorf("%s: %d replication bytes in %d denials, want 0", path.name, dOffset, calls)
+				}
+			}
+		}
+	}
+}
+
+// TestIntegrationDenialKeepsSlowerSpecAlive: a denial writes no fields,
+// but when the Spec was made slower since the last write, it lengthens the
+// key's expiry to the new time to full, so the key cannot expire early and
+// come back as a full bucket.
+func TestIntegrationDenialKeepsSlowerSpecAlive(t *testing.T) {
+	srv := testserver.Shared(t)
+	c := testserver.NewClient(t, srv)
+	l := New(c)
+	ctx := context.Background()
+	r := Request{Key: testserver.Prefix(t, c) + "slower", Spec: MustSpec(Every(time.Second), 2)}
+	for range 2 {
+		if d, err := l.AllowOrdered(ctx, r, nil); err != nil || !d.Allowed() {
+			t.Fatalf("drain: %v, %v", d, err)
+		}
+	}
+	r.Spec = MustSpec(Every(time.Hour), 2) // full again only in about 2 h now
+	if d, err := l.AllowOrdered(ctx, r, nil); err != nil || d.Denied != 1 {
+		t.Fatalf("after the change: %v, %v; want denied", d, err)
+	}
+	pttl, err := c.Do(ctx, c.B().Pttl().Key(r.Key).Build()).AsInt64()
+	if want := (2 * time.Hour).Milliseconds(); err != nil || pttl < want-2000 || pttl > want+1 { // +1: rounded up to a ms
+		t.Errorf("PTTL %d ms, %v; want about %d (the new Spec's time to full), not the old 2 s", pttl, err, want)
+	}
+}
+
+// TestIntegrationDenialCacheFlood: once the server has denied a key at
+// its first bucket, a flood from 64 goroutines on that key with the cache
+// on sends nothing (commandstats), and every answer is that denial.
+func TestIntegrationDenialCacheFlood(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	l := New(c, WithDenialCache(16))
+	ctx := context.Background()
+	std, shared := Request{Key: "rl:{flood}:std", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "rl:{flood}:shared", Spec: MustSpec(Every(time.Millisecond), 20)}
+	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
+		t.Fatalf("drain: %v, %v", d, err)
+	}
+	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != 1 {
+		t.Fatalf("the server's denial: %v, %v", d, err)
+	}
+	before := testserver.CommandStats(t, c)
+	const goroutines, calls = 64, 100
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != 1 || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+					wrong.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	after := testserver.CommandStats(t, c)
+	if n := after["evalsha"].Calls + after["eval"].Calls - before["evalsha"].Calls - before["eval"].Calls; n != 0 || wrong.Load() != 0 {
+		t.Errorf("%d scripts ran and %d answers were not the cached denial, over %d calls; want 0 and 0", n, wrong.Load(), goroutines*calls)
+	}
+	if tk, _ := bucketFields(t, c, shared.Key); tk != 19 {
+		t.Errorf("shared bucket holds %d tokens, want 19: a local denial must not touch it", tk)
+	}
+}
+
+// bucketFields reads a bucket's tokens and ts.
+func bucketFields(t *testing.T, c valkey.Client, key string) (tokens, ts int64) {
+	t.Helper()
+	v, err := c.Do(context.Background(), c.B().Hmget().Key(key).Field("tokens", "ts").Build()).AsStrSlice()
+	if err != nil || len(v) != 2 {
+		t.Fatalf("HMGET %s: %v %v", key, v, err)
+	}
+	tokens, _ = strconv.ParseInt(v[0], 10, 64)
+	ts, _ = strconv.ParseInt(v[1], 10, 64)
+	return tokens, ts
+}

@@ -1,0 +1,111 @@
+package admit
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestDenialCache: with the cache on, a first-bucket denial is repeated
+// locally, with no command sent, until its RetryAfter has passed on the
+// local clock counted from before the request was sent; a different Spec
+// or Cost, a second-bucket denial and bad input all go their usual way.
+func TestDenialCache(t *testing.T) {
+	e := newUnitEnv(t)
+	rec := &recordingClient{Client: e.c}
+	l := New(rec, WithDenialCache(8))
+	local := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) // the local clock, moved by hand
+	l.denials.now = func() time.Time { return local }
+	hourly := MustSpec(Every(time.Hour), 1)
+	r := Request{Key: "dc:{x}:a", Spec: hourly}
+	ctx := context.Background()
+	call := func(first Request, second *Request) (Decision, int) {
+		t.Helper()
+		before := len(rec.cmds)
+		d, err := l.AllowOrdered(ctx, first, second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, len(rec.cmds) - before
+	}
+
+	if d, sent := call(r, nil); !d.Allowed() || sent == 0 { // EVALSHA, then EVAL: the script is not loaded yet
+		t.Fatalf("first call: %v with %d commands; want allowed by the server", d, sent)
+	}
+	if d, sent := call(r, nil); d.Denied != 1 || d.RetryAfter != time.Hour || sent != 1 {
+		t.Fatalf("second call: %v with %d commands; want the server's 1h denial", d, sent)
+	}
+	for i, advance := range []time.Duration{0, 10 * time.Minute, 49*time.Minute + 59*time.Second + 999_999*time.Microsecond} {
+		local = local.Add(advance)
+		e.advance(advance)
+		d, sent := call(r, nil)
+		want := time.Hour - local.Sub(time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC))
+		if d.Denied != 1 || d.RetryAfter != want || d.Remaining != [2]int{0, -1} || !d.decided || sent != 0 {
+			t.Errorf("local denial %d: %+v with %d commands; want Denied 1, RetryAfter %v, Remaining [0 -1], none sent", i, d, sent, want)
+		}
+	}
+	if d, sent := call(Request{Key: r.Key, Spec: MustSpec(Every(2*time.Hour), 1)}, nil); sent != 1 || d.Denied != 1 {
+		t.Errorf("another Spec: %v with %d commands; want the server's answer", d, sent)
+	}
+	if _, err := l.AllowOrdered(ctx, r, &r); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("bad input on a cached key: %v; want ErrInvalidRequest", err)
+	}
+	local = local.Add(time.Microsecond)
+	e.advance(time.Microsecond)
+	if d, sent := call(r, nil); !d.Allowed() || sent != 1 {
+		t.Errorf("RetryAfter passed: %v with %d commands; want the server's admission", d, sent)
+	}
+
+	// The second bucket's denials are not cached.
+	std, shared := Request{Key: "dc:{y}:std", Spec: MustSpec(Every(time.Second), 10)}, Request{Key: "dc:{y}:shared", Spec: hourly}
+	call(shared, nil) // drain the shared bucket
+	for range 3 {
+		if d, sent := call(std, &shared); d.Denied != 2 || sent != 1 {
+			t.Errorf("second-bucket denial: %v with %d commands; want each from the server", d, sent)
+		}
+	}
+	// Cost is part of the entry.
+	costly := Request{Key: "dc:{z}", Spec: MustSpec(Every(time.Hour), 5), Cost: 5}
+	call(costly, nil)
+	call(costly, nil) // denied, cached for cost 5
+	if _, sent := call(Request{Key: costly.Key, Spec: costly.Spec, Cost: 4}, nil); sent != 1 {
+		t.Errorf("another Cost: %d commands; want the server's answer", sent)
+	}
+	if _, sent := call(Request{Key: costly.Key, Spec: costly.Spec, Cost: 4}, nil); sent != 0 {
+		t.Errorf("the Cost now cached (4, one entry a key): %d commands; want a local denial", sent)
+	}
+}
+
+// TestDenialCacheBounded: the cache holds at most its size, dropping
+// expired entries before evicting live ones.
+func TestDenialCacheBounded(t *testing.T) {
+	c := newDenialCache(2)
+	now := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
+	c.now = func() time.Time { return now }
+	spec := MustSpec(Every(time.Second), 1)
+	deny := func(key string, after time.Duration) {
+		c.add(Request{Key: key, Spec: spec}, now, Decision{Denied: 1, RetryAfter: after, Remaining: [2]int{0, -1}, decided: true})
+	}
+	deny("a", time.Second)
+	deny("b", time.Minute)
+	now = now.Add(2 * time.Second) // a has expired, b has not
+	deny("c", time.Minute)
+	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || c.len() != 2 {
+		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, c.len())
+	}
+	deny("d", time.Minute) // all live: one goes
+	if c.len() != 2 {
+		t.Errorf("%d entries, want the size, 2", c.len())
+	}
+	if _, ok := c.lookup(Request{Key: "d", Spec: spec}); !ok {
+		t.Error("the newest entry was evicted")
+	}
+	deny("d", time.Hour) // a key already cached is replaced, not added
+	if c.len() != 2 {
+		t.Errorf("%d entries after replacing d, want 2", c.len())
+	}
+	if New(nil, WithDenialCache(0)).denials != nil || New(nil).denials != nil {
+		t.Error("the cache is on without WithDenialCache(size > 0)")
+	}
+}

@@ -1,0 +1,207 @@
+// Package demo is the outgress demo's surroundings: the servers it runs
+// on (VALKEY_ADDR, else an in-process miniredis; NATS_URL, else an
+// embedded nats-server with JetStream), the channels it seeds, the keys it
+// deletes after, and the traffic it publishes: a fixed mix of standard and
+// premium chat and Helix calls, with a few messages meant to be refused.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/valkey-io/valkey-go"
+)
+
+// The channels of the demo.
+const (
+	FirstChannel   = 1001 // the mix uses 1001 .. 1000+channels; the first three are hot
+	MeasureStd     = 2001 // channels outside the mix, for one-off measurements
+	MeasurePremium = 2002
+	UnknownChannel = 9999 // never seeded: its messages are dropped
+)
+
+// Publish publishes rate messages a second for d, in 10 ms ticks, on the
+// lanes' subjects (in lane order), drawn from a mix on channels channels
+// seeded by seed, after one malformed message and one for an unknown
+// channel. The mix: 60% standard chat, 15%
+// premium chat, 10% Helix API calls (any lane), 8% announcements, 7%
+// shoutouts; 30% of chat goes to three hot channels, enough to exhaust
+// their standard share. A few messages are malformed, name an unknown
+// channel, or shout a channel out to itself (which Helix refuses).
+func Publish(ctx context.Context, pub *bus.Bus, subjects []string, rate int, d time.Duration, channels int, seed uint64) (published, refused int) {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	perTick := max(rate/100, 1)
+	// The run opens with one malformed message and one for an unknown
+	// channel, so every run shows both drops however few it publishes.
+	for _, data := range [][]byte{malformedChat, ChatBody(UnknownChannel, "hello?")} {
+		if _, err := pub.Publish(ctx, subjects[limits.LaneStandard], data); err != nil {
+			refused++
+		} else {
+			published++
+		}
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for range perTick {
+			lane, data := Message(rng, channels)
+			if _, err := pub.Publish(ctx, subjects[lane], data); err != nil {
+				refused++
+				continue
+			}
+			published++
+		}
+	}
+	return
+}
+
+// Message draws one message of the mix: its lane and body.
+func Message(rng *rand.Rand, channels int) (limits.Lane, []byte) {
+	channel := func() int {
+		if rng.IntN(10) < 3 {
+			return FirstChannel + rng.IntN(3)
+		}
+		return FirstChannel + rng.IntN(channels)
+	}
+	helixLane := []limits.Lane{limits.LaneStandard, limits.LaneStandard, limits.LanePremium, limits.LaneSystem}[rng.IntN(4)]
+	switch r := rng.IntN(1000); {
+	case r < 5:
+		return limits.LaneStandard, malformedChat
+	case r < 10:
+		return limits.LaneStandard, ChatBody(UnknownChannel, "hello?")
+	case r < 600:
+		return limits.LaneStandard, ChatBody(channel(), "hello from the standard lane")
+	case r < 750:
+		return limits.LanePremium, ChatBody(channel(), "hello from the premium lane")
+	case r < 850:
+		return helixLane, mustJSON(map[string]string{"kind": "api", "method": "GET", "path": "/helix/users?id=" + strconv.Itoa(channel())})
+	case r < 930:
+		return helixLane, mustJSON(map[string]string{"kind": "announce", "channel": strconv.Itoa(channel()), "text": "stream starts soon", "color": "blue"})
+	default:
+		from, to := channel(), channel()
+		if rng.IntN(10) == 0 {
+			to = from
+		}
+		return helixLane, mustJSON(map[string]string{"kind": "shoutout", "channel": strconv.Itoa(from), "to": strconv.Itoa(to)})
+	}
+}
+
+// malformedChat names a channel that would break a hash tag.
+var malformedChat = []byte(`{"kind":"chat","channel":"12}x","text":"hi"}`)
+
+// ChatBody is a chat command body.
+func ChatBody(channel int, text string) []byte {
+	return mustJSON(map[string]string{"kind": "chat", "channel": strconv.Itoa(channel), "text": text})
+}
+
+// mustJSON encodes a map of strings, which cannot fail.
+func mustJSON(v map[string]string) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// SeedChannels stores the metadata of the mix's channels and the two
+// measurement channels. Every fifth channel has the bot as a moderator.
+func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) error {
+	cmds := make(valkey.Commands, 0, n+2)
+	add := func(id int) {
+		mod := "0"
+		if id%5 == 0 {
+			mod = "1"
+		}
+		cmds = append(cmds, c.B().Hset().Key(channels.Key(prefix, strconv.Itoa(id))).FieldValue().
+			FieldValue("login", "channel"+strconv.Itoa(id)).FieldValue("bot_mod", mod).Build())
+	}
+	for id := FirstChannel; id < FirstChannel+n; id++ {
+		add(id)
+	}
+	add(MeasureStd)
+	add(MeasurePremium)
+	for _, r := range c.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NATS returns NATS_URL, or the URL of an embedded nats-server with
+// JetStream that it starts.
+func NATS() (url, where string, stop func(), err error) {
+	if u := os.Getenv("NATS_URL"); u != "" {
+		return u, "NATS at " + u, func() {}, nil
+	}
+	e, err := bus.StartEmbedded()
+	if err != nil {
+		return "", "", nil, err
+	}
+	return e.URL(), "embedded nats-server with JetStream at " + e.URL() + " (set NATS_URL to use another)", e.Close, nil
+}
+
+// Valkey returns a dialer for VALKEY_ADDR, or for an in-process
+// miniredis it starts.
+func Valkey() (dial func() (valkey.Client, error), where string, stop func(), err error) {
+	opt := valkey.ClientOption{DisableCache: true}
+	stop = func() {}
+	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
+		opt.InitAddress = []string{addr}
+		where = "Valkey at " + addr
+	} else {
+		srv, err := miniredis.Run()
+		if err != nil {
+			return nil, "", nil, err
+		}
+		// miniredis answers CLUSTER SLOTS; without ForceSingleClient
+		// valkey-go would treat it as a cluster. Over RESP3, valkey-go runs a
+		// subscription on the connection it shares with other commands, which
+		// miniredis refuses in subscribed mode; RESP2 gives the subscription
+		// a connection of its own.
+		opt.InitAddress, opt.ForceSingleClient, opt.AlwaysRESP2 = []string{srv.Addr()}, true, true
+		where = "in-process miniredis (set VALKEY_ADDR=host:port to use a real Valkey)"
+		stop = srv.Close
+	}
+	dial = func() (valkey.Client, error) {
+		c, err := valkey.NewClient(opt)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", where, err)
+		}
+		return c, nil
+	}
+	return dial, where, stop, nil
+}
+
+// DeletePrefix deletes the demo's keys (and only those), within 10 s, one
+// key per DEL so that it works on a cluster too.
+func DeletePrefix(c valkey.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, node := range c.Nodes() {
+		var cursor uint64
+		for range 10000 {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				break
+			}
+			for _, k := range e.Elements {
+				node.Do(ctx, node.B().Del().Key(k).Build())
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/examples/outgress/worker"
+	"github.com/valkey-io/valkey-go"
+)
+
+// ContractCase is one message run with an injected fault.
+type ContractCase struct {
+	Fault        string
+	LimiterCalls int
+	Admitted     bool
+	Err          error
+}
+
+// ErrorContract runs two chat messages through a worker on raw (with the
+// replica's pause and Helix client) whose first script call fails, once in each of admit's error
+// classes: refused before it was sent (no connection: ErrNotExecuted, so
+// the worker retries), and lost with the command in flight
+// (ErrOutcomeUnknown: the worker does not repeat it; the error nacks the
+// message).
+func ErrorContract(ctx context.Context, raw valkey.Client, p *pause.Pause, hx *helix.Helix, m *metrics.Metrics, prefix string) []ContractCase {
+	faults := []struct {
+		name string
+		err  error
+	}{
+		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}},
+		{"connection lost with the script in flight", io.ErrUnexpectedEOF},
+	}
+	var out []ContractCase
+	for _, f := range faults {
+		var calls atomic.Int64
+		c := &counting.Client{Client: raw, Fault: func(cmd valkey.Completed) error {
+			if isScript(cmd) && calls.Add(1) == 1 {
+				return f.err
+			}
+			return nil
+		}}
+		w := worker.New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix})
+		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: ChatBody(MeasurePremium, "error contract"), Published: time.Now()})
+		out = append(out, ContractCase{Fault: f.name, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err})
+	}
+	return out
+}
+
+func isScript(cmd valkey.Completed) bool {
+	c := cmd.Commands()
+	return len(c) > 0 && (strings.EqualFold(c[0], "EVALSHA") || strings.EqualFold(c[0], "EVAL"))
+}
+
+// PauseChange is one SetPaused of PauseMidRun: when (from the start), to
+// what, the version written or the error, and when each replica started
+// acting on it (-1: not within 2 s).
+type PauseChange struct {
+	At      time.Duration
+	Paused  bool
+	Version int64
+	Err     error
+	Seen    []time.Duration
+}
+
+// PauseMidRun has the first replica pause sending at at and resume dur
+// later, and records when each replica saw each change.
+func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, replicas ...*pause.Pause) []PauseChange {
+	var log []PauseChange
+	for _, step := range []struct {
+		at     time.Duration
+		paused bool
+	}{{at, true}, {at + dur, false}} {
+		select {
+		case <-ctx.Done():
+			return log
+		case <-time.After(time.Until(start.Add(step.at))):
+		}
+		// Every replica watches its own snapshot from before the write, so
+		// each time is when that replica started acting on the change: the
+		// writer once its transaction returned, the others on the event.
+		before := make([]int64, len(replicas))
+		for i, r := range replicas {
+			s, _ := r.Snapshot()
+			before[i] = s.Version
+		}
+		ev := PauseChange{Paused: step.paused, Seen: make([]time.Duration, len(replicas))}
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for i, r := range replicas {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ev.Seen[i] = -1
+				for deadline := t0.Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
+					if s, ok := r.Snapshot(); ok && s.Version > before[i] && s.Paused == step.paused {
+						ev.Seen[i] = time.Since(t0)
+						return
+					}
+				}
+			}()
+		}
+		ev.At = t0.Sub(start)
+		ev.Version, ev.Err = replicas[0].SetPaused(ctx, step.paused)
+		wg.Wait()
+		log = append(log, ev)
+	}
+	return log
+}
+
+// MeasureOldShape sends two chat messages per lane, on channels of their
+// own, through the old shape (LegacyPrepare) on c, and counts their
+// commands into into: the first finds the channel cache cold, the second
+// warm.
+func MeasureOldShape(ctx context.Context, c *counting.Client, p *pause.Pause, prefix, helixURL string, into *worker.PathTable) error {
+	hx, err := helix.New(helix.Config{BaseURL: helixURL}, metrics.New())
+	if err != nil {
+		return err
+	}
+	defer hx.Close()
+	old := worker.New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, metrics.New(), worker.Config{Prefix: prefix})
+	for _, m := range []struct {
+		lane    limits.Lane
+		channel int
+	}{{limits.LaneStandard, MeasureStd}, {limits.LanePremium, MeasurePremium}} {
+		data := ChatBody(m.channel, "measuring the old shape")
+		for range 2 {
+			var t counting.Tally
+			_, path, err := old.LegacyPrepare(counting.WithTally(ctx, &t), c, m.lane, &bus.Message{Data: data, Published: time.Now()})
+			if err != nil {
+				return fmt.Errorf("old shape, %v lane: %w", m.lane, err)
+			}
+			into.Add(path, t.Commands.Load(), t.RoundTrips.Load())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+// Package testenv holds the helpers the outgress packages' tests share: a
+// bounded context, a bounded wait, a command-name check and the NATS server
+// the tests use (NATS_URL, else one embedded server per test binary).
+package testenv
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/valkey-io/valkey-go"
+)
+
+// Ctx is a context that ends with the test, bounded at 30 s.
+func Ctx(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// WaitFor polls cond every millisecond for at most 5 s and reports whether
+// it became true.
+func WaitFor(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// IsCommand reports whether cmd's name is name (case-insensitive).
+func IsCommand(cmd valkey.Completed, name string) bool {
+	parts := cmd.Commands()
+	return len(parts) > 0 && strings.EqualFold(parts[0], name)
+}
+
+var embedded struct {
+	once sync.Once
+	e    *bus.Embedded
+	err  error
+}
+
+// NATSURL is NATS_URL, else the URL of an embedded server started by the
+// first caller and stopped by StopNATS.
+func NATSURL(tb testing.TB) string {
+	tb.Helper()
+	if u := os.Getenv("NATS_URL"); u != "" {
+		return u
+	}
+	embedded.once.Do(func() { embedded.e, embedded.err = bus.StartEmbedded() })
+	if embedded.err != nil {
+		tb.Fatal(embedded.err)
+	}
+	return embedded.e.URL()
+}
+
+// StopNATS stops the embedded server, if one was started; call it from
+// TestMain after the tests.
+func StopNATS() {
+	if embedded.e != nil {
+		embedded.e.Close()
+	}
+}

@@ -1,0 +1,448 @@
+// Package metrics is the outgress worker's Prometheus metrics
+// (client_golang), on a registry of their own: stage latencies, the
+// limiter call's latency by lane and decision, commands, cache lookups,
+// Helix responses, connection reuse, deliveries by outcome and reason, and
+// each replica's pause state. Every label value comes from a fixed list,
+// and every series is created up front, so traffic can never add one.
+package metrics
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Stage is a step of the message path, the label of its latency histogram.
+type Stage uint8
+
+// The stages, in path order. PreHTTP spans decode through build: the
+// worker's own cost before the third party is called. The limiter call has
+// a histogram of its own, split by lane and decision.
+const (
+	StageDecode  Stage = iota
+	StagePause         // the pause snapshot check
+	StageChannel       // channel cache lookup, hit or miss
+	StageLoad          // channel lookups that were not hits: a load, or joining one
+	StageBuild         // building the Helix request
+	StagePreHTTP       // decode through build
+	StageHTTP          // the Helix request, through draining the body
+	NumStages
+)
+
+var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
+
+// String is the stage's metric label.
+func (s Stage) String() string {
+	if s < NumStages {
+		return stageNames[s]
+	}
+	return "invalid"
+}
+
+// Decision is the label of a limiter call's outcome: admitted, denied by a
+// bucket of a class, or failed in one of admit's two error classes.
+type Decision uint8
+
+// The decisions. DecisionDenied+c is a denial by a bucket of class c.
+const (
+	DecisionAllowed        Decision                                       = iota
+	DecisionDenied                                                        // + limits.BucketClass
+	DecisionNotExecuted    = DecisionDenied + Decision(limits.NumClasses) // admit.ErrNotExecuted: nothing ran
+	DecisionOutcomeUnknown = DecisionNotExecuted + 1                      // admit.ErrOutcomeUnknown: it may have run
+	NumDecisions           = DecisionOutcomeUnknown + 1
+)
+
+// String is the decision's metric label.
+func (d Decision) String() string {
+	switch {
+	case d == DecisionAllowed:
+		return "allowed"
+	case d < DecisionNotExecuted:
+		return "denied_" + limits.BucketClass(d-DecisionDenied).String()
+	case d == DecisionNotExecuted:
+		return "not_executed"
+	case d == DecisionOutcomeUnknown:
+		return "outcome_unknown"
+	}
+	return "invalid"
+}
+
+// The metric names. Every label value comes from one of the fixed lists above
+// (stage, lane, kind, decision, cache use, status class, outcome and
+// reason): never a channel id, a key or a URL, whose number is unbounded.
+const (
+	MetricStage    = "outgress_stage_duration_seconds"
+	MetricLimiter  = "outgress_limiter_duration_seconds"
+	MetricRetries  = "outgress_limiter_retries_total"
+	MetricCommands = "outgress_commands_total"
+	MetricCache    = "outgress_channel_lookups_total"
+	MetricHelix    = "outgress_helix_responses_total"
+	MetricConns    = "outgress_helix_sampled_connections_total"
+	MetricDeliver  = "outgress_deliveries_total"
+)
+
+// latencyBuckets: 1 µs to 10 s, two per doubling (each about 42% wider
+// than the one before).
+var latencyBuckets = prometheus.ExponentialBucketsRange(1e-6, 10, 47)
+
+// Metrics are the worker's Prometheus metrics, on a registry of their own.
+// Every series is created up front, so a scrape shows the whole fixed set
+// from the start and traffic can never add one. The recording methods are
+// safe for concurrent use and allocate nothing.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	stages   [NumStages]prometheus.Histogram
+	limiter  [limits.NumLanes][NumDecisions]prometheus.Histogram
+	retries  [limits.NumLanes]prometheus.Counter
+	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
+	cache    [channels.NumCacheUses]prometheus.Counter
+	status   [helix.NumStatus]prometheus.Counter
+	conns    [2]prometheus.Counter // reused, new
+	acked    prometheus.Counter
+	errs     prometheus.Counter
+	released prometheus.Counter
+	nacked   [bus.NumNackReasons]prometheus.Counter
+	dropped  [bus.NumDropReasons]prometheus.Counter
+}
+
+// New returns the metrics, registered with a new registry together
+// with the Go runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricStage,
+		Help: "Latency of each stage of the message path.", Buckets: latencyBuckets}, []string{"stage"})
+	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLimiter,
+		Help: "Latency of the one AllowOrdered call of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
+	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCommands,
+		Help: "Decoded commands by lane and kind."}, []string{"lane", "kind"})
+	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCache,
+		Help: "Channel cache lookups: hit, miss (one HGETALL) or joined (another caller's load)."}, []string{"result"})
+	status := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricHelix,
+		Help: "Helix responses by status class; error is no Response."}, []string{"status_class"})
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricConns,
+		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRetries,
+		Help: "Limiter calls repeated within a delivery because the previous one provably did not run (admit.ErrNotExecuted)."}, []string{"lane"})
+	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
+		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
+	m.reg.MustRegister(stage, limiter, retries, commands, cache, status, conns, deliveries)
+
+	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
+	for s := range NumStages {
+		m.stages[s] = hist(stage.WithLabelValues(s.String()))
+	}
+	for lane := range limits.NumLanes {
+		for d := range NumDecisions {
+			m.limiter[lane][d] = hist(limiter.WithLabelValues(lane.String(), d.String()))
+		}
+		for k := range command.NumKinds {
+			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
+		}
+		m.retries[lane] = retries.WithLabelValues(lane.String())
+	}
+	for u := range channels.NumCacheUses {
+		if u != channels.CacheNone {
+			m.cache[u] = cache.WithLabelValues(u.String())
+		}
+	}
+	for c := range helix.NumStatus {
+		m.status[c] = status.WithLabelValues(c.String())
+	}
+	m.conns[0], m.conns[1] = conns.WithLabelValues("true"), conns.WithLabelValues("false")
+	m.acked = deliveries.WithLabelValues(bus.OutcomeAcked.String(), "")
+	m.errs = deliveries.WithLabelValues(bus.OutcomeError.String(), "")
+	m.released = deliveries.WithLabelValues(bus.OutcomeReleased.String(), "")
+	for r := range bus.NumNackReasons {
+		m.nacked[r] = deliveries.WithLabelValues(bus.OutcomeNacked.String(), r.String())
+	}
+	for r := range bus.NumDropReasons {
+		m.dropped[r] = deliveries.WithLabelValues(bus.OutcomeDropped.String(), r.String())
+	}
+	return m
+}
+
+// Registry is the registry the metrics are on; register more collectors
+// (a Pause's, with RegisterPause) there.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format: mount it
+// on /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Observe records one duration of a stage.
+func (m *Metrics) Observe(s Stage, d time.Duration) {
+	if s < NumStages {
+		m.stages[s].Observe(d.Seconds())
+	}
+}
+
+// LimiterCall records one limiter call of lane with its decision.
+func (m *Metrics) LimiterCall(lane limits.Lane, d Decision, took time.Duration) {
+	if lane < limits.NumLanes && d < NumDecisions {
+		m.limiter[lane][d].Observe(took.Seconds())
+	}
+}
+
+// LimiterRetry counts a limiter call repeated after one that did not run.
+func (m *Metrics) LimiterRetry(lane limits.Lane) {
+	if lane < limits.NumLanes {
+		m.retries[lane].Inc()
+	}
+}
+
+// CacheLookup counts one channel lookup (none for a command in no channel).
+func (m *Metrics) CacheLookup(u channels.CacheUse) {
+	if u != channels.CacheNone && u < channels.NumCacheUses {
+		m.cache[u].Inc()
+	}
+}
+
+// Command counts one decoded command.
+func (m *Metrics) Command(lane limits.Lane, k command.Kind) {
+	if lane < limits.NumLanes && k < command.NumKinds {
+		m.commands[lane][k].Inc()
+	}
+}
+
+// Response records one Helix request: its status class and its latency
+// (the http stage). It makes Metrics a helix.Recorder.
+func (m *Metrics) Response(c helix.StatusClass, took time.Duration) {
+	m.status[c%helix.NumStatus].Inc()
+	m.stages[StageHTTP].Observe(took.Seconds())
+}
+
+// SampledConn records whether a sampled Helix request reused a connection.
+func (m *Metrics) SampledConn(reused bool) {
+	if reused {
+		m.conns[0].Inc()
+	} else {
+		m.conns[1].Inc()
+	}
+}
+
+// Delivery records what became of one delivery; reason is a NackReason or
+// DropReason for those outcomes and ignored otherwise. Its signature fits
+// bus.Config.Observe (with the message ignored).
+func (m *Metrics) Delivery(_ *bus.Message, o bus.Outcome, reason uint8) {
+	switch o {
+	case bus.OutcomeAcked:
+		m.acked.Inc()
+	case bus.OutcomeError:
+		m.errs.Inc()
+	case bus.OutcomeReleased:
+		m.released.Inc()
+	case bus.OutcomeNacked:
+		m.nacked[min(bus.NackReason(reason), bus.NumNackReasons-1)].Inc()
+	case bus.OutcomeDropped:
+		m.dropped[min(bus.DropReason(reason), bus.NumDropReasons-1)].Inc()
+	}
+}
+
+// RegisterPause exports a Pause's state: the age of its last confirmation,
+// whether it is paused, its version and its reconcile counters. replica is
+// one of a fixed set of replica names (one per process in production).
+func (m *Metrics) RegisterPause(replica string, p *pause.Pause) error {
+	labels := prometheus.Labels{"replica": replica}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	snap := func() (pause.Snapshot, bool) { return p.Snapshot() }
+	for _, c := range []prometheus.Collector{
+		gauge("outgress_pause_snapshot_age_seconds", "Time since Valkey last confirmed the pause state (monotonic); past the maximum age sending fails closed.",
+			func() float64 { return p.Age().Seconds() }),
+		gauge("outgress_pause_paused", "1 while sending is paused, 0 otherwise (also 0 before the first load).", func() float64 {
+			if s, ok := snap(); ok && s.Paused {
+				return 1
+			}
+			return 0
+		}),
+		gauge("outgress_pause_version", "Version of the pause state the replica acts on.", func() float64 {
+			s, _ := snap()
+			return float64(s.Version)
+		}),
+		counter("outgress_pause_reconciles_total", "Successful reconciles of the pause state, the initial load included.",
+			func() float64 { return float64(p.Stats().Reconciles) }),
+		counter("outgress_pause_reconcile_failures_total", "Failed reconciles: errors, and reads older than the snapshot.",
+			func() float64 { return float64(p.Stats().ReconcileFailures) }),
+	} {
+		if err := m.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Readers for the demo's report and the tests.
+
+func counterValue(c prometheus.Counter) int64 {
+	var pb dto.Metric
+	if c == nil || c.Write(&pb) != nil {
+		return 0
+	}
+	return int64(pb.GetCounter().GetValue())
+}
+
+// Admitted returns the limiter's admissions on lane.
+func (m *Metrics) Admitted(lane limits.Lane) int64 {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionAllowed])
+}
+
+// Denied returns the limiter's denials on lane by a bucket of class.
+func (m *Metrics) Denied(lane limits.Lane, class limits.BucketClass) int64 {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionDenied+Decision(class%limits.NumClasses)])
+}
+
+// LimiterFailures returns the failed limiter calls on lane by class:
+// not executed (each retried call counts) and outcome unknown.
+func (m *Metrics) LimiterFailures(lane limits.Lane) (notExecuted, outcomeUnknown int64) {
+	return histCount(m.limiter[lane%limits.NumLanes][DecisionNotExecuted]), histCount(m.limiter[lane%limits.NumLanes][DecisionOutcomeUnknown])
+}
+
+// LimiterRetries returns the limiter calls repeated on lane after a call
+// that did not run.
+func (m *Metrics) LimiterRetries(lane limits.Lane) int64 {
+	return counterValue(m.retries[lane%limits.NumLanes])
+}
+
+// CacheLookups counts channel lookups of one kind (hit, miss or joined).
+func (m *Metrics) CacheLookups(u channels.CacheUse) int64 {
+	return counterValue(m.cache[u%channels.NumCacheUses])
+}
+
+// Status counts Helix outcomes of a class.
+func (m *Metrics) Status(c helix.StatusClass) int64 { return counterValue(m.status[c%helix.NumStatus]) }
+
+// Conns returns the sampled connection counts: reused and newly dialled.
+func (m *Metrics) Conns() (reused, fresh int64) {
+	return counterValue(m.conns[0]), counterValue(m.conns[1])
+}
+
+// Commands counts decoded commands on lane of kind k.
+func (m *Metrics) Commands(lane limits.Lane, k command.Kind) int64 {
+	return counterValue(m.commands[lane%limits.NumLanes][k%command.NumKinds])
+}
+
+// Latency summarises histograms (merged when several): the observation
+// count and upper bounds of the p50, p95 and p99 (the upper bound of the
+// bucket holding the quantile; +Inf past the last bucket).
+type Latency struct {
+	Count         uint64
+	P50, P95, P99 float64 // seconds
+}
+
+// StageLatency summarises a stage's histogram.
+func (m *Metrics) StageLatency(s Stage) Latency { return merge(m.stages[s%NumStages]) }
+
+// LimiterLatency summarises the limiter histograms of every lane and
+// decision.
+func (m *Metrics) LimiterLatency() Latency {
+	var hs []prometheus.Histogram
+	for lane := range limits.NumLanes {
+		hs = append(hs, m.limiter[lane][:]...)
+	}
+	return merge(hs...)
+}
+
+func histCount(h prometheus.Histogram) int64 { return int64(merge(h).Count) }
+
+func merge(hs ...prometheus.Histogram) Latency {
+	var bounds []float64
+	var cum []uint64
+	var total uint64
+	for _, h := range hs {
+		var pb dto.Metric
+		if h.Write(&pb) != nil {
+			continue
+		}
+		total += pb.GetHistogram().GetSampleCount()
+		for i, b := range pb.GetHistogram().GetBucket() {
+			if i >= len(cum) {
+				bounds, cum = append(bounds, b.GetUpperBound()), append(cum, 0)
+			}
+			cum[i] += b.GetCumulativeCount()
+		}
+	}
+	q := func(q float64) float64 {
+		if total == 0 {
+			return 0
+		}
+		rank := uint64(math.Ceil(q * float64(total)))
+		if i := slices.IndexFunc(cum, func(c uint64) bool { return c >= rank }); i >= 0 {
+			return bounds[i]
+		}
+		return math.Inf(1)
+	}
+	return Latency{Count: total, P50: q(0.5), P95: q(0.95), P99: q(0.99)}
+}
+
+// Serve serves the metrics on http://addr/metrics (addr "" is 127.0.0.1
+// on a free port) until stop; url is where.
+func (m *Metrics) Serve(addr string) (url string, stop func(), err error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("metrics: listening: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
+}
+
+// Excerpt scrapes url as Prometheus would and keeps the series that say
+// what happened: deliveries and limiter calls that are not zero, retries,
+// and the pause state.
+func Excerpt(url string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return []string{"scrape failed: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	var keep []string
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 4<<20))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, MetricDeliver+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricLimiter+"_count{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricRetries+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, "outgress_pause_"):
+			keep = append(keep, line)
+		}
+	}
+	return keep
+}

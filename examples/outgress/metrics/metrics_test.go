@@ -1,0 +1,112 @@
+package metrics
+
+import (
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMetricsNoAllocs: recording allocates nothing, so the hot path can
+// afford it.
+func TestMetricsNoAllocs(t *testing.T) {
+	m := New()
+	if a := testing.AllocsPerRun(1000, func() {
+		m.Observe(StagePause, time.Millisecond)
+		m.LimiterCall(limits.LaneStandard, DecisionDenied+Decision(limits.ClassShared), time.Millisecond)
+		m.CacheLookup(channels.CacheHit)
+		m.Command(limits.LanePremium, command.KindChat)
+		m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackLimited))
+	}); a != 0 {
+		t.Errorf("%v allocations, want 0", a)
+	}
+	if m.Denied(limits.LaneStandard, limits.ClassShared) != 1001 || m.CacheLookups(channels.CacheHit) != 1001 || m.Commands(limits.LanePremium, command.KindChat) != 1001 {
+		t.Error("counts lost")
+	}
+}
+
+// TestLabelsAreFixed: every label value comes from a fixed list, and an
+// out-of-range value is named "invalid", never formatted from its input.
+func TestLabelsAreFixed(t *testing.T) {
+	names := map[string][]string{}
+	add := func(label string, n int, name func(int) string) {
+		for i := range n + 1 {
+			names[label] = append(names[label], name(i))
+		}
+	}
+	add("stage", int(NumStages), func(i int) string { return Stage(i).String() })
+	add("lane", int(limits.NumLanes), func(i int) string { return limits.Lane(i).String() })
+	add("class", int(limits.NumClasses), func(i int) string { return limits.BucketClass(i).String() })
+	add("status", int(helix.NumStatus), func(i int) string { return helix.StatusClass(i).String() })
+	add("nack", int(bus.NumNackReasons), func(i int) string { return bus.NackReason(i).String() })
+	add("drop", int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })
+	add("kind", int(command.NumKinds), func(i int) string { return command.Kind(i).String() })
+	add("decision", int(NumDecisions), func(i int) string { return Decision(i).String() })
+	add("outcome", int(bus.NumOutcomes), func(i int) string { return bus.Outcome(i).String() })
+	for label, vals := range names {
+		seen := map[string]bool{}
+		for i, v := range vals {
+			last := i == len(vals)-1
+			if (v == "invalid") != last || v == "" || seen[v] {
+				t.Errorf("%s %d: %q", label, i, v)
+			}
+			seen[v] = true
+		}
+	}
+	for code, want := range map[int]helix.StatusClass{200: helix.Status2xx, 204: helix.Status2xx, 301: helix.Status3xx, 400: helix.Status4xx, 429: helix.Status429, 500: helix.Status5xx, 503: helix.Status5xx, 99: helix.Status5xx} {
+		if got := helix.ClassOf(code); got != want {
+			t.Errorf("status %d: %v, want %v", code, got, want)
+		}
+	}
+}
+
+// TestMetricsScrape serves the registry over HTTP, as the demo does on
+// /metrics, and compares what a scraper reads for the delivery and cache
+// counters with what was recorded.
+func TestMetricsScrape(t *testing.T) {
+	m := New()
+	m.Delivery(nil, bus.OutcomeAcked, 0)
+	m.Delivery(nil, bus.OutcomeAcked, 0)
+	m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackPaused))
+	m.Delivery(nil, bus.OutcomeDropped, uint8(bus.DropNoTimeToRetry))
+	m.Delivery(nil, bus.OutcomeError, 0)
+	m.CacheLookup(channels.CacheHit)
+	m.CacheLookup(channels.CacheMiss)
+	m.CacheLookup(channels.CacheNone) // a command in no channel: not a lookup
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+
+	want := `
+# HELP outgress_channel_lookups_total Channel cache lookups: hit, miss (one HGETALL) or joined (another caller's load).
+# TYPE outgress_channel_lookups_total counter
+outgress_channel_lookups_total{result="hit"} 1
+outgress_channel_lookups_total{result="joined"} 0
+outgress_channel_lookups_total{result="miss"} 1
+# HELP outgress_deliveries_total Bus deliveries by outcome and reason (none for acked, error and released).
+# TYPE outgress_deliveries_total counter
+outgress_deliveries_total{outcome="acked",reason=""} 2
+outgress_deliveries_total{outcome="dropped",reason="expired"} 0
+outgress_deliveries_total{outcome="dropped",reason="malformed"} 0
+outgress_deliveries_total{outcome="dropped",reason="max_attempts"} 0
+outgress_deliveries_total{outcome="dropped",reason="no_time_to_retry"} 1
+outgress_deliveries_total{outcome="dropped",reason="rejected"} 0
+outgress_deliveries_total{outcome="dropped",reason="unknown_channel"} 0
+outgress_deliveries_total{outcome="error",reason=""} 1
+outgress_deliveries_total{outcome="nacked",reason="limited"} 0
+outgress_deliveries_total{outcome="nacked",reason="paused"} 1
+outgress_deliveries_total{outcome="nacked",reason="throttled"} 0
+outgress_deliveries_total{outcome="released",reason=""} 0
+`
+	if err := testutil.ScrapeAndCompare(srv.URL, strings.NewReader(want), MetricCache, MetricDeliver); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.Registry(), MetricLimiter); n != int(limits.NumLanes)*int(NumDecisions) {
+		t.Errorf("%d limiter series, want %d (every lane × decision, created up front)", n, int(limits.NumLanes)*int(NumDecisions))
+	}
+}

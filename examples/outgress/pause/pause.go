@@ -1,0 +1,502 @@
+// Package pause is the outgress fleet's kill switch as one replica sees
+// it: a versioned snapshot behind an atomic pointer (the message path's
+// check is one atomic load, no I/O), written with MULTI/EXEC, spread by
+// pub/sub, repaired by a jittered reconcile, aged on the monotonic clock,
+// failing closed when stale, and failing loudly when a write cannot take
+// effect.
+package pause
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// Errors of Pause.Check. The message path treats ErrPaused as expected
+// backpressure and the other two as failures: without a trustworthy pause
+// state the worker fails closed and sends nothing.
+var (
+	ErrPaused        = errors.New("outgress: sending is paused")
+	ErrPauseNotReady = errors.New("outgress: pause state not loaded yet")
+	ErrPauseStale    = errors.New("outgress: pause state not confirmed by Valkey within the maximum age; failing closed")
+	// ErrNotPublished is returned (wrapped) by SetPaused when the new state
+	// is stored in Valkey but the event could not be published: other
+	// replicas learn it at their next reconcile instead of at once.
+	ErrNotPublished = errors.New("outgress: pause stored but not published")
+	// ErrVersionBehind is returned (wrapped) by SetPaused when the version
+	// it wrote is not newer than the one this replica holds: Valkey lost the
+	// version key, and no replica will apply the write.
+	ErrVersionBehind = errors.New("outgress: pause version in Valkey is behind the replicas'")
+)
+
+// Config configures a Pause. Zero fields take the defaults named.
+type Config struct {
+	// Prefix starts every key and the pub/sub channel. Default "".
+	Prefix string
+	// ReconcileEvery is the mean interval between MGETs of the stored state,
+	// jittered by ±20% so replicas do not reconcile in step. Default 1s.
+	ReconcileEvery time.Duration
+	// MaxAge bounds how old the last confirmation from Valkey may be before
+	// Check fails closed. Default 5s.
+	MaxAge time.Duration
+	// Timeout bounds each reconcile MGET. Default 1s.
+	Timeout time.Duration
+	// Elapsed is the monotonic clock that ages confirmations: the time
+	// since a fixed point, which a step of the wall clock (NTP, an
+	// operator) does not move. Default: time.Since of a time.Now taken by
+	// NewPause, which Go measures on the monotonic clock.
+	Elapsed func() time.Duration
+	// Now is the wall clock, used only to report when a confirmation
+	// happened (Snapshot.Confirmed). Default time.Now.
+	Now func() time.Time
+}
+
+// Snapshot is the state a replica acts on.
+type Snapshot struct {
+	Paused  bool
+	Version int64 // the Valkey counter, incremented by every SetPaused
+	// Confirmed is when Valkey last confirmed the replica's state: the
+	// initial load, a reconcile or this replica's own SetPaused. Pub/sub
+	// events do not count: they cannot prove that none was missed.
+	Confirmed time.Time
+}
+
+// Stats are a Pause's counters, for metrics.
+type Stats struct {
+	EventsApplied   int64 // events newer than the snapshot
+	EventsIgnored   int64 // events not newer: late or duplicate
+	EventsMalformed int64
+	Reconciles      int64 // successful MGETs, including the initial load
+	// ReconcileFailures counts failed MGETs, and reads of a version older
+	// than the snapshot's (ErrVersionBehind), which confirm nothing.
+	// LastReconcileError is the latest one's message, "" if none.
+	ReconcileFailures  int64
+	LastReconcileError string
+	// ServerBehind counts reads older than the snapshot and writes not
+	// newer than it: a read racing a newer event, or a version key that
+	// went backwards (data loss). Neither moves the snapshot back nor
+	// counts as a confirmation; see Pause and SetPaused.
+	ServerBehind int64
+	// Subscriptions counts confirmed SUBSCRIBEs: 1 plus the reconnects.
+	Subscriptions int64
+}
+
+// snapshot is immutable once stored; Check reads it with one atomic load.
+type snapshot struct {
+	paused    bool
+	version   int64
+	confirmed time.Duration // on the Elapsed clock; staleness is measured on it alone
+	wall      time.Time     // the same moment on the wall clock, for reports
+}
+
+// Pause is the fleet-wide kill switch as seen by one replica: an immutable,
+// versioned snapshot behind an atomic pointer, kept current by pub/sub
+// events and repaired by periodic reconciliation from Valkey.
+//
+// Valkey holds the state under two keys that share the hash tag {pause}: a
+// flag (present with value "1" when paused) and a version counter. SetPaused
+// changes both in one MULTI/EXEC, then publishes "<0|1>:<version>".
+//
+// A snapshot only moves to a newer version. The version key must therefore
+// never go backwards. Should Valkey lose it, SetPaused fails with
+// ErrVersionBehind, and the replicas, whose reconciles now read only older
+// versions (counted in Stats.ServerBehind, confirming nothing), fail
+// closed once MaxAge passes, until an operator sets the version above
+// theirs or restarts them. A write that cannot be applied fails loudly.
+//
+// Check, the message path's call, is safe for concurrent use and does one
+// atomic load: no lock, no allocation, no Valkey command.
+type Pause struct {
+	c                           valkey.Client
+	flagKey, versionKey, events string
+	every, maxAge, timeout      time.Duration
+	elapsed                     func() time.Duration
+	now                         func() time.Time
+
+	snap atomic.Pointer[snapshot]
+
+	mu      sync.Mutex // serialises writers of snap; Check never takes it
+	pending *snapshot  // newest event seen before the initial load
+
+	subscribed chan struct{} // closed at the first confirmed SUBSCRIBE
+	subOnce    sync.Once
+	kick       chan struct{} // asks the reconciler to run now (after a resubscribe)
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	started    atomic.Bool
+	closeOnce  sync.Once
+
+	applied, ignored, malformedEvents, reconciles, failures, behind, subs atomic.Int64
+	lastErr                                                               atomic.Pointer[string]
+}
+
+// New returns a Pause on c. It is not ready, and Check fails, until
+// Start has loaded the state.
+func New(c valkey.Client, cfg Config) *Pause {
+	if cfg.ReconcileEvery <= 0 {
+		cfg.ReconcileEvery = time.Second
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 5 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.Elapsed == nil {
+		origin := time.Now()
+		cfg.Elapsed = func() time.Duration { return time.Since(origin) }
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pause{
+		c:          c,
+		flagKey:    cfg.Prefix + "pause:{pause}:flag",
+		versionKey: cfg.Prefix + "pause:{pause}:version",
+		events:     cfg.Prefix + "pause:events",
+		every:      cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
+		subscribed: make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		ctx:        ctx, cancel: cancel,
+	}
+}
+
+// Start subscribes to pause events, then loads the stored state, then starts
+// the reconciler, in that order: an event published between the load and the
+// subscription cannot be missed. It returns once the replica is ready (Check
+// answers from a snapshot), or with an error; call Close either way.
+func (p *Pause) Start(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("outgress: Pause started twice")
+	}
+	p.wg.Add(1)
+	go p.listen()
+	select {
+	case <-p.subscribed:
+	case <-ctx.Done():
+		return fmt.Errorf("outgress: subscribing to pause events: %w", ctx.Err())
+	case <-p.ctx.Done():
+		return errors.New("outgress: Pause closed while starting")
+	}
+	if err := p.reconcile(ctx); err != nil {
+		return fmt.Errorf("outgress: loading the pause state: %w", err)
+	}
+	p.wg.Add(1)
+	go p.reconcileLoop()
+	return nil
+}
+
+// FlagKey is the key of the stored pause flag ("1" when paused). Only the
+// old shape's measurement reads it directly.
+func (p *Pause) FlagKey() string { return p.flagKey }
+
+// Ready reports whether the initial state is loaded.
+func (p *Pause) Ready() bool { return p.snap.Load() != nil }
+
+// Check is the message path's question: may I send now? It returns nil,
+// ErrPaused, ErrPauseNotReady, or ErrPauseStale once Valkey last confirmed
+// the state more than MaxAge ago on the monotonic clock.
+func (p *Pause) Check() error {
+	s := p.snap.Load()
+	switch {
+	case s == nil:
+		return ErrPauseNotReady
+	case p.elapsed()-s.confirmed > p.maxAge:
+		return ErrPauseStale
+	case s.paused:
+		return ErrPaused
+	}
+	return nil
+}
+
+// Snapshot returns the current state; ok is false before the initial load.
+func (p *Pause) Snapshot() (s Snapshot, ok bool) {
+	cur := p.snap.Load()
+	if cur == nil {
+		return Snapshot{}, false
+	}
+	return Snapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}, true
+}
+
+// Age is how long ago, on the monotonic clock, Valkey last confirmed the
+// state; 0 before the load.
+func (p *Pause) Age() time.Duration {
+	if cur := p.snap.Load(); cur != nil {
+		return p.elapsed() - cur.confirmed
+	}
+	return 0
+}
+
+// Stats returns the counters.
+func (p *Pause) Stats() Stats {
+	s := Stats{
+		EventsApplied: p.applied.Load(), EventsIgnored: p.ignored.Load(), EventsMalformed: p.malformedEvents.Load(),
+		Reconciles: p.reconciles.Load(), ReconcileFailures: p.failures.Load(),
+		ServerBehind: p.behind.Load(), Subscriptions: p.subs.Load(),
+	}
+	if e := p.lastErr.Load(); e != nil {
+		s.LastReconcileError = *e
+	}
+	return s
+}
+
+// SetPaused stores the new state and a new version in one MULTI/EXEC, then
+// updates this replica and publishes the event. It returns the new version.
+//
+// If the write fails, nothing is applied or published. If ctx ends with the
+// transaction in flight, it may or may not have run: SetPaused reports the
+// error, applies and publishes nothing, and reconciliation converges every
+// replica on whatever Valkey holds. If only the publish fails, the error
+// wraps ErrNotPublished, and the version is returned.
+//
+// If the version written is not newer than the one this replica holds,
+// Valkey has lost the version key (or a concurrent write overtook this
+// one): no replica would apply it. SetPaused then applies and publishes
+// nothing and returns an error wrapping ErrVersionBehind. From then on the
+// replicas' reconciles read an older version, which confirms nothing, so
+// the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
+// operator sets the version key above the replicas' (the error names the
+// key and the version) or restarts them.
+func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
+	b := p.c.B()
+	write := b.Del().Key(p.flagKey).Build()
+	if paused {
+		write = b.Set().Key(p.flagKey).Value("1").Build()
+	}
+	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), b.Exec().Build())
+	for _, r := range res[:3] {
+		if err := r.Error(); err != nil {
+			return 0, fmt.Errorf("outgress: pause not changed: %w", err)
+		}
+	}
+	replies, err := res[3].ToArray()
+	if err != nil {
+		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
+	}
+	if len(replies) != 2 {
+		return 0, fmt.Errorf("outgress: pause transaction: want 2 replies, got %d", len(replies))
+	}
+	if err := replies[0].Error(); err != nil {
+		return 0, fmt.Errorf("outgress: pause write failed: %w", err)
+	}
+	version, err := replies[1].AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
+	}
+	if held, ok := p.confirm(paused, version, true); !ok {
+		return version, fmt.Errorf("%w: wrote version %d but this replica holds %d, so no replica applies it; "+
+			"replicas fail closed within %v unless %s is set above %d", ErrVersionBehind, version, held, p.maxAge, p.versionKey, held)
+	}
+	msg := encodePauseEvent(paused, version)
+	if err := p.c.Do(ctx, b.Publish().Channel(p.events).Message(msg).Build()).Error(); err != nil {
+		return version, fmt.Errorf("%w (version %d; other replicas reconcile within %v): %w", ErrNotPublished, version, p.every, err)
+	}
+	return version, nil
+}
+
+// Close stops the subscriber and the reconciler and waits for both. The last
+// snapshot stays readable; it fails closed once older than MaxAge.
+func (p *Pause) Close() {
+	p.closeOnce.Do(func() {
+		p.cancel()
+		p.wg.Wait()
+	})
+}
+
+// listen keeps one subscription open until Close, resubscribing with a
+// capped backoff. After every resubscribe it asks for a reconcile, because
+// events published while it was away are lost.
+func (p *Pause) listen() {
+	defer p.wg.Done()
+	onSub := func(s valkey.PubSubSubscription) {
+		if s.Kind != "subscribe" || s.Channel != p.events {
+			return
+		}
+		if p.subs.Add(1) == 1 {
+			p.subOnce.Do(func() { close(p.subscribed) })
+			return
+		}
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+	ctx := valkey.WithOnSubscriptionHook(p.ctx, onSub)
+	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+	backoff := minBackoff
+	for p.ctx.Err() == nil {
+		subs := p.subs.Load()
+		p.c.Receive(ctx, p.c.B().Subscribe().Channel(p.events).Build(), p.onMessage)
+		if p.subs.Load() > subs { // it was subscribed: start the backoff over
+			backoff = minBackoff
+		}
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+func (p *Pause) onMessage(m valkey.PubSubMessage) {
+	paused, version, ok := decodePauseEvent(m.Message)
+	if !ok {
+		p.malformedEvents.Add(1)
+		return
+	}
+	p.applyEvent(paused, version)
+}
+
+func (p *Pause) reconcileLoop() {
+	defer p.wg.Done()
+	t := time.NewTimer(p.jittered())
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		case <-p.kick:
+			t.Stop()
+		}
+		p.reconcile(p.ctx) // failures are counted and exposed; Check fails closed once too old
+		t.Reset(p.jittered())
+	}
+}
+
+func (p *Pause) jittered() time.Duration {
+	return time.Duration(float64(p.every) * (0.8 + 0.4*rand.Float64()))
+}
+
+// reconcile reads the stored state with one MGET and applies it.
+func (p *Pause) reconcile(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+	if err == nil {
+		err = p.confirmFrom(vals)
+	}
+	if err != nil {
+		p.failures.Add(1)
+		msg := err.Error()
+		p.lastErr.Store(&msg)
+		return err
+	}
+	p.reconciles.Add(1)
+	return nil
+}
+
+func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
+	if len(vals) != 2 {
+		return fmt.Errorf("outgress: MGET returned %d values, want 2", len(vals))
+	}
+	paused := false
+	if !vals[0].IsNil() {
+		flag, err := vals[0].ToString()
+		if err != nil || flag != "1" {
+			return fmt.Errorf("outgress: pause flag %q is not \"1\"", flag)
+		}
+		paused = true
+	}
+	var version int64
+	if !vals[1].IsNil() {
+		s, err := vals[1].ToString()
+		if err == nil {
+			version, err = strconv.ParseInt(s, 10, 64)
+		}
+		if err != nil || version < 0 {
+			return fmt.Errorf("outgress: pause version %q is not a counter", s)
+		}
+	}
+	if held, ok := p.confirm(paused, version, false); !ok {
+		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
+	}
+	return nil
+}
+
+// confirm applies a state read from (or written to) Valkey just now. A
+// read (newerOnly false) may equal the snapshot's version; a write must
+// exceed it. ok is false when the snapshot already holds a version at
+// least that new (held): the read raced a newer event, or the version key
+// went backwards (data loss). That is counted in ServerBehind and is no
+// confirmation: the snapshot keeps its state and its confirmation time, so
+// a replica whose Valkey lost the version ages into failing closed instead
+// of sending on. (A read that merely raced an event is followed by a
+// current one at the next reconcile.)
+func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64, ok bool) {
+	at, wall := p.elapsed(), p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := p.snap.Load()
+	if cur == nil && p.pending != nil {
+		// The initial load, with an event that arrived between subscribe
+		// and load: the newer of the two wins, and the load confirms it
+		// (the subscription was live before the read was sent).
+		pend := p.pending
+		p.pending = nil
+		if pend.version > version {
+			p.behind.Add(1)
+			paused, version = pend.paused, pend.version
+		}
+	}
+	if cur != nil && (cur.version > version || newerOnly && cur.version == version) {
+		p.behind.Add(1)
+		return cur.version, false
+	}
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: at, wall: wall})
+	return version, true
+}
+
+// applyEvent applies a pub/sub event if it is newer than the snapshot.
+func (p *Pause) applyEvent(paused bool, version int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := p.snap.Load()
+	if cur == nil {
+		if p.pending == nil || version > p.pending.version {
+			p.pending = &snapshot{paused: paused, version: version}
+			p.applied.Add(1)
+		} else {
+			p.ignored.Add(1)
+		}
+		return
+	}
+	if version <= cur.version {
+		p.ignored.Add(1)
+		return
+	}
+	p.applied.Add(1)
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed, wall: cur.wall})
+}
+
+// The event format is "<0|1>:<version>", for example "1:42".
+func encodePauseEvent(paused bool, version int64) string {
+	flag := "0:"
+	if paused {
+		flag = "1:"
+	}
+	return flag + strconv.FormatInt(version, 10)
+}
+
+func decodePauseEvent(s string) (paused bool, version int64, ok bool) {
+	flag, v, found := strings.Cut(s, ":")
+	if !found || (flag != "0" && flag != "1") {
+		return false, 0, false
+	}
+	version, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || version < 0 {
+		return false, 0, false
+	}
+	return flag == "1", version, true
+}

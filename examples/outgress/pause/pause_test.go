@@ -1,0 +1,522 @@
+package pause
+
+import (
+	"context"
+	"errors"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// replicaPause starts one replica's Pause on its own client.
+func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
+	t.Helper()
+	c := &counting.Client{Client: testserver.NewClient(t, srv)}
+	cfg.Prefix = prefix
+	p := New(c, cfg)
+	t.Cleanup(p.Close)
+	if err := p.Start(testenv.Ctx(t)); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	return p, c
+}
+
+// writeWithoutEvent changes the stored state as SetPaused does, but
+// publishes nothing: an event that was lost.
+func writeWithoutEvent(t *testing.T, c valkey.Client, prefix string, paused bool) int64 {
+	t.Helper()
+	b := c.B()
+	write := b.Del().Key(prefix + "pause:{pause}:flag").Build()
+	if paused {
+		write = b.Set().Key(prefix + "pause:{pause}:flag").Value("1").Build()
+	}
+	res := c.DoMulti(testenv.Ctx(t), b.Multi().Build(), write, b.Incr().Key(prefix+"pause:{pause}:version").Build(), b.Exec().Build())
+	arr, err := res[3].ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := arr[1].AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func publish(t *testing.T, c valkey.Client, prefix, msg string) {
+	t.Helper()
+	if err := c.Do(testenv.Ctx(t), c.B().Publish().Channel(prefix+"pause:events").Message(msg).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func snapshotOf(t *testing.T, p *Pause) Snapshot {
+	t.Helper()
+	s, ok := p.Snapshot()
+	if !ok {
+		t.Fatal("no snapshot")
+	}
+	return s
+}
+
+// TestPauseNotReadyBeforeFirstSnapshot holds the initial MGET and checks
+// that the replica is subscribed, yet not ready and failing closed, until
+// the state is loaded.
+func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	writeWithoutEvent(t, raw, prefix, true)
+
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "MGET") {
+			once.Do(func() { close(arrived); <-release })
+		}
+	}}
+	p := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour})
+	t.Cleanup(p.Close)
+	started := make(chan error, 1)
+	go func() { started <- p.Start(testenv.Ctx(t)) }()
+
+	select {
+	case <-arrived:
+	case err := <-started:
+		t.Fatalf("Start returned %v before loading the state", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the initial MGET was never sent")
+	}
+	if n := p.Stats().Subscriptions; n != 1 {
+		t.Errorf("subscriptions when loading: %d, want 1 (subscribe before load)", n)
+	}
+	if p.Ready() {
+		t.Error("ready before the initial state was loaded")
+	}
+	if err := p.Check(); !errors.Is(err, ErrPauseNotReady) {
+		t.Errorf("Check before load: %v, want ErrPauseNotReady", err)
+	}
+	if _, ok := p.Snapshot(); ok {
+		t.Error("a snapshot exists before load")
+	}
+	close(release)
+	if err := <-started; err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if !p.Ready() {
+		t.Error("not ready after Start")
+	}
+	if err := p.Check(); !errors.Is(err, ErrPaused) {
+		t.Errorf("Check after load: %v, want ErrPaused (the stored state)", err)
+	}
+}
+
+// TestPauseEveryReplicaSeesPause has one of three replicas pause and
+// resume; the others learn by pub/sub alone (they reconcile once an hour).
+func TestPauseEveryReplicaSeesPause(t *testing.T) {
+	srv := testserver.Shared(t)
+	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	var replicas []*Pause
+	for range 3 {
+		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+		replicas = append(replicas, p)
+	}
+	for _, paused := range []bool{true, false} {
+		version, err := replicas[0].SetPaused(testenv.Ctx(t), paused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range replicas {
+			if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == version }) {
+				t.Fatalf("replica %d: version %d, want %d", i, snapshotOf(t, p).Version, version)
+			}
+			if s := snapshotOf(t, p); s.Paused != paused {
+				t.Errorf("replica %d: paused %v at version %d, want %v", i, s.Paused, s.Version, paused)
+			}
+			want := error(nil)
+			if paused {
+				want = ErrPaused
+			}
+			if err := p.Check(); err != want {
+				t.Errorf("replica %d: Check %v, want %v", i, err, want)
+			}
+		}
+	}
+	for i, p := range replicas[1:] {
+		if s := p.Stats(); s.EventsApplied != 2 || s.Reconciles != 1 {
+			t.Errorf("replica %d: %d events applied, %d reconciles; want 2 and 1 (the initial load)", i+1, s.EventsApplied, s.Reconciles)
+		}
+	}
+}
+
+// TestPauseLostEventRepairedByReconcile stores a pause without publishing
+// it. The replica that reconciles every 20 ms converges; the one that
+// reconciles hourly, which got no event either, does not: the repair is the
+// reconciliation's.
+func TestPauseLostEventRepairedByReconcile(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	fast, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	slow, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+
+	version := writeWithoutEvent(t, raw, prefix, true)
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, fast).Version == version }) {
+		t.Fatalf("fast replica never reconciled to version %d: %+v", version, fast.Stats())
+	}
+	if s := snapshotOf(t, fast); !s.Paused {
+		t.Error("fast replica: reconciled the version but not the flag")
+	}
+	if err := fast.Check(); !errors.Is(err, ErrPaused) {
+		t.Errorf("fast replica: Check %v, want ErrPaused", err)
+	}
+	if st := fast.Stats(); st.EventsApplied != 0 {
+		t.Errorf("fast replica applied %d events; none was published", st.EventsApplied)
+	}
+	if s := snapshotOf(t, slow); s.Paused || s.Version != 0 {
+		t.Errorf("slow replica: %+v; with no event and no reconcile it must still hold version 0", s)
+	}
+}
+
+// TestPauseOlderVersionNeverReverts delivers events out of order and a
+// reconcile read older than the snapshot: none moves the state back.
+func TestPauseOlderVersionNeverReverts(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+
+	publish(t, raw, prefix, "1:7")
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 7 }) {
+		t.Fatal("event 1:7 never applied")
+	}
+	publish(t, raw, prefix, "0:5") // older
+	publish(t, raw, prefix, "0:7") // same version, other state
+	if !testenv.WaitFor(func() bool { return p.Stats().EventsIgnored == 2 }) {
+		t.Fatalf("stats %+v: want 2 events ignored", p.Stats())
+	}
+	if s := snapshotOf(t, p); !s.Paused || s.Version != 7 {
+		t.Errorf("after older events: %+v, want paused at version 7", s)
+	}
+
+	// Valkey holds version 0 (nothing stored): a reconcile read is older,
+	// and a failure, not a confirmation.
+	if err := p.reconcile(testenv.Ctx(t)); !errors.Is(err, ErrVersionBehind) {
+		t.Fatalf("reconcile reading version 0 under 7: %v, want ErrVersionBehind", err)
+	}
+	if s := snapshotOf(t, p); !s.Paused || s.Version != 7 {
+		t.Errorf("after an older reconcile read: %+v, want paused at version 7", s)
+	}
+	if n := p.Stats().ServerBehind; n != 1 {
+		t.Errorf("ServerBehind %d, want 1", n)
+	}
+
+	publish(t, raw, prefix, "0:8") // newer: applied, so ignoring is not a broken apply
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 8 }) {
+		t.Fatal("event 0:8 never applied")
+	}
+	if s := snapshotOf(t, p); s.Paused {
+		t.Errorf("after 0:8: %+v, want running", s)
+	}
+	if st := p.Stats(); st.EventsApplied != 2 || st.EventsIgnored != 2 {
+		t.Errorf("stats %+v: want 2 applied, 2 ignored", st)
+	}
+}
+
+// TestPauseHotReadsSendNothing reads the snapshot from many goroutines
+// while events change it (run with -race): no Valkey command is sent and
+// Check allocates nothing.
+func TestPauseHotReadsSendNothing(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	before, _ := c.Totals()
+
+	const readers, reads = 8, 20000
+	var wg sync.WaitGroup
+	var paused atomic.Int64
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range reads {
+				if errors.Is(p.Check(), ErrPaused) {
+					paused.Add(1)
+				}
+			}
+		}()
+	}
+	for v := 1; v <= 20; v++ { // writers race the readers
+		publish(t, raw, prefix, encodePauseEvent(v%2 == 1, int64(v)))
+	}
+	wg.Wait()
+	if !testenv.WaitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
+		t.Errorf("stats %+v: want 20 events applied", p.Stats())
+	}
+	if after, _ := c.Totals(); after != before {
+		t.Errorf("%d Valkey commands during %d hot reads, want 0", after-before, readers*reads)
+	}
+	if allocs := testing.AllocsPerRun(1000, func() { p.Check() }); allocs != 0 {
+		t.Errorf("Check allocates %v times, want 0", allocs)
+	}
+}
+
+// fakeClocks are a Pause's two clocks under a test's control: the
+// monotonic one that ages confirmations and the wall clock that only
+// labels them.
+type fakeClocks struct{ mono, wall atomic.Int64 }
+
+func (c *fakeClocks) elapsed() time.Duration { return time.Duration(c.mono.Load()) }
+func (c *fakeClocks) now() time.Time         { return time.Unix(0, c.wall.Load()) }
+
+// step moves the monotonic clock forward by d and the wall clock by wall
+// (which may be negative: an NTP step back).
+func (c *fakeClocks) step(d, wall time.Duration) {
+	c.mono.Add(int64(d))
+	c.wall.Add(int64(wall))
+}
+
+// TestPauseStaleFailsClosed moves the replica's monotonic clock past the
+// maximum age of the last confirmation: Check fails closed, paused or not,
+// until a reconcile succeeds again; failed reconciles are counted.
+func TestPauseStaleFailsClosed(t *testing.T) {
+	srv := testserver.Own(t)
+	if !srv.Owned {
+		t.Skip("stops the server; skipped on VALKEY_ADDR")
+	}
+	prefix := "stale:" // a server of its own, stopped below: no cleanup needed
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
+
+	steps := []struct {
+		by   time.Duration
+		want error
+	}{
+		{0, nil},
+		{2 * time.Second, nil}, // exactly MaxAge: still fresh
+		{1, ErrPauseStale},
+	}
+	for i, s := range steps {
+		clk.step(s.by, s.by)
+		if err := p.Check(); err != s.want {
+			t.Errorf("step %d: Check at +%v: %v, want %v", i, clk.elapsed(), err, s.want)
+		}
+	}
+
+	clk.step(time.Second-1, time.Second-1) // +3s
+	if err := p.reconcile(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(); err != nil {
+		t.Errorf("after a reconcile: %v, want nil", err)
+	}
+	clk.step(time.Second, time.Second)
+	if age := p.Age(); age != time.Second {
+		t.Errorf("Age %v, want 1s", age)
+	}
+
+	// Valkey goes away: reconciles fail and are counted, and the snapshot
+	// ages into failing closed, paused or not.
+	if _, err := p.SetPaused(testenv.Ctx(t), true); err != nil { // confirmed at +4s
+		t.Fatal(err)
+	}
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(testenv.Ctx(t), 2*time.Second)
+	defer cancel()
+	if err := p.reconcile(ctx); err == nil {
+		t.Fatal("reconcile succeeded with the server stopped")
+	}
+	st := p.Stats()
+	if st.ReconcileFailures != 1 || st.LastReconcileError == "" {
+		t.Errorf("stats %+v: want 1 reconcile failure with its error", st)
+	}
+	clk.step(2*time.Second, 2*time.Second)
+	if err := p.Check(); err != ErrPaused {
+		t.Errorf("within MaxAge of the last confirmation: %v, want ErrPaused", err)
+	}
+	clk.step(1, 1)
+	if err := p.Check(); err != ErrPauseStale {
+		t.Errorf("past MaxAge: %v, want ErrPauseStale", err)
+	}
+}
+
+// TestPauseStalenessIgnoresWallClock steps the wall clock back an hour
+// while the monotonic clock moves past MaxAge (an NTP correction after a
+// confirmation): the snapshot is stale, and Check fails closed. Measured
+// on the wall clock it would look fresh for another hour.
+func TestPauseStalenessIgnoresWallClock(t *testing.T) {
+	srv := testserver.Shared(t)
+	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
+	if err := p.Check(); err != nil {
+		t.Fatalf("fresh: %v", err)
+	}
+	clk.step(3*time.Second, -time.Hour)
+	if err := p.Check(); err != ErrPauseStale {
+		t.Errorf("3s after the confirmation, wall clock stepped back 1h: Check %v, want ErrPauseStale", err)
+	}
+	if age := p.Age(); age != 3*time.Second {
+		t.Errorf("Age %v, want 3s", age)
+	}
+
+	// And forward: a wall clock stepped ahead an hour ages nothing.
+	if err := p.reconcile(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	clk.step(time.Second, time.Hour)
+	if err := p.Check(); err != nil {
+		t.Errorf("1s after a reconcile, wall clock stepped ahead 1h: Check %v, want nil", err)
+	}
+}
+
+// TestPauseFailedWriteNeitherPublishedNorApplied makes the server refuse
+// writes (maxmemory 1): SetPaused fails, the writer keeps its state, no
+// event reaches another replica, and nothing is stored.
+func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
+	srv := testserver.Own(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	config := func(v string) {
+		t.Helper()
+		if err := raw.Do(testenv.Ctx(t), raw.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orig, err := raw.Do(testenv.Ctx(t), raw.B().ConfigGet().Parameter("maxmemory").Build()).AsStrMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	config("1")
+	if v, err := writer.SetPaused(testenv.Ctx(t), true); err == nil {
+		config(orig["maxmemory"])
+		t.Fatalf("SetPaused succeeded (version %d) on a server refusing writes", v)
+	}
+	config(orig["maxmemory"])
+	if s := snapshotOf(t, writer); s.Paused || s.Version != 0 {
+		t.Errorf("writer after the failed write: %+v, want running at version 0", s)
+	}
+	// A marker published after SetPaused returned arrives after anything
+	// SetPaused published; once the observer has it, it has seen all.
+	publish(t, raw, prefix, "marker")
+	for name, p := range map[string]*Pause{"writer": writer, "observer": observer} {
+		if !testenv.WaitFor(func() bool { return p.Stats().EventsMalformed == 1 }) {
+			t.Fatalf("%s never received the marker", name)
+		}
+		if st := p.Stats(); st.EventsApplied != 0 || st.EventsIgnored != 0 {
+			t.Errorf("%s received a pause event from the failed write: %+v", name, st)
+		}
+	}
+	vals, err := raw.Do(testenv.Ctx(t), raw.B().Mget().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !vals[0].IsNil() || !vals[1].IsNil() {
+		t.Errorf("the failed write stored something: %v", vals)
+	}
+}
+
+// TestPauseCloseStopsAndJoins checks that after Close returns, the
+// reconciler sends nothing more, and that Close may be called twice.
+func TestPauseCloseStopsAndJoins(t *testing.T) {
+	srv := testserver.Shared(t)
+	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: 5 * time.Millisecond})
+	if !testenv.WaitFor(func() bool { return p.Stats().Reconciles >= 3 }) {
+		t.Fatalf("stats %+v: the reconciler is not running", p.Stats())
+	}
+	p.Close()
+	before, _ := c.Totals()
+	reconciles := p.Stats().Reconciles
+	time.Sleep(50 * time.Millisecond) // ten reconcile intervals
+	if after, _ := c.Totals(); after != before || p.Stats().Reconciles != reconciles {
+		t.Errorf("%d commands after Close, want 0", after-before)
+	}
+	p.Close()
+}
+
+// TestPauseEventEncoding freezes the event format and refuses bad ones.
+func TestPauseEventEncoding(t *testing.T) {
+	for _, c := range []struct {
+		paused  bool
+		version int64
+		want    string
+	}{{true, 42, "1:42"}, {false, 0, "0:0"}} {
+		if got := encodePauseEvent(c.paused, c.version); got != c.want {
+			t.Errorf("encode(%v, %d) = %q, want %q", c.paused, c.version, got, c.want)
+		}
+		if p, v, ok := decodePauseEvent(c.want); !ok || p != c.paused || v != c.version {
+			t.Errorf("decode(%q) = %v, %d, %v", c.want, p, v, ok)
+		}
+	}
+	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "1:3:4"} {
+		if _, _, ok := decodePauseEvent(bad); ok {
+			t.Errorf("decode(%q) accepted", bad)
+		}
+	}
+}
+
+// TestPauseLostKeysFailLoudly deletes both pause keys behind three
+// replicas' backs (Valkey lost them) and pauses. The write cannot take
+// effect: its version is older than the one every replica holds. SetPaused
+// must say so, and the reconciles that now read an older version must not
+// count as confirmations, so that every replica fails closed once MaxAge
+// passes instead of sending on.
+func TestPauseLostKeysFailLoudly(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	cfg := Config{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
+	var replicas []*Pause
+	for range 3 {
+		p, _ := replicaPause(t, srv, prefix, cfg)
+		replicas = append(replicas, p)
+	}
+	for _, paused := range []bool{true, false} {
+		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range replicas {
+		if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
+			t.Fatalf("replica %d never reached version 2", i)
+		}
+	}
+
+	if err := raw.Do(testenv.Ctx(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := replicas[0].SetPaused(testenv.Ctx(t), true)
+	if !errors.Is(err, ErrVersionBehind) {
+		t.Errorf("SetPaused(true) after the keys were lost: version %d, %v; want ErrVersionBehind", v, err)
+	}
+	for i, p := range replicas {
+		if !testenv.WaitFor(func() bool { return errors.Is(p.Check(), ErrPauseStale) }) {
+			t.Errorf("replica %d: Check %v, stats %+v; want ErrPauseStale once reconciles read only an older version",
+				i, p.Check(), p.Stats())
+		}
+		if st := p.Stats(); st.ServerBehind == 0 || st.ReconcileFailures == 0 || !strings.Contains(st.LastReconcileError, "not a confirmation") {
+			t.Errorf("replica %d: stats %+v; want the older reads counted as behind and as failed reconciles", i, st)
+		}
+	}
+}
+
+// TestMain stops the shared test server after the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	os.Exit(code)
+}

@@ -1,0 +1,270 @@
+// Package worker is the outgress adapter: the hot path of one message,
+// from the bus to Helix. Decode, check the pause snapshot (one atomic
+// load), look the channel up (a miss is one HGETALL), ask admit once (one
+// script: the only Valkey round trip of a warm message), build the Helix
+// request, send it. A handler's error is the bus outcome; admit's error
+// classes decide between a bounded retry and a nack.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"net/http"
+	"time"
+
+	"github.com/admitkit/admit"
+)
+
+// Config configures a Worker. Zero fields take the defaults named.
+type Config struct {
+	// Prefix starts every limiter key. Default "".
+	Prefix string
+	// Limits are the bucket Specs. Default DefaultLimits.
+	Limits *limits.Limits
+	// Lifetime is a message's time to live from publication: past it, work
+	// is pointless. Default 5s.
+	Lifetime time.Duration
+	// PausedRetry is how long a message waits while sending is paused.
+	// Default 500ms.
+	PausedRetry time.Duration
+	// DecisionAttempts bounds the limiter calls of one delivery, when
+	// calls fail with admit.ErrNotExecuted. Default 3.
+	DecisionAttempts int
+	// DecisionBackoff is the pause before the first retry of a limiter
+	// call; the n-th retry waits n times as long. Default 5ms.
+	DecisionBackoff time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Worker is the egress hot path: decode, pause snapshot, channel cache, one
+// limiter script, build the Helix request, send it over a reused connection.
+// A warm message costs one Valkey round trip (the script); a cold one adds
+// the channel's HGETALL. It is safe for concurrent use.
+type Worker struct {
+	cfg      Config
+	limits   limits.Limits
+	lim      *admit.Limiter
+	pause    *pause.Pause
+	channels *channels.Cache
+	helix    *helix.Helix
+	metrics  *metrics.Metrics
+	helixBy  [limits.NumLanes]limits.Plan
+}
+
+// New assembles a worker from its parts.
+func New(lim *admit.Limiter, p *pause.Pause, cc *channels.Cache, hx *helix.Helix, m *metrics.Metrics, cfg Config) *Worker {
+	if cfg.Limits == nil {
+		cfg.Limits = &limits.DefaultLimits
+	}
+	if cfg.Lifetime <= 0 {
+		cfg.Lifetime = 5 * time.Second
+	}
+	if cfg.PausedRetry <= 0 {
+		cfg.PausedRetry = 500 * time.Millisecond
+	}
+	if cfg.DecisionAttempts <= 0 {
+		cfg.DecisionAttempts = 3
+	}
+	if cfg.DecisionBackoff <= 0 {
+		cfg.DecisionBackoff = 5 * time.Millisecond
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: p, channels: cc, helix: hx, metrics: m}
+	w.helixBy = limits.HelixPlans(&w.limits, cfg.Prefix)
+	return w
+}
+
+// Handler returns the bus handler for a lane's subject.
+func (w *Worker) Handler(lane limits.Lane) bus.Handler {
+	return func(ctx context.Context, m *bus.Message) error {
+		_, err := w.Process(ctx, lane, m)
+		return err
+	}
+}
+
+// Path describes how far a message went and which way: what the demo and
+// tests group Valkey commands by.
+type Path struct {
+	Lane    limits.Lane
+	Kind    command.Kind
+	Decoded bool
+	Paused  bool // stopped by the pause snapshot
+	Cache   channels.CacheUse
+	Decided bool // reached the limiter and got an answer
+	// LimiterCalls counts AllowOrdered calls: 1, or more when calls that
+	// did not run were retried.
+	LimiterCalls int
+	Admitted     bool
+}
+
+// Process handles one delivery and returns its path and the bus outcome.
+func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) (Path, error) {
+	deadline := m.Published.Add(w.cfg.Lifetime)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	req, path, err := w.Prepare(ctx, lane, m)
+	if err != nil {
+		return path, err
+	}
+	return path, w.helix.Send(req, deadline)
+}
+
+// Prepare is the path before the third party: it decodes the command,
+// checks the pause snapshot, looks the channel up, asks the limiter once
+// and builds the Helix request. ctx should carry the message's deadline.
+func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
+	path := Path{Lane: lane}
+	deadline := m.Published.Add(w.cfg.Lifetime)
+	start := w.cfg.Now()
+
+	cmd, err := command.Decode(m.Data)
+	t := w.cfg.Now()
+	w.metrics.Observe(metrics.StageDecode, t.Sub(start))
+	if err == nil && cmd.Kind == command.KindChat && lane == limits.LaneSystem {
+		err = fmt.Errorf("%w: chat is never sent on the system lane", command.ErrMalformed)
+	}
+	if err != nil {
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
+	}
+	path.Decoded, path.Kind = true, cmd.Kind
+	w.metrics.Command(lane, cmd.Kind)
+
+	err = w.pause.Check()
+	t0, t := t, w.cfg.Now()
+	w.metrics.Observe(metrics.StagePause, t.Sub(t0))
+	if errors.Is(err, pause.ErrPaused) {
+		path.Paused = true
+		return nil, path, bus.RetryOrDrop(bus.NackPaused, w.cfg.PausedRetry, deadline.Sub(t))
+	}
+	if err != nil { // not ready or stale: fail closed, and say so
+		return nil, path, err
+	}
+
+	var ch *channels.Channel
+	if cmd.Kind.NeedsChannel() {
+		ch, path.Cache, err = w.channels.Get(ctx, cmd.Channel)
+		t0, t = t, w.cfg.Now()
+		w.metrics.Observe(metrics.StageChannel, t.Sub(t0))
+		if path.Cache != channels.CacheHit {
+			w.metrics.Observe(metrics.StageLoad, t.Sub(t0))
+		}
+		w.metrics.CacheLookup(path.Cache)
+		if errors.Is(err, channels.ErrUnknown) {
+			return nil, path, &bus.Dropped{Reason: bus.DropUnknownChannel}
+		}
+		if err != nil {
+			return nil, path, err
+		}
+	}
+
+	plan := w.plan(lane, cmd.Kind, ch)
+	d, err := w.decide(ctx, lane, plan, &path)
+	t = w.cfg.Now()
+	if err != nil {
+		// Either class is a dependency failure, not backpressure: the bus
+		// reports it and redelivers the message after its error delay. An
+		// ErrNotExecuted was already retried (bounded) by decide; an
+		// ErrOutcomeUnknown is never repeated here, since the first call
+		// may have taken tokens. (With retry-safe decisions keyed by the
+		// message id, it could be.)
+		return nil, path, err
+	}
+	path.Decided, path.Admitted = true, d.Allowed()
+	if !d.Allowed() {
+		return nil, path, bus.RetryOrDrop(bus.NackLimited, d.RetryAfter, deadline.Sub(t))
+	}
+
+	req, err := w.helix.NewRequest(ctx, &cmd, ch)
+	t0, t = t, w.cfg.Now()
+	w.metrics.Observe(metrics.StageBuild, t.Sub(t0))
+	w.metrics.Observe(metrics.StagePreHTTP, t.Sub(start))
+	if err != nil {
+		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
+	}
+	return req, path, nil
+}
+
+// plan picks the buckets: chat by channel and lane; the three Helix routes
+// all by lane alone, through the same precomputed plans.
+func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *limits.Plan {
+	if k == command.KindChat {
+		p := limits.ChatPlan(&w.limits, lane, ch)
+		return &p
+	}
+	return &w.helixBy[lane%limits.NumLanes]
+}
+
+// decide is the one limiter call of a message: one script, one round trip.
+// A denial is a Decision; only a failed call is an error, and it stays one
+// (a dependency failure is not backpressure). admit's error contract
+// decides what happens next:
+//
+//   - admit.ErrNotExecuted (the server proves nothing ran, no token was
+//     taken): the call is repeated, at most DecisionAttempts calls in all,
+//     after a short pause, within the message's deadline. Refusals that
+//     cannot pass on a retry (an invalid request, a wrong-type or corrupt
+//     bucket) are not repeated.
+//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): never
+//     repeated within the delivery; the error nacks the message.
+//
+// Every call is timed into the limiter histogram under its lane and
+// decision; path.LimiterCalls counts them.
+func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, path *Path) (admit.Decision, error) {
+	var second *admit.Request
+	if p.HasSecond {
+		second = &p.Second
+	}
+	for {
+		start := w.cfg.Now()
+		d, err := w.lim.AllowOrdered(ctx, p.First, second)
+		path.LimiterCalls++
+		w.metrics.LimiterCall(lane, decisionOf(p, d, err), w.cfg.Now().Sub(start))
+		if err == nil {
+			return d, nil
+		}
+		if !retryable(err) || path.LimiterCalls >= w.cfg.DecisionAttempts {
+			return d, fmt.Errorf("outgress: limiter (%d calls): %w", path.LimiterCalls, err)
+		}
+		w.metrics.LimiterRetry(lane)
+		wait := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
+		case <-wait.C:
+		}
+	}
+}
+
+// retryable reports whether a failed limiter call may be repeated at once:
+// it provably did not run, and for a reason that can pass (a refused or
+// missing connection, a server busy or loading), not a request or a bucket
+// that will be refused again.
+func retryable(err error) bool {
+	return errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrInvalidRequest) &&
+		!errors.Is(err, admit.ErrWrongType) && !errors.Is(err, admit.ErrCorruptState)
+}
+
+// decisionOf is the metric label of a limiter call's result.
+func decisionOf(p *limits.Plan, d admit.Decision, err error) metrics.Decision {
+	switch {
+	case errors.Is(err, admit.ErrNotExecuted):
+		return metrics.DecisionNotExecuted
+	case err != nil:
+		return metrics.DecisionOutcomeUnknown
+	case d.Allowed():
+		return metrics.DecisionAllowed
+	}
+	return metrics.DecisionDenied + metrics.Decision(p.DeniedClass(d))
+}

@@ -1,0 +1,268 @@
+package admit
+
+// Mutation testing of the Go side (issue 8, item 11): each mutant is a
+// deliberate, named bug in error classification (errors.go) or reply
+// decoding (decode and its call site in limiter.go). TestGoMutants builds
+// each in a copy of the package, runs the error-class tests there, and
+// fails unless the mutant's named catching test fails, and the unmutated
+// copy passes.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// goMutant is a named bug: text edits to one source file (each old text
+// must occur exactly once), and the test that must catch it.
+type goMutant struct {
+	name    string
+	file    string
+	edits   [][2]string
+	catcher string // a test (or subtest) name that must fail
+}
+
+var goMutants = []goMutant{
+	// Classification: a class claimed without proof, or a proof ignored.
+	{name: "wrongpass-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`case code == "WRONGPASS":`, `case code == "WRONGPASS" && false:`}},
+		catcher: "TestIntegrationErrClassCredentialsRefused/password_rotated"},
+	{name: "noauth-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`case code == "NOAUTH":`, `case code == "NOAUTH" && false:`}},
+		catcher: "TestIntegrationErrClassCredentialsRefused/password_required"},
+	{name: "in-script-acl-failure-not-executed", file: "errors.go",
+		edits:   [][2]string{{`"OOM": true, "NOPERM": true,`, `"OOM": true, "NOPERM": true, "ACL": true,`}},
+		catcher: "TestErrClassTable/acl-failure-inside-the-script"},
+	{name: "script-error-not-executed", file: "errors.go",
+		edits:   [][2]string{{`return unknown("the server failed the script;`, `return notExecuted("the server failed the script;`}},
+		catcher: "TestErrClassTable/acl-failure-inside-the-script"},
+	{name: "wrongtype-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`reason: ErrWrongType, class: ErrNotExecuted}`, `reason: ErrWrongType, class: ErrOutcomeUnknown}`}},
+		catcher: "TestErrClassTable/wrongtype"},
+	{name: "noslot-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`if errors.Is(err, valkey.ErrNoSlot) {`, `if errors.Is(err, valkey.ErrNoSlot) && false {`}},
+		catcher: "TestIntegrationErrClassNoSlot"},
+	{name: "setup-refusal-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`if errors.Is(err, valkey.ErrNoCache) {`, `if errors.Is(err, valkey.ErrNoCache) && false {`}},
+		catcher: "TestIntegrationErrClassTrackingRefused"},
+	{name: "dial-error-outcome-unknown", file: "errors.go",
+		edits:   [][2]string{{`opErr.Op == "dial"`, `opErr.Op == "dial" && false`}},
+		catcher: "TestErrClassTable/dial"},
+	{name: "any-network-error-not-executed", file: "errors.go",
+		edits:   [][2]string{{`opErr.Op == "dial"`, `opErr.Op != ""`}},
+		catcher: "TestErrClassTable/read-error"},
+	{name: "closing-not-executed", file: "errors.go",
+		edits:   [][2]string{{`return unknown("the valkey client was closed;`, `return notExecuted("the valkey client was closed;`}},
+		catcher: "TestIntegrationErrClassClosing"},
+	{name: "connection-failure-not-executed", file: "errors.go",
+		edits:   [][2]string{{`return unknown("the connection failed while`, `return notExecuted("the connection failed while`}},
+		catcher: "TestErrClassTable/eof"},
+	{name: "unplaced-context-error-not-executed", file: "errors.go",
+		edits:   [][2]string{{`if !foreign.proven {`, `if false {`}},
+		catcher: "TestErrClassTable/wrapped-context-error"},
+	{name: "own-context-end-not-executed", file: "errors.go",
+		edits:   [][2]string{{`return unknown("this call's context ended`, `return notExecuted("this call's context ended`}},
+		catcher: "TestErrClassTable/own-cancel-in-flight"},
+	{name: "another-call's-context-taken-as-own", file: "errors.go",
+		edits:   [][2]string{{`&& !ownContextEnded(ctx) {`, `&& !ownContextEnded(ctx) && false {`}},
+		catcher: "TestErrClassTable/another-call's-deadline"}, // TestIntegrationErrClassSharedDial too, when the shared dial races as it does in production
+	{name: "every-context-error-taken-as-another-call's", file: "errors.go",
+		edits:   [][2]string{{`&& !ownContextEnded(ctx) {`, `{`}},
+		catcher: "TestErrClassTable/own-cancel-in-flight"},
+	{name: "own-deadline-checked-an-hour-late", file: "errors.go",
+		edits:   [][2]string{{`return dl == dl.Round(0) || !time.Now().Before(dl)`, `return dl == dl.Round(0) || !time.Now().Add(-time.Hour).Before(dl)`}},
+		catcher: "TestErrClassTable/own-deadline-passed-timer-not-yet-fired"},
+	{name: "wall-clock-deadline-trusted", file: "errors.go",
+		edits:   [][2]string{{`return dl == dl.Round(0) || !time.Now().Before(dl)`, `return !time.Now().Before(dl)`}},
+		catcher: "TestErrClassTable/own-deadline-without-monotonic-clock"},
+	{name: "wrapped-context-error-taken-as-another-call's", file: "errors.go",
+		edits:   [][2]string{{`bare := err == context.Canceled || err == context.DeadlineExceeded`, `bare := err != nil`}},
+		catcher: "TestErrClassTable/wrapped-context-error"},
+	{name: "nil-reply-as-connection-failure", file: "errors.go",
+		edits:   [][2]string{{`if valkey.IsValkeyNil(err) {`, `if false {`}},
+		catcher: "TestIntegrationErrClassNilReply"},
+
+	// AllowOrderedOnce's record must share its first key's cluster slot.
+	{name: "once-record-in-another-slot", file: "once.go",
+		edits:   [][2]string{{`if hasHashTag(key) {`, `if false {`}},
+		catcher: "TestOnceKeySlot"},
+	{name: "once-id-unbounded", file: "once.go",
+		edits:   [][2]string{{`case len(id) > MaxOnceIDLen:`, `case len(id) > 1<<30:`}},
+		catcher: "TestOnceKeyBounds"},
+
+	// Decoding: a reply the script never gives turned into a Decision.
+	{name: "call-site-bypasses-execScript", file: "limiter.go", // what a merge could do
+		edits:   [][2]string{{`decode(execScript(ctx, script, l.client, keys, args), `, `decode(script.Exec(ctx, l.client, keys, args), `}},
+		catcher: "TestIntegrationErrClassSharedDial"},
+	{name: "parse-error-as-connection-failure", file: "decode.go",
+		edits:   [][2]string{{`if valkey.IsParseErr(err) {`, `if false {`}},
+		catcher: "TestErrClassDecode/return_7"},
+	{name: "non-integer-field-read-as-zero", file: "decode.go",
+		edits:   [][2]string{{`v, err := strconv.ParseInt(field, 10, 64)`, `v, err := strconv.ParseInt(field, 10, 64); v, err = v, nil`}},
+		catcher: "TestErrClassDecode/return_'a_0_2_-1'"},
+	{name: "remaining-unchecked", file: "decode.go",
+		edits:   [][2]string{{`case rem1 < 0 || rem2 < -1 || (rem2 == -1) != (buckets == 1 || denied == 1):`, `case false:`}},
+		catcher: "TestErrClassDecode/return_'0_0_2_5'"},
+	{name: "denied-bounded-by-2-not-by-buckets", file: "decode.go",
+		edits:   [][2]string{{`case denied < 0 || denied > int64(buckets):`, `case denied < 0 || denied > 2:`}},
+		catcher: "TestErrClassDecode/return_'2_5_2_-1'"},
+	{name: "negative-denied-accepted", file: "decode.go",
+		edits:   [][2]string{{`case denied < 0 || denied > int64(buckets):`, `case denied > int64(buckets):`}},
+		catcher: "TestErrClassDecode/return_'-1_5_2_-1'"},
+	{name: "admission-with-a-wait-accepted", file: "decode.go",
+		edits:   [][2]string{{`case (denied == 0) != (retry == 0) || retry < 0:`, `case retry < 0:`}},
+		catcher: "TestErrClassDecode/return_'0_5_2_-1'"},
+	{name: "negative-wait-accepted", file: "decode.go",
+		edits:   [][2]string{{`case (denied == 0) != (retry == 0) || retry < 0:`, `case (denied == 0) != (retry == 0):`}},
+		catcher: "TestErrClassDecode/return_'1_-5_0_-1'"},
+	{name: "wait-read-in-ms", file: "decode.go",
+		edits:   [][2]string{{`RetryAfter: time.Duration(retry) * time.Microsecond,`, `RetryAfter: time.Duration(retry) * time.Millisecond,`}},
+		catcher: "TestErrClassDecode/return_'1_7_0_-1'"},
+}
+
+// goMutantTests are the tests run on every mutant.
+const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce)"
+
+func (m goMutant) apply(src string) (string, error) {
+	for _, ed := range m.edits {
+		if n := strings.Count(src, ed[0]); n != 1 {
+			return "", fmt.Errorf("mutant %s: %q occurs %d times in %s, want once; update the mutant to the source", m.name, ed[0], n, m.file)
+		}
+		src = strings.Replace(src, ed[0], ed[1], 1)
+	}
+	return src, nil
+}
+
+// TestGoMutants builds each Go mutant in a copy of the package and
+// requires its catching test to fail there, after the unmutated copy has
+// passed the same tests. It prints the table mutant → failing tests. It
+// needs a real server (the integration tests catch some mutants), and
+// ADMIT_MUTANTS=1, since it tests the tests (CI runs it once).
+func TestGoMutants(t *testing.T) {
+	if os.Getenv("ADMIT_MUTANTS") != "1" {
+		t.Skip("tests the error-class tests themselves; set ADMIT_MUTANTS=1 to run it")
+	}
+	rows := goMutantRows(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "Go mutant → tests that failed on it (catching test first)\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "  %-48s %s\n", r[0], r[1])
+	}
+	t.Log(b.String())
+}
+
+// goMutantRows runs every Go mutant and returns rows of mutant name and
+// the tests that caught it ("NOT CAUGHT" when its catcher passed), for
+// TestGoMutants or TestMutants to print.
+func goMutantRows(t *testing.T) [][2]string {
+	t.Helper()
+	goBin, err := exec.LookPath(filepath.Join(runtime.GOROOT(), "bin", "go"))
+	if err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatalf("Go mutants need the go command: %v", err)
+		}
+	}
+	dir := t.TempDir()
+	// The library, the error-class tests and what they import.
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !strings.HasSuffix(f, "_test.go") || f == "errclass_test.go" || f == "errclass_integration_test.go" || f == "once_key_test.go" {
+			goMutantCopy(t, f, filepath.Join(dir, f))
+		}
+	}
+	for _, f := range []string{"go.mod", "go.sum", "script.lua"} {
+		goMutantCopy(t, f, filepath.Join(dir, f))
+	}
+	err = filepath.WalkDir("internal", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(path)), 0o755); err != nil {
+			return err
+		}
+		goMutantCopy(t, path, filepath.Join(dir, path))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failLine := regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+	run := func() (failed []string, out string) {
+		cmd := exec.Command(goBin, "test", "-count=1", "-run", goMutantTests, ".")
+		cmd.Dir = dir
+		// Offline: everything needed is in the module cache already.
+		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local")
+		b, err := cmd.CombinedOutput()
+		for _, m := range failLine.FindAllStringSubmatch(string(b), -1) {
+			failed = append(failed, m[1])
+		}
+		if err != nil && len(failed) == 0 {
+			failed = []string{"(did not build or run)"}
+		}
+		return failed, string(b)
+	}
+	if failed, out := run(); len(failed) > 0 {
+		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
+	}
+	sources := map[string]string{}
+	for _, f := range []string{"errors.go", "limiter.go", "decode.go", "once.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sources[f] = string(b)
+	}
+	var rows [][2]string
+	for _, m := range goMutants {
+		t.Run(m.name, func(t *testing.T) {
+			src, err := m.apply(sources[m.file])
+			if err != nil {
+				t.Fatal(err)
+			}
+			goMutantWrite(t, filepath.Join(dir, m.file), src)
+			defer goMutantWrite(t, filepath.Join(dir, m.file), sources[m.file])
+			failed, out := run()
+			if !slices.Contains(failed, m.catcher) {
+				t.Errorf("mutant %s: its catching test %s did not fail (failed: %v)\n%s", m.name, m.catcher, failed, out)
+				rows = append(rows, [2]string{m.name, "NOT CAUGHT by " + m.catcher})
+				return
+			}
+			// The catcher first, then the other leaves that failed.
+			caught := []string{m.catcher}
+			for _, f := range failed {
+				leaf := !slices.ContainsFunc(failed, func(g string) bool { return strings.HasPrefix(g, f+"/") })
+				if leaf && f != m.catcher && !strings.HasPrefix(m.catcher, f+"/") {
+					caught = append(caught, f)
+				}
+			}
+			t.Logf("caught by %s", strings.Join(caught, ", "))
+			rows = append(rows, [2]string{m.name, strings.Join(caught, ", ")})
+		})
+	}
+	return rows
+}
+
+func goMutantCopy(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goMutantWrite(t, to, string(b))
+}
+
+func goMutantWrite(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

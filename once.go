@@ -1,0 +1,81 @@
+package admit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// OnceWindow is how long AllowOrderedOnce remembers the Decision made for
+// an id. A retry after ErrOutcomeUnknown comes within seconds (a timeout, a
+// reconnect); a message bus redelivers within its ack wait, typically under
+// a minute. Two minutes cover both with margin while bounding what the
+// records hold: at 1,000 decisions a second, about 120,000 keys of under
+// 100 bytes each. A call after the window decides again.
+const OnceWindow = 2 * time.Minute
+
+// MaxOnceIDLen is the longest id AllowOrderedOnce accepts, in bytes.
+const MaxOnceIDLen = 256
+
+var onceWindowArg = strconv.FormatInt(OnceWindow.Milliseconds(), 10)
+
+// AllowOrderedOnce is AllowOrdered made retry-safe by id: the first call
+// with an id decides, and records its Decision, in the same script run and
+// round trip; a later call with the same id and first key within
+// [OnceWindow] returns the recorded Decision (Remaining and RetryAfter as
+// they were then) and takes nothing. So after ErrOutcomeUnknown, call
+// again with the same id: if the first call ran, its Decision comes back
+// and nothing is charged twice; if it did not, this call decides. Use an id
+// that names the unit of work, such as a message id, never reused for other
+// work within the window.
+//
+// The record is one string key in the first bucket's cluster slot:
+// "<first key>:once:<id>" when the first key has a hash tag, and
+// "{<first key>}:once:<id>" otherwise, which hashes exactly the first key.
+// It expires after OnceWindow. An empty id, an id over MaxOnceIDLen bytes,
+// and a first key without a hash tag that holds a "}" (its record could not
+// share its slot) are refused with ErrInvalidRequest before sending. The
+// local denial cache ([WithDenialCache]) is not used: every call goes to
+// the server, so that a first decision is always recorded.
+//
+// The ACL user needs +get and +set beside what AllowOrdered needs.
+func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
+	record, err := onceKey(first.Key, id)
+	if err != nil {
+		return Decision{}, err
+	}
+	return l.runRecorded(ctx, modeOnce, first, second, record)
+}
+
+// onceKey names the record of id for a call whose first key is key, in
+// key's cluster slot.
+func onceKey(key, id string) (string, error) {
+	switch {
+	case id == "":
+		return "", invalidRequest("AllowOrderedOnce needs a non-empty id")
+	case len(id) > MaxOnceIDLen:
+		return "", invalidRequest("AllowOrderedOnce id is " + strconv.Itoa(len(id)) + " bytes, over MaxOnceIDLen (" + strconv.Itoa(MaxOnceIDLen) + ")")
+	case key == "":
+		return "", invalidRequest("first request has an empty Key")
+	}
+	if hasHashTag(key) {
+		return key + ":once:" + id, nil
+	}
+	if strings.IndexByte(key, '}') >= 0 {
+		return "", invalidRequest("first key " + strconv.Quote(key) + " has no hash tag but holds a \"}\": its once-record could not share its cluster slot; give it a hash tag such as {chan:42}")
+	}
+	return "{" + key + "}:once:" + id, nil
+}
+
+// hasHashTag reports whether key has a non-empty hash tag: a "{" followed
+// later by a "}" with something between them; the cluster then hashes only
+// that part.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	close := strings.IndexByte(key[open+1:], '}')
+	return close > 0
+}

@@ -1,0 +1,39 @@
+package admit
+
+// An Option configures a Limiter; pass Options to [New].
+type Option interface{ apply(*Limiter) }
+
+type optionFunc func(*Limiter)
+
+func (f optionFunc) apply(l *Limiter) { f(l) }
+
+// WithDenialCache turns on a local denial cache of at most size keys
+// (size < 1 leaves it off, the default).
+//
+// After the server denies a request at its first bucket with RetryAfter r,
+// the Limiter denies the same first key with the same Spec and Cost
+// locally, with no round trip, until r has passed on the local monotonic
+// clock, counted from before the denied request was sent. It answers with
+// Denied 1, the RetryAfter left, and the Remaining the server reported.
+// Only denials are cached: the cache never admits anything, so it can
+// never admit what the server would deny.
+//
+// It can under-admit, that is deny locally what the server would admit:
+//   - when the local monotonic clock runs slower than the server's clock,
+//     by at most that rate difference times RetryAfter;
+//   - when another process refunds tokens to the bucket, or an operator
+//     deletes or edits the key, before r has passed;
+//   - never because of a Spec or Cost change: a call whose Spec or Cost
+//     differs from the cached one goes to the server.
+//
+// Expired entries are dropped when the cache is full, before anything is
+// evicted; then an arbitrary entry makes room. A cache lookup costs one
+// mutex and one map access. Use it where denials dominate: a retry storm,
+// an abusive client, a flood after an upstream 429.
+func WithDenialCache(size int) Option {
+	return optionFunc(func(l *Limiter) {
+		if size > 0 {
+			l.denials = newDenialCache(size)
+		}
+	})
+}
