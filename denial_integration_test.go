@@ -149,7 +149,7 @@ func TestIntegrationDenialCacheFlood(t *testing.T) {
 	c := testserver.NewClient(t, srv)
 	l := New(c, WithDenialCache(16))
 	ctx := context.Background()
-	std, shared := Request{Key: "rl:{flood}:std", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "rl:{flood}:shared", Spec: MustSpec(Every(time.Millisecond), 20)}
+	std, shared := Request{Key: "rl:{flood}:std", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "rl:{flood}:shared", Spec: MustSpec(Every(time.Second), 20)} // the shared key lives 20 s: long enough to read back
 	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
 		t.Fatalf("drain: %v, %v", d, err)
 	}
