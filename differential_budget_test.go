@@ -11,7 +11,6 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/model"
-	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -23,13 +22,7 @@ import (
 // Decision (Denied, RetryAfter, Remaining), every stored field and TTL; a
 // Peek must leave every key as it was.
 func TestDifferentialBudget(t *testing.T) {
-	srv := miniredis.RunT(t)
-	srv.ClockTTL(true)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	srv, c := openMini(t)
 	u := &miniEnv{srv: srv, l: admit.New(readWriteScripts{c})}
 	for seed := uint64(1); seed <= 3; seed++ {
 		if err := differentialBudget(context.Background(), u, seed, 800); err != nil {

@@ -23,19 +23,28 @@ import (
 // be stepped, so this is a unit test; admittest compares the real server
 // with the same model on seeded states (bucket-states and others).
 func TestDifferential(t *testing.T) {
-	srv := miniredis.RunT(t)
-	srv.ClockTTL(true)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	srv, c := openMini(t)
 	u := &miniEnv{srv: srv, l: admit.New(c)}
 	for seed := uint64(1); seed <= 3; seed++ {
 		if err := differential(context.Background(), u, seed, 800); err != nil {
 			t.Errorf("seed %d: %v", seed, err)
 		}
 	}
+}
+
+// openMini starts a miniredis whose TTLs follow its clock, and a client to
+// it, both closed at the end of the test.
+func openMini(t *testing.T) (*miniredis.Miniredis, valkey.Client) {
+	t.Helper()
+	srv := miniredis.RunT(t)
+	srv.ClockTTL(true)
+	// miniredis answers CLUSTER SLOTS: ForceSingleClient keeps it standalone.
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return srv, c
 }
 
 // diffEpoch is the miniredis clock at the start of each schedule: years
