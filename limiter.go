@@ -7,8 +7,8 @@
 // never eats into the share kept for premium traffic:
 //
 //	first   second   Decision.Denied   state
-//	deny    (any)    1                 first's refill state refreshed; second untouched
-//	allow   deny     2                 first charged its Cost; second's refill state refreshed
+//	deny    (any)    1                 nothing written; second untouched
+//	allow   deny     2                 first charged its Cost; second not written
 //	allow   allow    0                 both charged their Cost
 //
 // The decision is one Lua script (EVALSHA, falling back to EVAL once after a

@@ -47,7 +47,8 @@ const RateTolerance = 0.01
 const snapTolerance = 1e-12
 
 // A Spec describes one token bucket: it holds at most Burst tokens, starts
-// full, and gains one token every Interval. A request takes one token.
+// full, and gains one token every Interval. A request takes its Cost, one
+// token unless it says otherwise.
 //
 // The server applies the rate as a whole number of microseconds per token:
 // NewSpec rounds 1/rate up to a whole microsecond, so the bucket is never
