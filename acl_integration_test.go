@@ -30,9 +30,9 @@ func TestIntegrationACL(t *testing.T) {
 	p := "rl:{acl}:"
 	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 5)}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 5)}
 
-	user := func(name, rules string) *Limiter {
+	user := func(name, rules string, selectors ...string) *Limiter {
 		t.Helper()
-		args := append([]string{name, "reset", "on", ">pw"}, strings.Fields(rules)...)
+		args := append(append([]string{name, "reset", "on", ">pw"}, strings.Fields(rules)...), selectors...)
 		if err := admin.Do(ctx, admin.B().AclSetuser().Username(args[0]).Rule(args[1:]...).Build()).Error(); err != nil {
 			t.Fatalf("ACL SETUSER %s %s: %v", name, rules, err)
 		}
@@ -65,6 +65,34 @@ func TestIntegrationACL(t *testing.T) {
 		}
 		if after := keysState(t, admin, drained.Key); after != before {
 			t.Errorf("the bucket changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	// A one-bucket admission's HSET is its first write, unchecked beforehand
+	// and run under pcall: its refusal must name HSET and change nothing.
+	t.Run("no hset, one bucket", func(t *testing.T) {
+		l := user("no-hset-one", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*")
+		before := keysState(t, admin, std.Key)
+		d, err := l.AllowOrdered(ctx, std, nil)
+		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET") || d.Allowed() {
+			t.Errorf("got %v, %v; want NOPERM naming HSET, not executed", d, err)
+		}
+		if after := keysState(t, admin, std.Key); after != before {
+			t.Errorf("the bucket changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	// HSET granted on the shared bucket only, by an ACL selector: the
+	// admission's first write (HSET shared) would succeed and its third
+	// (HSET std) fail, so the precheck must cover every write after the
+	// first.
+	t.Run("hset on the shared bucket only", func(t *testing.T) {
+		l := user("hset-shared-only", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+shared.Key+")")
+		before := keysState(t, admin, std.Key, shared.Key)
+		d, err := l.AllowOrdered(ctx, std, &shared)
+		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 1") || d.Allowed() {
+			t.Errorf("got %v, %v; want NOPERM naming HSET on bucket 1, not executed", d, err)
+		}
+		if after := keysState(t, admin, std.Key, shared.Key); after != before {
+			t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, after)
 		}
 	})
 	for _, tc := range []struct {

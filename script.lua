@@ -61,14 +61,16 @@ end
 -- and not write it (%R~), or lack HSET or PEXPIREAT: without this check the
 -- script would fail between two writes and leave a bucket charged, or a key
 -- with no expiry. redis.acl_check_cmd exists on Valkey 7.2+ and Redis 7.0+.
--- A call that writes one command only (a denial's PEXPIREAT GT) needs no
--- precheck: that command succeeds or fails whole. A peek writes nothing.
-local function precheck()
+-- The first write needs no check, since it succeeds or fails whole: first
+-- names the bucket whose HSET comes first (store(first, ..., true) runs it
+-- under pcall), or is nil. A call that writes one command only (a denial's
+-- PEXPIREAT GT) needs no precheck at all. A peek writes nothing.
+local function precheck(first)
   if not redis.acl_check_cmd then
     return nil
   end
   for i = 1, n do
-    if not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
+    if i ~= first and not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
       return noperm('HSET', i)
     end
     if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then
@@ -197,9 +199,23 @@ end
 -- time to refill from empty to full. Never shorter than the time the bucket
 -- needs to be full; when the server clock has stepped back behind ts,
 -- refill resumes only once the clock passes ts again, hence the later.
-local function store(i, tk, ts)
-  redis.call('HSET', KEYS[i], 'tokens', string.format('%d', tk), 'ts', string.format('%d', ts))
+-- With first, the HSET is the call's first write and runs under pcall: it
+-- returns the error reply of a refusal, before anything was written.
+local function store(i, tk, ts, first)
+  local tks, tss = string.format('%d', tk), string.format('%d', ts)
+  if first then
+    local r = redis.pcall('HSET', KEYS[i], 'tokens', tks, 'ts', tss)
+    if type(r) == 'table' and r.err then
+      if isACL(r.err) then
+        return noperm('HSET', i)
+      end
+      return redis.error_reply(r.err)
+    end
+  else
+    redis.call('HSET', KEYS[i], 'tokens', tks, 'ts', tss)
+  end
   redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))
+  return nil
 end
 
 -- lengthen makes sure a denied bucket's key outlives the moment the bucket
@@ -294,12 +310,7 @@ if n == 2 then
   local tk2, ts2 = refill(2)
   if tk2 < c2 then
     if write then
-      local e = precheck()
-      if e then
-        return e
-      end
-      store(1, tk1 - c1, ts1)
-      e = keep(2, tk2, ts2)
+      local e = precheck(1) or store(1, tk1 - c1, ts1, true) or keep(2, tk2, ts2)
       if e then
         return e
       end
@@ -307,20 +318,18 @@ if n == 2 then
     return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
   end
   if write then
-    local e = precheck()
+    local e = precheck(2) or store(2, tk2 - c2, ts2, true)
     if e then
       return e
     end
-    store(2, tk2 - c2, ts2)
     store(1, tk1 - c1, ts1)
   end
   return reply(0, 0, tk1 - c1, tk2 - c2)
 end
 if write then
-  local e = precheck()
+  local e = precheck(1) or store(1, tk1 - c1, ts1, true)
   if e then
     return e
   end
-  store(1, tk1 - c1, ts1)
 end
 return reply(0, 0, tk1 - c1, -1)

@@ -25,6 +25,8 @@ var trustMutants = []struct {
 	{"denial-rewrites-bucket", "  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)", "^TestIntegrationDenialWritesNothing$"},
 	{"denial-expiry-not-lengthened", "math.ceil(full / 1000)), 'GT')", "math.ceil(full / 1000)), 'LT')", "^TestIntegrationDenialKeepsSlowerSpecAlive$"},
 	{"pulled-ts-not-stored", "  if pulled[i] then\n    store(i, tk, ts)", "  if false then\n    store(i, tk, ts)", "^TestIntegrationClockStepBounded$"},
+	{"acl-first-write-refusal-unnamed", "      if isACL(r.err) then\n        return noperm('HSET', i)", "      if isACL(r.err) then\n        return redis.error_reply(r.err)", "^TestIntegrationACL$"},
+	{"acl-precheck-skips-a-later-write", "if i ~= first and not redis.acl_check_cmd('HSET'", "if false and not redis.acl_check_cmd('HSET'", "^TestIntegrationACL$"},
 	{"acl-read-refusal-as-server-error", "string.find(err, 'ACL', 1, true) or", "false and", "^TestIntegrationACL$"},
 }
 
