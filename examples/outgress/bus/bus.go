@@ -31,6 +31,7 @@ import (
 type Message struct {
 	Subject   string
 	Data      []byte
+	Stream    string    // the stream's name
 	Seq       uint64    // the stream sequence: the message's identity across deliveries
 	Published time.Time // when the stream stored it; the lifetime runs from here
 	Attempt   int       // 1 on the first delivery
@@ -276,7 +277,7 @@ func (b *Bus) deliver(msg jetstream.Msg, h Handler) {
 		return
 	}
 	m := &Message{
-		Subject: msg.Subject(), Data: msg.Data(), Seq: meta.Sequence.Stream,
+		Subject: msg.Subject(), Data: msg.Data(), Stream: meta.Stream, Seq: meta.Sequence.Stream,
 		Published: meta.Timestamp, Attempt: int(meta.NumDelivered),
 	}
 	if b.closing.Load() { // fetched while stopping: hand it back unhandled

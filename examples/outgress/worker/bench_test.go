@@ -100,8 +100,9 @@ func BenchmarkPreHTTP(b *testing.B) {
 			prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
 		}{{"old", legacy}, {"new", w.Prepare}} {
 			b.Run("lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
-				m := &bus.Message{Data: data}
+				m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}
 				call := func(warm bool) time.Duration {
+					m.Seq++ // a new message: a decision under a new id
 					m.Published = time.Now()
 					t0 := time.Now()
 					_, path, err := shape.prepare(ctx, lane, m)
