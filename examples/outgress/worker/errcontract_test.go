@@ -1,10 +1,13 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"io"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -263,5 +266,66 @@ func TestRedeliveryAfterDenialDecidesAgain(t *testing.T) {
 	path, err = e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
 	if err != nil || !path.Admitted {
 		t.Errorf("redelivery: path %+v, err %v; want admitted", path, err)
+	}
+}
+
+// TestOutcomeUnknownOverTheBus: the same lost reply on a message delivered
+// by JetStream. The decision's id comes from the delivery's metadata (the
+// stream and sequence the publish returned); the message is acked on its
+// first delivery, sent once, charged once, and no error is reported.
+func TestOutcomeUnknownOverTheBus(t *testing.T) {
+	e := newEnv(t, nil, withLimits(slowChat()))
+	e.seed(t, "42", false)
+	std, shared := channels.ChatKeys(e.prefix, "42")
+	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted { // loads the channel and the script
+		t.Fatalf("warm-up: %+v, %v", p, err)
+	}
+	var scripts, reports, finals atomic.Int64
+	e.c.Lose = func(cmd valkey.Completed) error {
+		if (testenv.IsCommand(cmd, "EVALSHA") || testenv.IsCommand(cmd, "EVAL")) && scripts.Add(1) == 1 {
+			return io.ErrUnexpectedEOF
+		}
+		return nil
+	}
+	b := newTestBus(t, bus.Config{
+		OnError: func(string, error) { reports.Add(1) },
+		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
+			if o.Final() {
+				finals.Add(1)
+			}
+		},
+	})
+	subject := b.cfg.Subjects[limits.LaneStandard]
+	ids := make(chan string, 4)
+	handler := func(ctx context.Context, m *bus.Message) error {
+		ids <- DecisionID(m)
+		return e.worker.Handler(limits.LaneStandard)(ctx, m)
+	}
+	sent := e.fake.Requests()
+	seq, err := b.Publish(testenv.Ctx(t), subject, []byte(chat("42")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Consume(testenv.Ctx(t), subject, 1, handler); err != nil {
+		t.Fatal(err)
+	}
+	if !testenv.WaitFor(func() bool { return finals.Load() == 1 }) {
+		t.Fatalf("the message did not finish; stats %+v", b.Stats())
+	}
+	if got := b.Stats(); got != (bus.Stats{Delivered: 1, Acked: 1}) {
+		t.Errorf("stats %+v, want one delivery, acked", got)
+	}
+	id := <-ids
+	if want := b.cfg.Stream + ":" + strconv.FormatUint(seq, 10) + ":"; !strings.HasPrefix(id, want) || !strings.HasSuffix(id, ":1") {
+		t.Errorf("decision id %q, want %s<stored at>:1", id, want)
+	}
+	if n := e.fake.Requests() - sent; n != 1 || scripts.Load() != 2 || reports.Load() != 0 {
+		t.Errorf("sent %d times after %d script commands, %d errors reported; want 1, 2, 0", n, scripts.Load(), reports.Load())
+	}
+	if a, c := e.tokens(t, std), e.tokens(t, shared); a != "8" || c != "18" {
+		t.Errorf("%s and %s tokens, want 8 and 18: charged exactly once", a, c)
+	}
+	if got := e.metrics.LimiterRetries(limits.LaneStandard, metrics.DecisionOutcomeUnknown); got != 1 {
+		t.Errorf("%d retries after outcome unknown, want 1", got)
 	}
 }
