@@ -226,6 +226,9 @@ func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *l
 //     recorded then and takes nothing; if it did not, this call decides. A
 //     second ErrOutcomeUnknown is returned: the error nacks the message.
 //
+// Every call uses the same id, so the two rules combine safely: at most
+// DecisionAttempts + 1 calls in all.
+//
 // Every call is timed into the limiter histogram under its lane and
 // decision; path.LimiterCalls counts them, and each repeat is counted under
 // the failure that caused it.
@@ -239,8 +242,8 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, i
 		start := w.cfg.Now()
 		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
 		path.LimiterCalls++
-		failure := decisionOf(p, d, err)
-		w.metrics.LimiterCall(lane, failure, w.cfg.Now().Sub(start))
+		label := decisionOf(p, d, err)
+		w.metrics.LimiterCall(lane, label, w.cfg.Now().Sub(start))
 		if err == nil {
 			return d, nil
 		}
@@ -258,7 +261,7 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, i
 			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
 		case <-wait.C:
 		}
-		w.metrics.LimiterRetry(lane, failure)
+		w.metrics.LimiterRetry(lane, label)
 	}
 }
 
