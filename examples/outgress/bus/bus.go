@@ -219,6 +219,15 @@ func (b *Bus) Publish(ctx context.Context, subject string, data []byte) (uint64,
 	return ack.Sequence, nil
 }
 
+// pullExpiry is how long each pull request of a worker waits on the
+// server. The client library's default is 30 s, with a heartbeat every
+// 15 s, so a pull request that goes missing (seen in the tests: the
+// consumer shows no waiting request and messages pending, while the worker
+// waits) stalls its worker for 30 s until two heartbeats are missed. At 1 s
+// (heartbeat 500 ms) a stall ends within a second; an idle worker then
+// sends one small request a second.
+const pullExpiry = time.Second
+
 // Consume starts workers goroutines on subject's consumer, each pulling
 // one message at a time and running h on it.
 func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handler) error {
@@ -230,7 +239,7 @@ func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handle
 		return fmt.Errorf("bus: consumer for %s: %w", subject, err)
 	}
 	for range workers {
-		it, err := cons.Messages(jetstream.PullMaxMessages(1))
+		it, err := cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry))
 		if err != nil {
 			return fmt.Errorf("bus: consuming %s: %w", subject, err)
 		}
