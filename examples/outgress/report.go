@@ -140,23 +140,21 @@ func (r *demoResult) Print(out io.Writer) {
 	w.Flush()
 	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
 	fmt.Fprintln(out, "   limit: premium chat, which uses the shared limit alone, keeps getting through.")
-	fmt.Fprintln(out, "   admit's error contract, on two premium messages whose first script call fails (before the run):")
+	fmt.Fprintln(out, "   admit's error contract, on three premium messages whose script calls fail:")
 	for _, c := range r.contract {
 		outcome := "admitted"
 		switch {
 		case errors.Is(c.Err, admit.ErrOutcomeUnknown):
-			outcome = "ErrOutcomeUnknown: not repeated (it may have taken a token); the error nacks the message"
+			outcome = "ErrOutcomeUnknown again: the error nacks the message"
 		case c.Err != nil:
 			outcome = "failed: " + c.Err.Error()
 		case !c.Admitted:
 			outcome = "denied"
 		}
-		retried := ""
-		if c.LimiterCalls > 1 {
-			retried = " (ErrNotExecuted: nothing ran, so it was retried)"
-		}
-		fmt.Fprintf(out, "     %s: %d limiter call(s)%s, %s\n", c.Fault, c.LimiterCalls, retried, outcome)
+		fmt.Fprintf(out, "     %s: %d limiter call(s), %s, %d token(s) charged\n", c.Fault, c.LimiterCalls, outcome, c.Charged)
 	}
+	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: repeated once under the")
+	fmt.Fprintln(out, "   delivery's id; the server returns the Decision it recorded if the first call ran, and takes nothing.)")
 	fmt.Fprintln(out)
 
 	b := r.bus

@@ -31,6 +31,7 @@ import (
 type Message struct {
 	Subject   string
 	Data      []byte
+	Stream    string    // the stream's name
 	Seq       uint64    // the stream sequence: the message's identity across deliveries
 	Published time.Time // when the stream stored it; the lifetime runs from here
 	Attempt   int       // 1 on the first delivery
@@ -218,6 +219,15 @@ func (b *Bus) Publish(ctx context.Context, subject string, data []byte) (uint64,
 	return ack.Sequence, nil
 }
 
+// pullExpiry is how long each pull request of a worker waits on the
+// server. The client library's default is 30 s, with a heartbeat every
+// 15 s, so a pull request that goes missing (seen in the tests: the
+// consumer shows no waiting request and messages pending, while the worker
+// waits) stalls its worker for 30 s until two heartbeats are missed. At 1 s
+// (heartbeat 500 ms) a stall ends within a second; an idle worker then
+// sends one small request a second.
+const pullExpiry = time.Second
+
 // Consume starts workers goroutines on subject's consumer, each pulling
 // one message at a time and running h on it.
 func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handler) error {
@@ -229,7 +239,7 @@ func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handle
 		return fmt.Errorf("bus: consumer for %s: %w", subject, err)
 	}
 	for range workers {
-		it, err := cons.Messages(jetstream.PullMaxMessages(1))
+		it, err := cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry))
 		if err != nil {
 			return fmt.Errorf("bus: consuming %s: %w", subject, err)
 		}
@@ -276,7 +286,7 @@ func (b *Bus) deliver(msg jetstream.Msg, h Handler) {
 		return
 	}
 	m := &Message{
-		Subject: msg.Subject(), Data: msg.Data(), Seq: meta.Sequence.Stream,
+		Subject: msg.Subject(), Data: msg.Data(), Stream: meta.Stream, Seq: meta.Sequence.Stream,
 		Published: meta.Timestamp, Attempt: int(meta.NumDelivered),
 	}
 	if b.closing.Load() { // fetched while stopping: hand it back unhandled

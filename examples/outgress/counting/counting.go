@@ -1,8 +1,8 @@
 // Package counting wraps a valkey.Client to count what is sent through
 // it: commands and round trips in total, and into the Tally a call's
 // context carries, so that the demo can attribute Valkey commands to the
-// message that caused them. Tests use its Gate and Fault hooks to hold a
-// command or fail it without sending it.
+// message that caused them. Tests use its Gate, Fault and Lose hooks to
+// hold a command, fail it without sending it, or lose its reply.
 package counting
 
 import (
@@ -28,6 +28,12 @@ type Client struct {
 	// the command's result and the command is not sent (nor counted). The
 	// demo uses it to show admit's two error classes.
 	Fault func(cmd valkey.Completed) error
+	// Lose, if set, runs before each Do; when it returns an error the
+	// command is still sent and its reply read, then the error replaces
+	// the reply, as when the connection drops after the server ran the
+	// command and before its reply arrived. Tests and the demo use it to
+	// lose a decision that was made.
+	Lose func(cmd valkey.Completed) error
 }
 
 // Tally counts the commands and round trips of one unit of work.
@@ -66,7 +72,16 @@ func (c *Client) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResu
 		}
 	}
 	c.count(ctx, 1)
-	return c.Client.Do(ctx, cmd)
+	if c.Lose == nil {
+		return c.Client.Do(ctx, cmd)
+	}
+	// Do recycles cmd once it is sent, so the hook sees it first.
+	lose := c.Lose(cmd)
+	res := c.Client.Do(ctx, cmd)
+	if lose != nil {
+		return valkey.NewErrorResult(lose)
+	}
+	return res
 }
 
 // DoMulti counts len(multi) commands in one round trip.

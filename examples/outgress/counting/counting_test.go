@@ -64,3 +64,28 @@ func TestFaultSendsNothing(t *testing.T) {
 		t.Errorf("%d commands counted, gate ran %d times; want 0 and 1", cmds, gated)
 	}
 }
+
+// TestLoseRunsThenFails: a command the Lose hook fails reaches the server
+// and runs; the caller gets the injected error instead of its reply.
+func TestLoseRunsThenFails(t *testing.T) {
+	c, srv := newClient(t)
+	boom := errors.New("reply lost")
+	c.Lose = func(cmd valkey.Completed) error {
+		if cmd.Commands()[0] == "SET" {
+			return boom
+		}
+		return nil
+	}
+	if err := c.Do(context.Background(), c.B().Set().Key("k").Value("v").Build()).Error(); !errors.Is(err, boom) {
+		t.Errorf("Do: %v, want the injected error", err)
+	}
+	if v, err := srv.Get("k"); err != nil || v != "v" {
+		t.Errorf("k = %q, %v: want the SET run on the server", v, err)
+	}
+	if v, err := c.Do(context.Background(), c.B().Get().Key("k").Build()).ToString(); err != nil || v != "v" {
+		t.Errorf("GET: %q, %v; want the reply (Lose returned nil)", v, err)
+	}
+	if cmds, _ := c.Totals(); cmds != 2 {
+		t.Errorf("%d commands counted, want 2 (both were sent)", cmds)
+	}
+}

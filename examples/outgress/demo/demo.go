@@ -26,6 +26,7 @@ const (
 	FirstChannel   = 1001 // the mix uses 1001 .. 1000+channels; the first three are hot
 	MeasureStd     = 2001 // channels outside the mix, for one-off measurements
 	MeasurePremium = 2002
+	ContractFirst  = 2011 // 2011 .. 2013: one channel per fault of ErrorContract (none a moderator's)
 	UnknownChannel = 9999 // never seeded: its messages are dropped
 )
 
@@ -114,10 +115,11 @@ func mustJSON(v map[string]string) []byte {
 	return b
 }
 
-// SeedChannels stores the metadata of the mix's channels and the two
-// measurement channels. Every fifth channel has the bot as a moderator.
+// SeedChannels stores the metadata of the mix's channels, the two
+// measurement channels and the error contract's three. Every fifth channel
+// has the bot as a moderator.
 func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) error {
-	cmds := make(valkey.Commands, 0, n+2)
+	cmds := make(valkey.Commands, 0, n+5)
 	add := func(id int) {
 		mod := "0"
 		if id%5 == 0 {
@@ -131,6 +133,9 @@ func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) er
 	}
 	add(MeasureStd)
 	add(MeasurePremium)
+	for id := ContractFirst; id < ContractFirst+3; id++ {
+		add(id)
+	}
 	for _, r := range c.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {
 			return err

@@ -61,7 +61,7 @@ func TestSeedChannels(t *testing.T) {
 	if err := SeedChannels(context.Background(), c, "p:", 10); err != nil {
 		t.Fatal(err)
 	}
-	ids := []int{MeasureStd, MeasurePremium}
+	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2}
 	for id := FirstChannel; id < FirstChannel+10; id++ {
 		ids = append(ids, id)
 	}
@@ -75,8 +75,8 @@ func TestSeedChannels(t *testing.T) {
 			t.Errorf("%s: bot_mod %q login %q", key, got, srv.HGet(key, "login"))
 		}
 	}
-	if n := len(srv.Keys()); n != 12 {
-		t.Errorf("%d keys, want 12", n)
+	if n := len(srv.Keys()); n != 15 {
+		t.Errorf("%d keys, want 15", n)
 	}
 	DeletePrefix(c, "p:")
 	if n := len(srv.Keys()); n != 0 {

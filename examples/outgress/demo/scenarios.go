@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,34 +30,57 @@ type ContractCase struct {
 	LimiterCalls int
 	Admitted     bool
 	Err          error
+	// Charged is how many tokens the message took from its bucket (the
+	// premium lane's shared chat limit).
+	Charged int
 }
 
-// ErrorContract runs two chat messages through a worker on raw (with the
-// replica's pause and Helix client) whose first script call fails, once in each of admit's error
-// classes: refused before it was sent (no connection: ErrNotExecuted, so
-// the worker retries), and lost with the command in flight
-// (ErrOutcomeUnknown: the worker does not repeat it; the error nacks the
-// message).
+// ErrorContract runs three chat messages through a worker on raw (with the
+// replica's pause and Helix client), each on a channel of its own, whose
+// script calls fail: the first call refused before it was sent (no
+// connection: ErrNotExecuted, so the worker retries); the first call's
+// reply lost after the server ran it (ErrOutcomeUnknown: the worker repeats
+// it once under the same id and gets the recorded Decision back); and the
+// replies of both calls lost (the error nacks the message). Each runs on
+// its own channel, ContractFirst to ContractFirst+2, which SeedChannels
+// seeds.
 func ErrorContract(ctx context.Context, raw valkey.Client, p *pause.Pause, hx *helix.Helix, m *metrics.Metrics, prefix string) []ContractCase {
 	faults := []struct {
-		name string
-		err  error
+		name  string
+		err   error
+		lost  bool // sent and run, then the reply lost
+		calls int64
 	}{
-		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}},
-		{"connection lost with the script in flight", io.ErrUnexpectedEOF},
+		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false, 1},
+		{"reply lost after the script ran", io.ErrUnexpectedEOF, true, 1},
+		{"reply lost twice", io.ErrUnexpectedEOF, true, 2},
 	}
 	var out []ContractCase
-	for _, f := range faults {
+	for i, f := range faults {
 		var calls atomic.Int64
-		c := &counting.Client{Client: raw, Fault: func(cmd valkey.Completed) error {
-			if isScript(cmd) && calls.Add(1) == 1 {
+		fail := func(cmd valkey.Completed) error {
+			if isScript(cmd) && calls.Add(1) <= f.calls {
 				return f.err
 			}
 			return nil
-		}}
+		}
+		c := &counting.Client{Client: raw}
+		if f.lost {
+			c.Lose = fail
+		} else {
+			c.Fault = fail
+		}
+		channel := ContractFirst + i
 		w := worker.New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix})
-		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: ChatBody(MeasurePremium, "error contract"), Published: time.Now()})
-		out = append(out, ContractCase{Fault: f.name, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err})
+		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: ChatBody(channel, "error contract"), Published: time.Now()})
+		cc := ContractCase{Fault: f.name, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err, Charged: -1}
+		_, shared := channels.ChatKeys(prefix, strconv.Itoa(channel))
+		if tokens, err := raw.Do(ctx, raw.B().Hget().Key(shared).Field("tokens").Build()).AsInt64(); err == nil {
+			cc.Charged = limits.DefaultLimits.ChatShared.Burst() - int(tokens)
+		} else if valkey.IsValkeyNil(err) {
+			cc.Charged = 0
+		}
+		out = append(out, cc)
 	}
 	return out
 }

@@ -1,8 +1,7 @@
 // Package limits holds the outgress worker's rate limits: the admit Specs
 // of Twitch's chat and Helix budgets and the share of each that the
 // standard and system lanes may use, the lanes and bucket classes (fixed
-// metric labels), and the Plans, the one AllowOrdered call of each
-// message.
+// metric labels), and the Plans, the one limiter call of each message.
 package limits
 
 import (
@@ -105,8 +104,9 @@ func (c BucketClass) String() string {
 	return "invalid"
 }
 
-// Plan is one AllowOrdered call: First, then Second when HasSecond;
-// the classes name the buckets for metrics.
+// Plan is one limiter call (the worker makes it with AllowOrderedOnce):
+// First, then Second when HasSecond; the classes name the buckets for
+// metrics.
 type Plan struct {
 	First, Second           admit.Request
 	HasSecond               bool

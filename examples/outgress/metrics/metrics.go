@@ -112,7 +112,7 @@ type Metrics struct {
 
 	stages   [NumStages]prometheus.Histogram
 	limiter  [limits.NumLanes][NumDecisions]prometheus.Histogram
-	retries  [limits.NumLanes]prometheus.Counter
+	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
 	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
 	cache    [channels.NumCacheUses]prometheus.Counter
 	status   [helix.NumStatus]prometheus.Counter
@@ -132,7 +132,7 @@ func New() *Metrics {
 	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricStage,
 		Help: "Latency of each stage of the message path.", Buckets: latencyBuckets}, []string{"stage"})
 	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLimiter,
-		Help: "Latency of the one AllowOrdered call of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
+		Help: "Latency of each limiter call (AllowOrderedOnce) of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
 	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCommands,
 		Help: "Decoded commands by lane and kind."}, []string{"lane", "kind"})
 	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCache,
@@ -142,7 +142,7 @@ func New() *Metrics {
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricConns,
 		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
 	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRetries,
-		Help: "Limiter calls repeated within a delivery because the previous one provably did not run (admit.ErrNotExecuted)."}, []string{"lane"})
+		Help: "Limiter calls repeated within a delivery, by lane and the failure of the call before: not_executed (it provably did not run; bounded retries) or outcome_unknown (it may have run; repeated once under the same id, which takes nothing if it ran)."}, []string{"lane", "after"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
 	m.reg.MustRegister(stage, limiter, retries, commands, cache, status, conns, deliveries)
@@ -158,7 +158,8 @@ func New() *Metrics {
 		for k := range command.NumKinds {
 			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
 		}
-		m.retries[lane] = retries.WithLabelValues(lane.String())
+		m.retries[lane][0] = retries.WithLabelValues(lane.String(), DecisionNotExecuted.String())
+		m.retries[lane][1] = retries.WithLabelValues(lane.String(), DecisionOutcomeUnknown.String())
 	}
 	for u := range channels.NumCacheUses {
 		if u != channels.CacheNone {
@@ -205,11 +206,23 @@ func (m *Metrics) LimiterCall(lane limits.Lane, d Decision, took time.Duration) 
 	}
 }
 
-// LimiterRetry counts a limiter call repeated after one that did not run.
-func (m *Metrics) LimiterRetry(lane limits.Lane) {
-	if lane < limits.NumLanes {
-		m.retries[lane].Inc()
+// LimiterRetry counts a limiter call repeated after one that failed with
+// after, DecisionNotExecuted or DecisionOutcomeUnknown; other values are
+// not counted.
+func (m *Metrics) LimiterRetry(lane limits.Lane, after Decision) {
+	if i, ok := retryIndex(after); ok && lane < limits.NumLanes {
+		m.retries[lane][i].Inc()
 	}
+}
+
+func retryIndex(after Decision) (int, bool) {
+	switch after {
+	case DecisionNotExecuted:
+		return 0, true
+	case DecisionOutcomeUnknown:
+		return 1, true
+	}
+	return 0, false
 }
 
 // CacheLookup counts one channel lookup (none for a command in no channel).
@@ -324,9 +337,13 @@ func (m *Metrics) LimiterFailures(lane limits.Lane) (notExecuted, outcomeUnknown
 }
 
 // LimiterRetries returns the limiter calls repeated on lane after a call
-// that did not run.
-func (m *Metrics) LimiterRetries(lane limits.Lane) int64 {
-	return counterValue(m.retries[lane%limits.NumLanes])
+// that failed with after (DecisionNotExecuted or DecisionOutcomeUnknown).
+func (m *Metrics) LimiterRetries(lane limits.Lane, after Decision) int64 {
+	i, ok := retryIndex(after)
+	if !ok {
+		return 0
+	}
+	return counterValue(m.retries[lane%limits.NumLanes][i])
 }
 
 // CacheLookups counts channel lookups of one kind (hit, miss or joined).

@@ -110,3 +110,30 @@ outgress_deliveries_total{outcome="released",reason=""} 0
 		t.Errorf("%d limiter series, want %d (every lane × decision, created up front)", n, int(limits.NumLanes)*int(NumDecisions))
 	}
 }
+
+// TestRetriesByCause: a repeat is counted under the failure that caused it,
+// and only the two failure classes are causes.
+func TestRetriesByCause(t *testing.T) {
+	m := New()
+	m.LimiterRetry(limits.LaneStandard, DecisionNotExecuted)
+	m.LimiterRetry(limits.LaneStandard, DecisionOutcomeUnknown)
+	m.LimiterRetry(limits.LaneStandard, DecisionOutcomeUnknown)
+	m.LimiterRetry(limits.LaneStandard, DecisionAllowed) // not a cause: ignored
+	m.LimiterRetry(limits.NumLanes, DecisionNotExecuted) // not a lane: ignored
+	want := `
+# HELP outgress_limiter_retries_total Limiter calls repeated within a delivery, by lane and the failure of the call before: not_executed (it provably did not run; bounded retries) or outcome_unknown (it may have run; repeated once under the same id, which takes nothing if it ran).
+# TYPE outgress_limiter_retries_total counter
+outgress_limiter_retries_total{after="not_executed",lane="premium"} 0
+outgress_limiter_retries_total{after="not_executed",lane="standard"} 1
+outgress_limiter_retries_total{after="not_executed",lane="system"} 0
+outgress_limiter_retries_total{after="outcome_unknown",lane="premium"} 0
+outgress_limiter_retries_total{after="outcome_unknown",lane="standard"} 2
+outgress_limiter_retries_total{after="outcome_unknown",lane="system"} 0
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), MetricRetries); err != nil {
+		t.Error(err)
+	}
+	if m.LimiterRetries(limits.LaneStandard, DecisionOutcomeUnknown) != 2 || m.LimiterRetries(limits.LaneStandard, DecisionAllowed) != 0 {
+		t.Error("LimiterRetries disagrees with the scrape")
+	}
+}

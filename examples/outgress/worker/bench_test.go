@@ -50,8 +50,10 @@ var benchLimits = func() limits.Limits {
 //	shape=old  pause GET + one script per bucket, in sequence (Worker.LegacyPrepare)
 //	shape=new  atomic pause snapshot + one script (Worker.Prepare)
 //
-// It reports the p50 and p99 of one call and the Valkey round trips per
-// call. Run it with:
+// It reports the p50 and p99 of one call, the Valkey round trips per call
+// and the server's time per script run (INFO commandstats: the new shape's
+// script is AllowOrderedOnce's, which also reads and writes the id's
+// record). Run it with:
 //
 //	cd examples/outgress && go test -run '^$' -bench PreHTTP -benchtime 2000x ./worker
 func BenchmarkPreHTTP(b *testing.B) {
@@ -100,8 +102,9 @@ func BenchmarkPreHTTP(b *testing.B) {
 			prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
 		}{{"old", legacy}, {"new", w.Prepare}} {
 			b.Run("lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
-				m := &bus.Message{Data: data}
+				m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}
 				call := func(warm bool) time.Duration {
+					m.Seq++ // a new message: a decision under a new id
 					m.Published = time.Now()
 					t0 := time.Now()
 					_, path, err := shape.prepare(ctx, lane, m)
@@ -114,6 +117,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 				call(false) // warms the channel cache, script cache and connection
 				lat := make([]time.Duration, 0, b.N)
 				_, rt0 := c.Totals()
+				st0 := testserver.CommandStats(b, direct)
 				b.ReportAllocs()
 				b.ResetTimer()
 				for range b.N {
@@ -121,6 +125,11 @@ func BenchmarkPreHTTP(b *testing.B) {
 				}
 				b.StopTimer()
 				_, rt1 := c.Totals()
+				st1 := testserver.CommandStats(b, direct)
+				if calls := st1["evalsha"].Calls - st0["evalsha"].Calls; calls > 0 {
+					// The server's own time per script run, TIME to reply.
+					b.ReportMetric(float64(st1["evalsha"].Usec-st0["evalsha"].Usec)/float64(calls), "server-µs/script")
+				}
 				slices.Sort(lat)
 				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 				b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds()), "p99-µs")

@@ -35,6 +35,7 @@ func allowedLabels() map[string][]string {
 			vals(int(bus.NumNackReasons), func(i int) string { return bus.NackReason(i).String() })...),
 			vals(int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })...),
 		"replica": {"A"},
+		"after":   {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
 	}
 }
 

@@ -8,6 +8,9 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -18,6 +21,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -102,8 +106,8 @@ type Path struct {
 	Paused  bool // stopped by the pause snapshot
 	Cache   channels.CacheUse
 	Decided bool // reached the limiter and got an answer
-	// LimiterCalls counts AllowOrdered calls: 1, or more when calls that
-	// did not run were retried.
+	// LimiterCalls counts AllowOrderedOnce calls: 1, or more when a call
+	// that did not run, or whose outcome is unknown, was repeated.
 	LimiterCalls int
 	Admitted     bool
 }
@@ -169,15 +173,15 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	}
 
 	plan := w.plan(lane, cmd.Kind, ch)
-	d, err := w.decide(ctx, lane, plan, &path)
+	d, err := w.decide(ctx, lane, plan, DecisionID(m), &path)
 	t = w.cfg.Now()
 	if err != nil {
 		// Either class is a dependency failure, not backpressure: the bus
-		// reports it and redelivers the message after its error delay. An
-		// ErrNotExecuted was already retried (bounded) by decide; an
-		// ErrOutcomeUnknown is never repeated here, since the first call
-		// may have taken tokens. (With retry-safe decisions keyed by the
-		// message id, it could be.)
+		// reports it and redelivers the message after its error delay.
+		// decide has already repeated the call: an ErrNotExecuted up to
+		// DecisionAttempts calls, an ErrOutcomeUnknown once under the same
+		// id, which the server answers with the recorded Decision if the
+		// first call ran.
 		return nil, path, err
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
@@ -205,38 +209,51 @@ func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *l
 	return &w.helixBy[lane%limits.NumLanes]
 }
 
-// decide is the one limiter call of a message: one script, one round trip.
-// A denial is a Decision; only a failed call is an error, and it stays one
-// (a dependency failure is not backpressure). admit's error contract
-// decides what happens next:
+// decide is the one limiter decision of a message: one script, one round
+// trip, made with AllowOrderedOnce under the delivery's id (see
+// [DecisionID]). A denial is a Decision; only a failed call is an error, and
+// it stays one (a dependency failure is not backpressure). admit's error
+// contract decides what happens next:
 //
 //   - admit.ErrNotExecuted (the server proves nothing ran, no token was
 //     taken): the call is repeated, at most DecisionAttempts calls in all,
 //     after a short pause, within the message's deadline. Refusals that
 //     cannot pass on a retry (an invalid request, a wrong-type or corrupt
 //     bucket) are not repeated.
-//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): never
-//     repeated within the delivery; the error nacks the message.
+//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): repeated
+//     once, with the same id, after the same short pause and within the
+//     deadline. If the first call ran, the server returns the Decision it
+//     recorded then and takes nothing; if it did not, this call decides. A
+//     second ErrOutcomeUnknown is returned: the error nacks the message.
+//
+// Every call uses the same id, so the two rules combine safely: at most
+// DecisionAttempts + 1 calls in all.
 //
 // Every call is timed into the limiter histogram under its lane and
-// decision; path.LimiterCalls counts them.
-func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, path *Path) (admit.Decision, error) {
+// decision; path.LimiterCalls counts them, and each repeat is counted under
+// the failure that caused it.
+func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, id string, path *Path) (admit.Decision, error) {
 	var second *admit.Request
 	if p.HasSecond {
 		second = &p.Second
 	}
+	unknownRetried := false
 	for {
 		start := w.cfg.Now()
-		d, err := w.lim.AllowOrdered(ctx, p.First, second)
+		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
 		path.LimiterCalls++
-		w.metrics.LimiterCall(lane, decisionOf(p, d, err), w.cfg.Now().Sub(start))
+		label := decisionOf(p, d, err)
+		w.metrics.LimiterCall(lane, label, w.cfg.Now().Sub(start))
 		if err == nil {
 			return d, nil
 		}
-		if !retryable(err) || path.LimiterCalls >= w.cfg.DecisionAttempts {
+		switch {
+		case errors.Is(err, admit.ErrOutcomeUnknown) && !unknownRetried:
+			unknownRetried = true
+		case retryable(err) && path.LimiterCalls < w.cfg.DecisionAttempts:
+		default:
 			return d, fmt.Errorf("outgress: limiter (%d calls): %w", path.LimiterCalls, err)
 		}
-		w.metrics.LimiterRetry(lane)
 		wait := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
 		select {
 		case <-ctx.Done():
@@ -244,7 +261,45 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, p
 			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
 		case <-wait.C:
 		}
+		w.metrics.LimiterRetry(lane, label)
 	}
+}
+
+// DecisionID is the id a delivery's limiter decision is made under with
+// AllowOrderedOnce: "<stream>:<sequence>:<stored at, Unix ns>:<delivery>".
+//
+// The stream sequence is what stays the same when JetStream redelivers a
+// message (the reply subject and ack token change on every delivery; a
+// Nats-Msg-Id header exists only if the publisher sets one). The stream name
+// and the time the stream stored the message make it unique beyond one
+// stream's life: a stream deleted and created again restarts its sequence
+// at 1, within admit.OnceWindow perhaps.
+//
+// The delivery number (1 on the first delivery) is part of the id on
+// purpose, so a redelivery decides afresh. Most redeliveries follow a
+// denial (NackLimited, after the denial's RetryAfter): under an id stable
+// across deliveries the server would return the recorded denial on every
+// redelivery for two minutes, and a limited message could never be
+// admitted. The cost: a message whose decision was made and then lost twice
+// in a row (the repeat's reply lost as well), or whose replica died after
+// deciding, is charged again on its redelivery, as it was before
+// AllowOrderedOnce.
+//
+// A message with no stream sequence (one built by hand, not delivered by
+// JetStream, whose sequences start at 1) gets a random id: still one
+// decision for the delivery, retry included.
+func DecisionID(m *bus.Message) string {
+	if m.Seq == 0 {
+		var b [16]byte
+		rand.Read(b[:])
+		return "local:" + hex.EncodeToString(b[:])
+	}
+	id := m.Stream + ":" + strconv.FormatUint(m.Seq, 10) + ":" + strconv.FormatInt(m.Published.UnixNano(), 10) + ":" + strconv.Itoa(m.Attempt)
+	if len(id) > admit.MaxOnceIDLen { // a very long stream name
+		sum := sha256.Sum256([]byte(id))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return id
 }
 
 // retryable reports whether a failed limiter call may be repeated at once:
