@@ -30,6 +30,24 @@ var budgetRules = []rule{
 
 func init() { allRules = append(allRules, budgetRules...) }
 
+// costCase builds a case's requests under prefix p, a std and a shared
+// bucket (no second with oneBucket), and the seeds of those present.
+func costCase(p string, spec1, spec2 admit.Spec, c1, c2 int, oneBucket bool, s1, s2 *seedAt) (admit.Request, *admit.Request, map[string]seedAt) {
+	first := admit.Request{Key: p + "std", Spec: spec1, Cost: c1}
+	second := &admit.Request{Key: p + "shared", Spec: spec2, Cost: c2}
+	if oneBucket {
+		second = nil
+	}
+	seeds := map[string]seedAt{}
+	if s1 != nil {
+		seeds[first.Key] = *s1
+	}
+	if s2 != nil && second != nil {
+		seeds[second.Key] = *s2
+	}
+	return first, second, seeds
+}
+
 // remainingBetween checks d.Remaining against the model's at both ends of
 // the server window of the call.
 func remainingBetween(d, lo, hi admit.Decision) error {
@@ -145,19 +163,7 @@ func checkCostTransitions(ctx context.Context, e *env) error {
 		{"one bucket, one token short", &seedAt{5, -sec}, nil, 6, 0, true, 1, [2]int{5, -1}},
 		{"cost 0 means 1", &seedAt{1, -sec}, &seedAt{1, -sec}, 0, 0, false, 0, [2]int{0, 0}},
 	} {
-		p := e.prefix("cost-transitions")
-		first := admit.Request{Key: p + "std", Spec: firstSpec, Cost: tc.c1}
-		second := &admit.Request{Key: p + "shared", Spec: secondSpec, Cost: tc.c2}
-		if tc.oneBucket {
-			second = nil
-		}
-		seeds := map[string]seedAt{}
-		if tc.first != nil {
-			seeds[first.Key] = *tc.first
-		}
-		if tc.second != nil && second != nil {
-			seeds[second.Key] = *tc.second
-		}
+		first, second, seeds := costCase(e.prefix("cost-transitions"), firstSpec, secondSpec, tc.c1, tc.c2, tc.oneBucket, tc.first, tc.second)
 		d, err := e.decideAndCompare(ctx, e.l, first, second, seeds)
 		if err == nil && (d.Denied != tc.denied || d.Remaining != tc.remaining) {
 			err = fmt.Errorf("decision %v with Remaining %v, want Denied %d and Remaining %v", d, d.Remaining, tc.denied, tc.remaining)
@@ -505,19 +511,7 @@ func checkRefundCapped(ctx context.Context, e *env) error {
 		{"two buckets, second absent: not created", &seedAt{1, -sec}, nil, 2, 3, false},
 		{"two buckets, both absent: nothing created", nil, nil, 2, 3, false},
 	} {
-		p := e.prefix("refund")
-		first := admit.Request{Key: p + "std", Spec: spec1, Cost: tc.c1}
-		second := &admit.Request{Key: p + "shared", Spec: spec2, Cost: tc.c2}
-		if tc.oneBucket {
-			second = nil
-		}
-		seeds := map[string]seedAt{}
-		if tc.first != nil {
-			seeds[first.Key] = *tc.first
-		}
-		if tc.second != nil && second != nil {
-			seeds[second.Key] = *tc.second
-		}
+		first, second, seeds := costCase(e.prefix("refund"), spec1, spec2, tc.c1, tc.c2, tc.oneBucket, tc.first, tc.second)
 		if err := e.refundAndCompare(ctx, first, second, seeds); err != nil {
 			errs = append(errs, fmt.Errorf("%s (costs %d, %d): %w", tc.name, tc.c1, tc.c2, err))
 		}
