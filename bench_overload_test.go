@@ -41,9 +41,9 @@ func BenchmarkOverload(b *testing.B) {
 	}{
 		{"baseline-0b7bc55", func() decideFunc {
 			return func(first Request, second *Request) (uint8, error) {
-				keys, args := []string{first.Key}, []string{first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg}
+				keys, args := []string{first.Key}, baselineArgs(first.Spec)
 				if second != nil {
-					keys, args = append(keys, second.Key), append(args, second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg)
+					keys, args = append(keys, second.Key), baselineArgs(first.Spec, second.Spec)
 				}
 				arr, err := baseline.Exec(ctx, c, keys, args).AsIntSlice()
 				if err != nil {

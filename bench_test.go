@@ -213,8 +213,8 @@ func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (D
 // and bucket two runs (and is charged) even when bucket one denies.
 func execMulti(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
 	rs := scripts().take.ExecMulti(ctx, n.c,
-		valkey.LuaExec{Keys: []string{k1}, Args: []string{modeTake, p.first.intervalArg, p.first.burstArg, p.first.ttlArg, "1"}},
-		valkey.LuaExec{Keys: []string{k2}, Args: []string{modeTake, p.second.intervalArg, p.second.burstArg, p.second.ttlArg, "1"}})
+		valkey.LuaExec{Keys: []string{k1}, Args: takeArgs(p.first)},
+		valkey.LuaExec{Keys: []string{k2}, Args: takeArgs(p.second)})
 	d1, err := decode(rs[0], 1)
 	if err != nil || !d1.Allowed() {
 		return d1, err

@@ -60,18 +60,10 @@ func TestIntegrationDenialWritesNothing(t *testing.T) {
 		exec func(keys []string, specs ...Spec) (string, error)
 	}{
 		{"current", func(keys []string, specs ...Spec) (string, error) {
-			args := []string{modeTake}
-			for _, s := range specs {
-				args = append(args, s.intervalArg, s.burstArg, s.ttlArg, "1")
-			}
-			return scripts().take.Exec(ctx, pc, keys, args).ToString()
+			return scripts().take.Exec(ctx, pc, keys, takeArgs(specs...)).ToString()
 		}},
 		{"baseline-0b7bc55", func(keys []string, specs ...Spec) (string, error) {
-			var args []string
-			for _, s := range specs {
-				args = append(args, s.intervalArg, s.burstArg, s.ttlArg)
-			}
-			arr, err := valkey.NewLuaScript(baselineScript).Exec(ctx, pc, keys, args).AsIntSlice()
+			arr, err := valkey.NewLuaScript(baselineScript).Exec(ctx, pc, keys, baselineArgs(specs...)).AsIntSlice()
 			if err != nil || len(arr) != 2 {
 				return "", err
 			}

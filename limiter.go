@@ -157,9 +157,9 @@ func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
 	return &Limiter{client: client, script: script, peek: script}
 }
 
-// Script modes, ARGV[1].
+// Script modes, sent after the buckets' arguments; a take sends none.
 const (
-	modeTake   = "t"
+	modeTake   = "" // the script's default: nothing sent
 	modePeek   = "p"
 	modeRefund = "r"
 	modeOnce   = "o" // take, recorded under an id
@@ -229,21 +229,25 @@ func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, s
 		return Decision{}, err
 	}
 	// Keys and arguments share one backing array: up to 3 keys (the
-	// buckets, then a record), the mode, 4 arguments a bucket, then the
-	// record's window.
-	var buf [13]string
-	buf[0], buf[3] = first.Key, mode
-	buf[4], buf[5], buf[6], buf[7] = first.Spec.intervalArg, first.Spec.burstArg, first.Spec.ttlArg, costArg(first.cost())
-	nk, na := 1, 5
+	// buckets, then a record), then 3 arguments a bucket, the mode (none
+	// for a take) and, for AllowOrderedOnce, the record's window.
+	var buf [11]string
+	buf[0] = first.Key
+	buf[3], buf[4], buf[5] = first.Spec.intervalArg, first.Spec.burstArg, costArg(first.cost())
+	nk, na := 1, 3
 	if second != nil {
 		if err := l.checkPair(first, *second); err != nil {
 			return Decision{}, err
 		}
 		buf[1] = second.Key
-		buf[8], buf[9], buf[10], buf[11] = second.Spec.intervalArg, second.Spec.burstArg, second.Spec.ttlArg, costArg(second.cost())
-		nk, na = 2, 9
+		buf[6], buf[7], buf[8] = second.Spec.intervalArg, second.Spec.burstArg, costArg(second.cost())
+		nk, na = 2, 6
 	}
 	buckets := uint8(nk)
+	if mode != modeTake {
+		buf[3+na] = mode
+		na++
+	}
 	if record != "" {
 		buf[nk], buf[3+na] = record, onceWindowArg
 		nk, na = nk+1, na+1

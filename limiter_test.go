@@ -407,7 +407,7 @@ func TestArgumentsCarryNoTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha1.Sum([]byte(scriptSource))
-	want := [][]string{{"EVALSHA", hex.EncodeToString(sum[:]), "2", "rl:{c}:std", "rl:{c}:shared", "t", "1500000", "20", "30000", "1", "300000", "100", "30000", "1"}}
+	want := [][]string{{"EVALSHA", hex.EncodeToString(sum[:]), "2", "rl:{c}:std", "rl:{c}:shared", "1500000", "20", "1", "300000", "100", "1"}}
 	if len(rec.cmds) == 0 {
 		t.Fatal("no command sent")
 	}

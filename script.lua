@@ -2,15 +2,20 @@
 --
 -- KEYS[i]        bucket i (i = 1, or 1 and 2): a hash with the fields below.
 -- KEYS[n+1]      mode 'o' only: the record of the id (a string key)
--- ARGV[1]        mode: 't' take (AllowOrdered), 'p' peek (what take would
---                decide, with no write: runs as EVALSHA_RO), 'r' refund,
---                'o' take once (AllowOrderedOnce): a recorded decision is
---                returned as it is; otherwise take, and record the reply
--- ARGV[4n+2]     mode 'o' only: the record's expiry in milliseconds
--- ARGV[4i-2]     bucket i: microseconds per token (a whole number >= 1)
--- ARGV[4i-1]     bucket i: burst, the most tokens the bucket holds
--- ARGV[4i]       bucket i: expiry in milliseconds, burst * interval rounded up
--- ARGV[4i+1]     bucket i: cost, the tokens this call takes (1 <= cost <= burst)
+-- ARGV[3i-2]     bucket i: microseconds per token (a whole number >= 1)
+-- ARGV[3i-1]     bucket i: burst, the most tokens the bucket holds
+-- ARGV[3i]       bucket i: cost, the tokens this call takes (1 <= cost <= burst)
+-- ARGV[3n+1]     the mode, absent for 't': 't' take (AllowOrdered), 'p' peek
+--                (what take would decide, with no write: runs as
+--                EVALSHA_RO), 'r' refund, 'o' take once (AllowOrderedOnce):
+--                a recorded decision is returned as it is; otherwise take,
+--                and record the reply. Any other mode writes nothing.
+-- ARGV[3n+2]     mode 'o' only: the record's expiry in milliseconds
+--
+-- So a take, the call nearly every decision makes, sends 3 arguments a
+-- bucket and nothing else: every argument costs the server time (about
+-- 1,200 instructions, BENCHMARKS.md). The expiry is computed here, from
+-- burst * interval.
 --
 -- Hash fields (the key schema; README "Key schema (compatibility contract)"):
 --   tokens  whole tokens left, a decimal integer in [0, burst]
@@ -35,301 +40,248 @@
 -- validated, and every write is checked against the caller's ACL, before the
 -- first write, because Valkey does not roll back a script's earlier writes
 -- when a later command fails.
+--
+-- The script runs on every decision, so it is written for the server's
+-- time (BENCHMARKS.md, "Server time per script run"): a take sends only
+-- what it needs, every argument and field is parsed once, numbers go to
+-- redis.call as numbers (the server writes a whole number as a plain
+-- decimal integer), and the decision's path builds no closure and no
+-- table: one function, refusal, serves every error.
 
-local n = #KEYS
-local mode = ARGV[1]
+local argv, keys = ARGV, KEYS
+local na = #argv
+local n = (na - na % 3) / 3
+local mode = argv[3 * n + 1] or 't'
 local record
 if mode == 'o' then
-  n = n - 1
-  record = KEYS[n + 1]
+  record = keys[n + 1]
 end
 
--- noperm names the command the ACL user lacks; nothing has been written.
-local function noperm(cmd, i)
+-- refusal turns what the server refused into the script's error reply:
+-- err is the refused command's error, or nil when the ACL precheck
+-- refused cmd; i is the bucket, or nil. An ACL refusal (Valkey and Redis
+-- word it differently, and Redis 7.0's messages, "can't run" for a command
+-- and "can't access" for a key, name neither) becomes NOPERM naming the
+-- command. Nothing has been written.
+local function refusal(err, cmd, i)
+  if err and string.sub(err, 1, 9) == 'WRONGTYPE' then
+    if not i then
+      return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
+    end
+    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
+  end
+  if err and not (string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or
+      string.find(err, "can't run", 1, true) or string.find(err, "can't access", 1, true)) then
+    return redis.error_reply(err)
+  end
   return redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd ..
     (i and (' on bucket ' .. i .. "'s key") or '') .. '; grant +' .. string.lower(cmd) ..
     ' (README, "Least-privilege ACL")')
 end
 
--- isACL tells an ACL refusal of a command run from the script (Valkey and
--- Redis word it differently) from other errors.
-local function isACL(err)
-  return string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or string.find(err, "can't run", 1, true)
-end
-
--- precheck runs before the first of several writes. A user may read a key
--- and not write it (%R~), or lack HSET or PEXPIREAT: without this check the
--- script would fail between two writes and leave a bucket charged, or a key
--- with no expiry. redis.acl_check_cmd exists on Valkey 7.2+ and Redis 7.0+.
--- The first write needs no check, since it succeeds or fails whole: first
--- names the bucket whose HSET comes first (store(first, ..., true) runs it
--- under pcall), or is nil. A call that writes one command only (a denial's
--- PEXPIREAT GT) needs no precheck at all. A peek writes nothing.
-local function precheck(first)
-  if not redis.acl_check_cmd then
-    return nil
-  end
-  for i = 1, n do
-    if i ~= first and not redis.acl_check_cmd('HSET', KEYS[i], 'tokens', '0', 'ts', '0') then
-      return noperm('HSET', i)
-    end
-    if not redis.acl_check_cmd('PEXPIREAT', KEYS[i], '1') then
-      return noperm('PEXPIREAT', i)
-    end
-  end
-  if record and not redis.acl_check_cmd('SET', record, '0', 'PX', '1') then
-    return noperm('SET')
-  end
-  return nil
-end
-
 local t = redis.pcall('TIME')
 if t.err then
-  if isACL(t.err) then
-    return noperm('TIME')
-  end
-  return redis.error_reply(t.err) -- miniredis, say, refuses TIME in a read-only script
+  -- miniredis, say, refuses TIME in a read-only script: not an ACL refusal
+  return refusal(t.err, 'TIME')
 end
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
 
 -- A decision already recorded under this id is returned as it was made,
 -- and nothing is taken.
 if record then
   local r = redis.pcall('GET', record)
   if type(r) == 'table' and r.err then
-    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
-    end
-    if isACL(r.err) then
-      return noperm('GET')
-    end
-    return redis.error_reply(r.err)
+    return refusal(r.err, 'GET')
   end
   if r then
     return r
   end
 end
 
--- valid accepts what the schema stores: a decimal integer below 2^53, the
--- largest range in which Lua numbers are exact.
-local function valid(v)
-  return #v <= 16 and string.find(v, '^%d+$') ~= nil and tonumber(v) < 9007199254740992
-end
-
--- readErr turns a failed read into the script's error: a wrong type, or an
--- ACL refusal (Redis 7.0's message does not name the command, so we do).
-local function readErr(err, cmd, i)
-  if string.sub(err, 1, 9) == 'WRONGTYPE' then
-    return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
-  end
-  if isACL(err) then
-    return noperm(cmd, i)
-  end
-  return redis.error_reply(err)
-end
-
-local tokens, stamps = {}, {}
+-- Read, validate and refill every bucket before any write. Bucket i has
+-- max tokens at most and gains one every per µs; c is what the call takes
+-- (most often "1", compared rather than parsed).
+--
+-- A field is valid as the schema stores it: a decimal integer of at most
+-- 16 digits below 2^53, the largest range in which Lua numbers are exact.
+-- Neither field present is a new bucket, which is full, unless the key
+-- holds a hash of someone else's (HSET user:42 name alice), which must not
+-- gain our fields and an expiry.
+--
+-- Refill credits whole tokens earned since ts. The remainder of a partial
+-- token stays in ts, so refill never drifts. A server clock that stepped
+-- back grants nothing for the gap, but a ts in the future is pulled back to
+-- now + (max - 1) * per, so the freeze never outlasts one full refill: an
+-- empty bucket's next token comes at most max * per from now, whatever ts
+-- a lagging node or a bad write left. x % 1 is x's fraction: x - x % 1 is
+-- math.floor(x), x + (-x) % 1 is math.ceil(x), without a function call.
+local find = string.find
+local tk1, ts1, new1, pulled1, per1, max1, c1
+local tk2, ts2, new2, pulled2, per2, max2, c2
 for i = 1, n do
-  local v = redis.pcall('HMGET', KEYS[i], 'tokens', 'ts')
+  local per, max, c = argv[3 * i - 2] + 0, argv[3 * i - 1] + 0, argv[3 * i]
+  c = c == '1' and 1 or c + 0
+  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')
   if v.err then
-    return readErr(v.err, 'HMGET', i)
+    return refusal(v.err, 'HMGET', i)
   end
   local tk, ts = v[1], v[2]
-  if tk or ts then
-    if not (tk and ts and valid(tk) and valid(ts)) then
-      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i ..
-        ' hash fields tokens and ts must both be decimal integers')
+  local new, pulled = false, false
+  if tk and ts then
+    if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
     end
-    tokens[i], stamps[i] = tonumber(tk), tonumber(ts)
+    tk, ts = tk + 0, ts + 0
+    if tk >= 9007199254740992 or ts >= 9007199254740992 then
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    end
+    if tk > max then
+      tk = max
+    end
+    local latest = now + (max - 1) * per
+    if ts > latest then
+      ts, pulled = latest, true
+    end
+    if now > ts then
+      local q = (now - ts) / per
+      local gained = q - q % 1
+      if gained * per > now - ts then
+        gained = gained - 1
+      end
+      if tk + gained >= max then
+        tk, ts = max, now
+      else
+        tk, ts = tk + gained, ts + gained * per
+      end
+    end
+  elseif tk or ts then
+    return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
   else
-    -- Neither field: a new bucket, unless the key holds a hash of someone
-    -- else's (HSET user:42 name alice), which must not gain our fields
-    -- and an expiry.
-    local e = redis.pcall('EXISTS', KEYS[i])
+    local e = redis.pcall('EXISTS', keys[i])
     if type(e) == 'table' then
-      return readErr(e.err, 'EXISTS', i)
+      return refusal(e.err, 'EXISTS', i)
     end
     if e == 1 then
       return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i ..
         ' key holds a hash without the fields tokens and ts: it is not a bucket')
     end
+    tk, ts, new = max, now, true
   end
-end
-
--- refill credits whole tokens earned since ts. A fresh bucket is full. The
--- remainder of a partial token stays in ts, so refill never drifts. A
--- server clock that stepped back grants nothing for the gap, but a ts in
--- the future is pulled back to now + (burst - 1) * interval, so the freeze
--- never outlasts one full refill: an empty bucket's next token comes at
--- most burst * interval from now, whatever ts a lagging node or a bad
--- write left.
-local pulled = {}
-local function refill(i)
-  local interval, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
-  local tk, ts = tokens[i], stamps[i]
-  if tk == nil then
-    return burst, now
-  end
-  if tk > burst then
-    tk = burst
-  end
-  local latest = now + (burst - 1) * interval
-  if ts > latest then
-    ts = latest
-    pulled[i] = true
-  end
-  if now > ts then
-    local gained = math.floor((now - ts) / interval)
-    if gained * interval > now - ts then
-      gained = gained - 1
-    end
-    if tk + gained >= burst then
-      tk, ts = burst, now
-    else
-      tk, ts = tk + gained, ts + gained * interval
-    end
-  end
-  return tk, ts
-end
-
--- Expiries are absolute (PEXPIREAT, ms on the server's clock, rounded up),
--- so that a denial's expiry and the last write's compare exactly.
---
--- store writes a bucket and its expiry: the later of now and ts, plus the
--- time to refill from empty to full. Never shorter than the time the bucket
--- needs to be full; when the server clock has stepped back behind ts,
--- refill resumes only once the clock passes ts again, hence the later.
--- With first, the HSET is the call's first write and runs under pcall: it
--- returns the error reply of a refusal, before anything was written.
-local function store(i, tk, ts, first)
-  local tks, tss = string.format('%d', tk), string.format('%d', ts)
-  if first then
-    local r = redis.pcall('HSET', KEYS[i], 'tokens', tks, 'ts', tss)
-    if type(r) == 'table' and r.err then
-      if isACL(r.err) then
-        return noperm('HSET', i)
-      end
-      return redis.error_reply(r.err)
-    end
+  if i == 1 then
+    tk1, ts1, new1, pulled1, per1, max1, c1 = tk, ts, new, pulled, per, max, c
   else
-    redis.call('HSET', KEYS[i], 'tokens', tks, 'ts', tss)
+    tk2, ts2, new2, pulled2, per2, max2, c2 = tk, ts, new, pulled, per, max, c
   end
-  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))
-  return nil
 end
 
--- lengthen makes sure a denied bucket's key outlives the moment the bucket
--- is full again under this Spec, ts + (burst - tk) * interval, which refill
--- leaves unchanged; PEXPIREAT GT only ever lengthens an expiry, so with an
--- unchanged Spec it is a no-op. It returns the error reply of a refusal.
-local function lengthen(i, tk, ts)
-  local full = ts + (tonumber(ARGV[4 * i - 1]) - tk) * tonumber(ARGV[4 * i - 2])
-  local r = redis.pcall('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(full / 1000)), 'GT')
-  if type(r) == 'table' and r.err then
-    if isACL(r.err) then
-      return noperm('PEXPIREAT', i)
-    end
-    return redis.error_reply(r.err)
-  end
-  return nil
-end
-
--- keep leaves a denied bucket's fields as they are and lengthens its
--- expiry; a ts pulled back from the future must be stored instead.
-local function keep(i, tk, ts)
-  if pulled[i] then
-    store(i, tk, ts)
-    return nil
-  end
-  return lengthen(i, tk, ts)
-end
-
--- reply formats the reply and, in mode 'o', records it under the id.
-local function reply(denied, retry, rem1, rem2)
-  local r = string.format('%d %d %d %d', denied, retry, rem1, rem2)
-  if record then
-    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])
-  end
-  return r
-end
-
--- wait is the time until bucket i, holding tk tokens credited up to ts,
--- holds its cost.
-local function wait(i, tk, ts)
-  return ts + (tonumber(ARGV[4 * i + 1]) - tk) * tonumber(ARGV[4 * i - 2]) - now
-end
-
-local write = mode == 't' or mode == 'o'
-
--- denyFirst writes the first bucket's denial: one command, which succeeds
--- or fails whole, unless ts was pulled back or a record follows: then the
--- writes are several, and prechecked.
-local function denyFirst(tk, ts)
-  if pulled[1] or record then
-    local e = precheck()
-    if e then
-      return e
-    end
-  end
-  return keep(1, tk, ts)
-end
-
+-- Decide, and plan each bucket's write: STORE its fields and expiry (HSET
+-- and PEXPIREAT), KEEP a denied bucket as it is but for its expiry
+-- (PEXPIREAT GT), or nil, nothing. The reply is string.format(fmt, x, y,
+-- z). Bucket 2 is evaluated only when bucket 1 admits.
+local STORE, KEEP = 1, 2
+local how1, how2, fmt, x, y, z
 if mode == 'r' then
   -- A refund gives each bucket its cost back, capped at burst. A missing
   -- key is a full bucket already: it is not created.
-  local e = precheck()
-  if e then
-    return e
+  tk1 = math.min(max1, tk1 + c1)
+  how1 = not new1 and STORE or nil
+  fmt, x, y = '0 0 %d %d', tk1, -1
+  if n == 2 then
+    tk2 = math.min(max2, tk2 + c2)
+    how2 = not new2 and STORE or nil
+    y = tk2
   end
-  local rem = {-1, -1}
-  for i = 1, n do
-    local tk, ts = refill(i)
-    local burst = tonumber(ARGV[4 * i - 1])
-    tk = math.min(burst, tk + tonumber(ARGV[4 * i + 1]))
-    if tokens[i] ~= nil then
-      store(i, tk, ts)
-    end
-    rem[i] = tk
-  end
-  return reply(0, 0, rem[1], rem[2])
+elseif tk1 < c1 then
+  how1 = pulled1 and STORE or KEEP
+  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1
+elseif n == 2 and tk2 < c2 then
+  tk1 = tk1 - c1
+  how1, how2 = STORE, pulled2 and STORE or KEEP
+  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2
+elseif n == 2 then
+  tk1, tk2 = tk1 - c1, tk2 - c2
+  how1, how2 = STORE, STORE
+  fmt, x, y = '0 0 %d %d', tk1, tk2
+else
+  tk1 = tk1 - c1
+  how1 = STORE
+  fmt, x = '0 0 %d -1', tk1
 end
 
-local c1 = tonumber(ARGV[5])
-local tk1, ts1 = refill(1)
-if tk1 < c1 then
-  if write then
-    local e = denyFirst(tk1, ts1)
-    if e then
-      return e
-    end
-  end
-  return reply(1, wait(1, tk1, ts1), tk1, -1)
-end
-if n == 2 then
-  local c2 = tonumber(ARGV[9])
-  local tk2, ts2 = refill(2)
-  if tk2 < c2 then
-    if write then
-      local e = precheck(1) or store(1, tk1 - c1, ts1, true) or keep(2, tk2, ts2)
-      if e then
-        return e
+if mode == 't' or mode == 'o' or mode == 'r' then
+  -- The ACL precheck: when the call writes more than one command, every
+  -- write after the first is checked before the first. A user may read a
+  -- key and not write it (%R~), or lack HSET or PEXPIREAT: without the
+  -- check the script would fail between two writes and leave a bucket
+  -- charged, or a key with no expiry. The first write needs no check: it
+  -- runs under pcall and succeeds or fails whole, so a denial's one
+  -- PEXPIREAT GT needs none at all. redis.acl_check_cmd exists on Valkey
+  -- 7.2+ and Redis 7.0+.
+  local acl = redis.acl_check_cmd
+  if acl and (how1 == STORE or how2 or record) then
+    local first = true
+    for i = 1, n do
+      local how = how1
+      if i == 2 then
+        how = how2
+      end
+      if how == STORE then
+        if not first and not acl('HSET', keys[i], 'tokens', '0') then
+          return refusal(nil, 'HSET', i)
+        end
+        first = false
+        if not acl('PEXPIREAT', keys[i], '1') then
+          return refusal(nil, 'PEXPIREAT', i)
+        end
+      elseif how == KEEP then
+        if not first and not acl('PEXPIREAT', keys[i], '1') then
+          return refusal(nil, 'PEXPIREAT', i)
+        end
+        first = false
       end
     end
-    return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)
-  end
-  if write then
-    local e = precheck(2) or store(2, tk2 - c2, ts2, true)
-    if e then
-      return e
+    if record and not first and not acl('SET', record, '0', 'PX', '1') then
+      return refusal(nil, 'SET')
     end
-    store(1, tk1 - c1, ts1)
   end
-  return reply(0, 0, tk1 - c1, tk2 - c2)
-end
-if write then
-  local e = precheck(1) or store(1, tk1 - c1, ts1, true)
-  if e then
-    return e
+  -- The writes, bucket 1's first. STORE's expiry is absolute (PEXPIREAT,
+  -- ms on the server's clock, rounded up), so that a denial's expiry and
+  -- the last write's compare exactly: the later of now and ts, plus the
+  -- time to refill from empty to full, max * per. Never shorter than the
+  -- time the bucket needs to be full; when the server clock has stepped
+  -- back behind ts, refill resumes only once the clock passes ts again,
+  -- hence the later. KEEP makes sure the key outlives the moment the
+  -- bucket is full again under this Spec, ts + (max - tk) * per, which
+  -- refill leaves unchanged; PEXPIREAT GT only ever lengthens an expiry,
+  -- so with an unchanged Spec it is a no-op. A ts pulled back from the
+  -- future is stored instead: KEEP would restart the freeze each call.
+  for i = 1, n do
+    local how, tk, ts, per, max = how1, tk1, ts1, per1, max1
+    if i == 2 then
+      how, tk, ts, per, max = how2, tk2, ts2, per2, max2
+    end
+    if how == STORE then
+      local r = redis.pcall('HSET', keys[i], 'tokens', tk, 'ts', ts)
+      if type(r) == 'table' then
+        return refusal(r.err, 'HSET', i)
+      end
+      if now > ts then
+        ts = now
+      end
+      local at, ttl = ts / 1000, max * per / 1000
+      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))
+    elseif how == KEEP then
+      local full = (ts + (max - tk) * per) / 1000
+      local r = redis.pcall('PEXPIREAT', keys[i], full + (-full) % 1, 'GT')
+      if type(r) == 'table' then
+        return refusal(r.err, 'PEXPIREAT', i)
+      end
+    end
   end
 end
-return reply(0, 0, tk1 - c1, -1)
+
+local reply = string.format(fmt, x, y, z)
+if record then
+  redis.call('SET', record, reply, 'PX', argv[na])
+end
+return reply

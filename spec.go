@@ -67,9 +67,10 @@ type Spec struct {
 	interval time.Duration
 	ttl      time.Duration
 
-	// Pre-encoded ARGV for the script: microseconds per token, burst and
-	// expiry in milliseconds.
-	intervalArg, burstArg, ttlArg string
+	// Pre-encoded ARGV for the script: microseconds per token and burst.
+	// The script computes the expiry from them, which saves the server an
+	// argument per bucket on every call.
+	intervalArg, burstArg string
 }
 
 // NewSpec returns a Spec for a bucket that refills at rate tokens per second
@@ -115,7 +116,6 @@ func NewSpec(rate Limit, burst int) (Spec, error) {
 		ttl:         time.Duration(ttlMillis) * time.Millisecond,
 		intervalArg: strconv.FormatInt(interval, 10),
 		burstArg:    strconv.Itoa(burst),
-		ttlArg:      strconv.FormatInt(ttlMillis, 10),
 	}, nil
 }
 

@@ -45,12 +45,12 @@ func TestNewSpecValues(t *testing.T) {
 		burst    int
 		interval time.Duration
 		ttl      time.Duration
-		args     [3]string
+		args     [2]string
 	}{
-		{Every(1500 * time.Millisecond), 20, 1500 * time.Millisecond, 30 * time.Second, [3]string{"1500000", "20", "30000"}},
-		{3, 4, 333334 * time.Microsecond, 1334 * time.Millisecond, [3]string{"333334", "4", "1334"}}, // 1333.336 ms, rounded up
-		{MaxLimit, 1, time.Microsecond, time.Millisecond, [3]string{"1", "1", "1"}},
-		{Every(time.Hour), 1 << 18, time.Hour, time.Hour << 18, [3]string{"3600000000", "262144", "943718400000"}},
+		{Every(1500 * time.Millisecond), 20, 1500 * time.Millisecond, 30 * time.Second, [2]string{"1500000", "20"}},
+		{3, 4, 333334 * time.Microsecond, 1334 * time.Millisecond, [2]string{"333334", "4"}}, // 1333.336 ms, rounded up
+		{MaxLimit, 1, time.Microsecond, time.Millisecond, [2]string{"1", "1"}},
+		{Every(time.Hour), 1 << 18, time.Hour, time.Hour << 18, [2]string{"3600000000", "262144"}},
 	} {
 		s, err := NewSpec(tc.rate, tc.burst)
 		if err != nil {
@@ -61,7 +61,7 @@ func TestNewSpecValues(t *testing.T) {
 			t.Errorf("NewSpec(%v, %d) = limit %v burst %d interval %v ttl %v; want %v %d %v %v",
 				float64(tc.rate), tc.burst, float64(s.Limit()), s.Burst(), s.Interval(), s.TTL(), float64(Every(tc.interval)), tc.burst, tc.interval, tc.ttl)
 		}
-		if got := [3]string{s.intervalArg, s.burstArg, s.ttlArg}; got != tc.args {
+		if got := [2]string{s.intervalArg, s.burstArg}; got != tc.args {
 			t.Errorf("NewSpec(%v, %d) script args = %q, want %q", float64(tc.rate), tc.burst, got, tc.args)
 		}
 		if s.TTL() < time.Duration(s.Burst())*s.Interval() {

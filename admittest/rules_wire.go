@@ -35,8 +35,8 @@ func checkHostClock(ctx context.Context, e *env) error {
 		return err
 	}
 	wantArgs := map[string][]string{
-		"2": {"2", first.Key, second.Key, "t", "1500000", "20", "30000", "1", "300000", "100", "30000", "1"},
-		"1": {"1", first.Key, "t", "1500000", "20", "30000", "1"},
+		"2": {"2", first.Key, second.Key, "1500000", "20", "1", "300000", "100", "1"},
+		"1": {"1", first.Key, "1500000", "20", "1"},
 	}
 	seen := map[string]bool{}
 	var sha string
