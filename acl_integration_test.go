@@ -80,10 +80,22 @@ func TestIntegrationACL(t *testing.T) {
 			t.Errorf("the bucket changed:\nbefore %s\nafter  %s", before, after)
 		}
 	})
-	// HSET granted on the shared bucket only, by an ACL selector: the
-	// admission's first write (HSET shared) would succeed and its third
-	// (HSET std) fail, so the precheck must cover every write after the
-	// first.
+	// HSET granted on one bucket only, by an ACL selector. An admission
+	// writes bucket 1 first: HSET std runs under pcall, so where only
+	// shared may be written the first write fails whole; where only std
+	// may be written the first write would succeed and the third (HSET
+	// shared) fail, so the precheck must cover every write after the first.
+	t.Run("hset on the standard bucket only", func(t *testing.T) {
+		l := user("hset-std-only", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+std.Key+")")
+		before := keysState(t, admin, std.Key, shared.Key)
+		d, err := l.AllowOrdered(ctx, std, &shared)
+		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 2") || d.Allowed() {
+			t.Errorf("got %v, %v; want NOPERM naming HSET on bucket 2, not executed", d, err)
+		}
+		if after := keysState(t, admin, std.Key, shared.Key); after != before {
+			t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
 	t.Run("hset on the shared bucket only", func(t *testing.T) {
 		l := user("hset-shared-only", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+shared.Key+")")
 		before := keysState(t, admin, std.Key, shared.Key)

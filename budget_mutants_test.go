@@ -8,20 +8,32 @@ package admit_test
 func init() { scriptMutants = append(scriptMutants, budgetMutants...) }
 
 var budgetMutants = []mutant{
-	{name: "cost-ignored-on-second-bucket",
-		edits: [][2]string{{"local c2 = tonumber(ARGV[9])", "local c2 = 1"}}},
+	{name: "cost-ignored-on-second-bucket", // a take decides and charges bucket 2 at cost 1
+		edits: [][2]string{
+			{"elseif n == 2 and tk2 < c2 then", "elseif n == 2 and tk2 < 1 then"},
+			{"tk1, tk2 = tk1 - c1, tk2 - c2", "tk1, tk2 = tk1 - c1, tk2 - 1"},
+		}},
 	{name: "retry-until-one-token-not-cost",
-		edits: [][2]string{{"(tonumber(ARGV[4 * i + 1]) - tk)", "(1 - tk)"}}},
+		edits: [][2]string{
+			{"ts1 + (c1 - tk1) * per1 - now", "ts1 + (1 - tk1) * per1 - now"},
+			{"ts2 + (c2 - tk2) * per2 - now", "ts2 + (1 - tk2) * per2 - now"},
+		}},
 	{name: "refund-above-burst",
-		edits: [][2]string{{"tk = math.min(burst, tk + tonumber(ARGV[4 * i + 1]))", "tk = tk + tonumber(ARGV[4 * i + 1])"}}},
+		edits: [][2]string{
+			{"tk1 = math.min(max1, tk1 + c1)", "tk1 = tk1 + c1"},
+			{"tk2 = math.min(max2, tk2 + c2)", "tk2 = tk2 + c2"},
+		}},
 	{name: "refund-creates-absent-key",
-		edits: [][2]string{{"    if tokens[i] ~= nil then\n      store(i, tk, ts)\n    end\n", "    store(i, tk, ts)\n"}}},
+		edits: [][2]string{
+			{"how1 = not new1 and STORE or nil", "how1 = STORE"},
+			{"how2 = not new2 and STORE or nil", "how2 = STORE"},
+		}},
 	{name: "peek-writes",
-		edits: [][2]string{{"local write = mode == 't'", "local write = mode ~= 'r'"}}},
+		edits: [][2]string{{"if mode == 't' or mode == 'o' or mode == 'r' then", "if mode == 't' or mode == 'o' or mode == 'r' or mode == 'p' then"}}},
 	{name: "remaining-off-by-cost",
-		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1 - c1, tk2)"}}},
+		edits: [][2]string{{"fmt, x, y = '0 0 %d %d', tk1, tk2", "fmt, x, y = '0 0 %d %d', tk1, tk2 + c2"}}},
 	{name: "remaining-off-by-cost-one-bucket",
-		edits: [][2]string{{"return reply(0, 0, tk1 - c1, -1)", "return reply(0, 0, tk1, -1)"}}},
+		edits: [][2]string{{"fmt, x = '0 0 %d -1', tk1", "fmt, x = '0 0 %d -1', tk1 + c1"}}},
 	{name: "remaining-off-by-cost-on-second-denial",
-		edits: [][2]string{{"return reply(2, wait(2, tk2, ts2), tk1 - c1, tk2)", "return reply(2, wait(2, tk2, ts2), tk1, tk2)"}}},
+		edits: [][2]string{{"ts2 + (c2 - tk2) * per2 - now, tk1, tk2", "ts2 + (c2 - tk2) * per2 - now, tk1 + c1, tk2"}}},
 }

@@ -42,62 +42,71 @@ func (m mutant) apply(src string) (string, error) {
 
 var scriptMutants = []mutant{
 	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
-		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    local e = denyFirst(tk1, ts1)\n",
-			"if tk1 < c1 then\n  if n == 2 then\n    local tk2, ts2 = refill(2)\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    store(2, tk2, ts2)\n  end\n  if write then\n    local e = denyFirst(tk1, ts1)\n"}}},
+		edits: [][2]string{{"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n",
+			"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n  if n == 2 then\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    how2 = STORE\n  end\n"}}},
 	{name: "second-refreshed-on-first-denial",
-		edits: [][2]string{{"if tk1 < c1 then\n  if write then\n    local e = denyFirst(tk1, ts1)\n",
-			"if tk1 < c1 then\n  if n == 2 then\n    store(2, refill(2))\n  end\n  if write then\n    local e = denyFirst(tk1, ts1)\n"}}},
-	{name: "first-written-before-second-read",
-		edits: [][2]string{
-			{"for i = 1, n do\n  local v = redis.pcall", "local function load(i)\n  local v = redis.pcall"},
-			{"it is not a bucket')\n    end\n  end\nend\n",
-				"it is not a bucket')\n    end\n  end\nend\nlocal e1 = load(1)\nif e1 then\n  return e1\nend\n"},
-			{"if n == 2 then\n  local c2 = tonumber(ARGV[9])",
-				"if n == 2 then\n  store(1, tk1 - c1, ts1)\n  local e2 = load(2)\n  if e2 then\n    return e2\n  end\n  local c2 = tonumber(ARGV[9])"},
-		}},
-	{name: "token-taken-on-first-denial",
-		edits: [][2]string{{"    local e = denyFirst(tk1, ts1)\n", "    store(1, tk1 - 1, ts1)\n    local e = nil\n"}}},
+		edits: [][2]string{{"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n",
+			"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n  if n == 2 then\n    how2 = STORE\n  end\n"}}},
+	{name: "first-written-before-second-read", // bucket 1's take is stored before bucket 2's HMGET, which may then fail
+		edits: [][2]string{{"  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')\n",
+			"  if i == 2 and (mode == 't' or mode == 'o') and tk1 >= c1 then\n" +
+				"    redis.call('HSET', keys[1], 'tokens', tk1 - c1, 'ts', ts1)\n" +
+				"    local at, ttl = math.max(ts1, now) / 1000, max1 * per1 / 1000\n" +
+				"    redis.call('PEXPIREAT', keys[1], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n" +
+				"  end\n" +
+				"  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')\n"}}},
+	{name: "token-taken-on-first-denial", // the denied bucket is stored one token lower; the reply is unchanged
+		edits: [][2]string{{"  how1 = pulled1 and STORE or KEEP\n  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1\n",
+			"  how1 = STORE\n  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1\n  tk1 = tk1 - 1\n"}}},
 	{name: "second-token-taken-on-second-denial",
-		edits: [][2]string{{"store(1, tk1 - c1, ts1, true) or keep(2, tk2, ts2)", "store(1, tk1 - c1, ts1, true) or store(2, tk2 - 1, ts2)"}}},
-	{name: "first-not-charged-on-second-denial",
-		edits: [][2]string{{"store(1, tk1 - c1, ts1, true) or keep(2, tk2, ts2)", "store(1, tk1, ts1, true) or keep(2, tk2, ts2)"}}},
+		edits: [][2]string{{"  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n",
+			"  how1, how2 = STORE, STORE\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n  tk2 = tk2 - 1\n"}}},
+	{name: "first-not-charged-on-second-denial", // the reply still says charged
+		edits: [][2]string{{"  tk1 = tk1 - c1\n  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n",
+			"  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1 - c1, tk2\n"}}},
 	{name: "expiry-dropped",
-		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", ""}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", ""}}},
 	{name: "expiry-shorter-than-refill",
-		edits: [][2]string{{"+ tonumber(ARGV[4 * i])))", "+ math.floor(tonumber(ARGV[4 * i]) / 2)))"}}},
+		edits: [][2]string{{"(at + (-at) % 1) + (ttl + (-ttl) % 1))", "(at + (-at) % 1) + math.floor((ttl + (-ttl) % 1) / 2))"}}},
 	{name: "expiry-from-now-not-ts", // a clock step back would let the key expire before the bucket refills
-		edits: [][2]string{{"math.ceil(math.max(ts, now) / 1000)", "math.ceil(now / 1000)"}}},
+		edits: [][2]string{{"      if now > ts then\n        ts = now\n      end\n", "      ts = now\n"}}},
 	{name: "denial-rewrites-bucket", // what every denial did before: HSET + PEXPIRE
-		edits: [][2]string{{"  if pulled[i] then\n    store(i, tk, ts)", "  if true then\n    store(i, tk, ts)"}}},
+		edits: [][2]string{{"    if how == STORE then\n      local r = redis.pcall('HSET'", "    if how then\n      local r = redis.pcall('HSET'"}}},
 	{name: "denial-expiry-not-lengthened", // a Spec made slower lets a denied key expire early
-		edits: [][2]string{{"string.format('%d', math.ceil(full / 1000)), 'GT')", "string.format('%d', math.ceil(full / 1000)), 'LT')"}}},
+		edits: [][2]string{{"full + (-full) % 1, 'GT')", "full + (-full) % 1, 'LT')"}}},
 	{name: "denial-expiry-always-set", // shortens a key's expiry: no GT
-		edits: [][2]string{{"string.format('%d', math.ceil(full / 1000)), 'GT')", "string.format('%d', math.ceil(full / 1000)))"}}},
+		edits: [][2]string{{"full + (-full) % 1, 'GT')", "full + (-full) % 1)"}}},
 	{name: "le-where-lt-is-meant",
-		edits: [][2]string{{"if tk1 < c1 then", "if tk1 <= c1 then"}}},
+		edits: [][2]string{{"elseif tk1 < c1 then", "elseif tk1 <= c1 then"}}},
 	{name: "field-validation-skipped",
-		edits: [][2]string{{"  return #v <= 16 and string.find(v, '^%d+$') ~= nil and tonumber(v) < 9007199254740992", "  return true"}}},
+		edits: [][2]string{
+			{"if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then", "if false then"},
+			{"if tk >= 9007199254740992 or ts >= 9007199254740992 then", "if false then"},
+		}},
 	{name: "wrong-type-read-as-fresh",
-		edits: [][2]string{{"  if v.err then\n    return readErr(v.err, 'HMGET', i)\n  end\n", "  if v.err then\n    v = {false, false}\n  end\n"}}},
+		edits: [][2]string{{"  if v.err then\n    return refusal(v.err, 'HMGET', i)\n  end\n", "  if v.err then\n    v = {false, false}\n  end\n"}}},
 	{name: "timestamp-moves-backwards",
-		edits: [][2]string{{"  if now > ts then\n", "  if now < ts then\n    ts = now\n  end\n  if now > ts then\n"}}},
+		edits: [][2]string{{"    if now > ts then\n      local q", "    if now < ts then\n      ts = now\n    end\n    if now > ts then\n      local q"}}},
 	{name: "refill-drops-remainder",
-		edits: [][2]string{{"tk, ts = tk + gained, ts + gained * interval", "tk, ts = tk + gained, now"}}},
+		edits: [][2]string{{"tk, ts = tk + gained, ts + gained * per", "tk, ts = tk + gained, now"}}},
 	{name: "burst-not-capped",
-		edits: [][2]string{{"  if tk > burst then\n    tk = burst\n  end\n", ""}}},
+		edits: [][2]string{{"    if tk > max then\n      tk = max\n    end\n", ""}}},
 	{name: "fresh-bucket-not-full",
-		edits: [][2]string{{"    return burst, now\n", "    return burst - 1, now\n"}}},
+		edits: [][2]string{{"tk, ts, new = max, now, true", "tk, ts, new = max - 1, now, true"}}},
 	{name: "retry-rounded-down-to-ms",
-		edits: [][2]string{{"return reply(1, wait(1, tk1, ts1), tk1, -1)", "return reply(1, math.floor(wait(1, tk1, ts1) / 1000) * 1000, tk1, -1)"}}},
+		edits: [][2]string{{"'1 %d %d -1', ts1 + (c1 - tk1) * per1 - now,", "'1 %d %d -1', math.floor((ts1 + (c1 - tk1) * per1 - now) / 1000) * 1000,"}}},
 	{name: "retry-returned-in-ms",
-		edits: [][2]string{{"return reply(2, wait(2, tk2, ts2)", "return reply(2, wait(2, tk2, ts2) / 1000"}}},
-	{name: "retry-from-the-wrong-bucket",
-		edits: [][2]string{{"return reply(2, wait(2, tk2, ts2)", "return reply(2, wait(1, tk2, ts2)"}}},
-	{name: "time-from-argument-not-TIME", // the host sends its clock and the script trusts it
-		edits: [][2]string{{"local now = tonumber(t[1]) * 1000000 + tonumber(t[2])", "local now = tonumber(ARGV[#ARGV])"}},
-		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
+		edits: [][2]string{{"'2 %d %d %d', ts2 + (c2 - tk2) * per2 - now,", "'2 %d %d %d', (ts2 + (c2 - tk2) * per2 - now) / 1000,"}}},
+	{name: "retry-from-the-wrong-bucket", // bucket 1's cost and interval with bucket 2's state
+		edits: [][2]string{{"ts2 + (c2 - tk2) * per2 - now", "ts2 + (c1 - tk2) * per1 - now"}}},
+	{name: "time-from-argument-not-TIME", // the host sends its clock, as the last ARGV, and the script trusts it
+		edits: [][2]string{
+			{"local na = #argv\n", "local na = #argv - 1\n"},
+			{"local now = t[1] * 1000000 + t[2]", "local now = argv[#argv] + 0"},
+		},
+		wrap: func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "remaining-before-the-charge",
-		edits: [][2]string{{"return reply(0, 0, tk1 - c1, tk2 - c2)", "return reply(0, 0, tk1, tk2 - c2)"}}},
+		edits: [][2]string{{"fmt, x, y = '0 0 %d %d', tk1, tk2", "fmt, x, y = '0 0 %d %d', tk1 + c1, tk2"}}},
 	{name: "foreign-hash-accepted", // a user's hash gains tokens, ts and an expiry
 		edits: [][2]string{{"if e == 1 then", "if e == 2 then"}}},
 	{name: "once-record-written-not-read", // every retry decides again
@@ -106,14 +115,14 @@ var scriptMutants = []mutant{
 		edits: [][2]string{
 			{"if record then\n  local r = redis.pcall('GET', record)", "local replayed\nif record then\n  local r = redis.pcall('GET', record)"},
 			{"  if r then\n    return r\n  end\n", "  if r then\n    replayed = r\n  end\n"},
-			{"    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return r\n", "    redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])\n  end\n  return replayed or r\n"},
+			{"  redis.call('SET', record, reply, 'PX', argv[na])\nend\nreturn reply\n", "  redis.call('SET', record, reply, 'PX', argv[na])\nend\nreturn replayed or reply\n"},
 		}},
 	{name: "once-record-never-expires",
-		edits: [][2]string{{"redis.call('SET', record, r, 'PX', ARGV[4 * n + 2])", "redis.call('SET', record, r)"}}},
+		edits: [][2]string{{"redis.call('SET', record, reply, 'PX', argv[na])", "redis.call('SET', record, reply)"}}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
-		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",
-		edits: [][2]string{{"  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n", "  redis.call('PEXPIREAT', KEYS[i], string.format('%d', math.ceil(math.max(ts, now) / 1000) + tonumber(ARGV[4 * i])))\n  redis.call('SET', KEYS[i] .. ':last', ts)\n"}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', keys[i] .. ':last', ts)\n"}}},
 }
 
 // hostClockClient appends the host's clock, in µs, to every script
@@ -122,7 +131,8 @@ type hostClockClient struct{ valkey.Client }
 
 func (h hostClockClient) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
 	args := cmd.Commands()
-	if len(args) >= 3 && (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "EVAL")) {
+	if len(args) >= 3 && (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "EVAL") ||
+		strings.EqualFold(args[0], "EVALSHA_RO") || strings.EqualFold(args[0], "EVAL_RO")) {
 		n, _ := strconv.Atoi(args[2])
 		rest := append(append([]string(nil), args[3+n:]...), strconv.FormatInt(time.Now().UnixMicro(), 10))
 		cmd = h.B().Arbitrary(args[0]).Args(args[1], args[2]).Keys(args[3 : 3+n]...).Args(rest...).Build()

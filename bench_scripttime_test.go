@@ -1,0 +1,181 @@
+package admit
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// scriptTimeCalls is how many EVALSHAs valkey-benchmark sends per script,
+// path and round.
+const scriptTimeCalls = 20000
+
+// BenchmarkScriptServerTime is issue 12's measure of what a decision costs
+// the server: one server with both scripts loaded, the 0b7bc55 baseline
+// and the shipped script, each driven in turn by valkey-benchmark (one
+// connection, so calls never queue) with the arguments its version takes,
+// on every path. Before each run CONFIG RESETSTAT, after it INFO
+// commandstats: usec_per_call of EVALSHA, the script's own commands
+// included, network and client excluded. Each loop iteration is one round,
+// and the rounds alternate which script goes first, so that whatever else
+// the machine does weighs on both alike. It reports each script's mean
+// µs per call over the rounds and their ratio.
+//
+//	go test -run '^$' -bench ScriptServerTime -benchtime 5x .
+//	VALKEY_SERVER=$(command -v redis-server) go test -run '^$' -bench ScriptServerTime -benchtime 5x .
+//
+// It needs valkey-benchmark or redis-benchmark on PATH (or beside
+// VALKEY_SERVER) and a server it can reach without TLS.
+func BenchmarkScriptServerTime(b *testing.B) {
+	tool := benchmarkTool()
+	if tool == "" {
+		testserver.SkipOrFail(b, "BenchmarkScriptServerTime needs valkey-benchmark or redis-benchmark on PATH")
+	}
+	srv := testserver.Own(b)
+	if srv.TLS != nil {
+		b.Skip("valkey-benchmark runs here without TLS")
+	}
+	host, port, err := net.SplitHostPort(srv.Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := testserver.NewClient(b, srv)
+	ctx := context.Background()
+	open := MustSpec(MaxLimit, 1<<30) // never runs dry within a benchmark
+	shut := MustSpec(Every(time.Hour), 1)
+	type script struct {
+		name string
+		sha  string
+		args func(...Spec) []string
+		// denied reads Decision.Denied from the script's reply.
+		denied func(valkey.ValkeyResult) (int64, error)
+	}
+	scripts := []*script{
+		{name: "baseline-0b7bc55", args: baselineArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
+			arr, err := r.AsIntSlice() // {denied, retry}
+			if err != nil {
+				return 0, err
+			}
+			return arr[0], nil
+		}},
+		{name: "current", args: takeArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
+			s, err := r.ToString() // "denied retry rem1 rem2"
+			if err != nil {
+				return 0, err
+			}
+			return int64(s[0] - '0'), nil
+		}},
+	}
+	for i, src := range []string{baselineScript, scriptSource} {
+		if scripts[i].sha, err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	paths := []struct {
+		name   string
+		first  Spec
+		second *Spec
+		want   int64
+	}{
+		{"one-bucket-allowed", open, nil, 0},
+		{"one-bucket-denied", shut, nil, 1},
+		{"allowed", open, &open, 0},
+		{"denied-by-first", shut, &open, 1},
+		{"denied-by-second", open, &shut, 2},
+	}
+	for _, p := range paths {
+		b.Run("path="+p.name, func(b *testing.B) {
+			prefix := testserver.Prefix(b, c)
+			type run struct {
+				keys, args []string
+				check      func() error
+			}
+			runs := make([]run, len(scripts))
+			for i, s := range scripts {
+				keys, args := []string{prefix + s.name + ":first"}, s.args(p.first)
+				if p.second != nil {
+					keys, args = append(keys, prefix+s.name+":second"), s.args(p.first, *p.second)
+				}
+				runs[i] = run{keys: keys, args: args, check: func() error {
+					cmd := c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+					denied, err := s.denied(c.Do(ctx, cmd))
+					if err == nil && denied != p.want {
+						err = &pathError{s.name, denied, p.want}
+					}
+					return err
+				}}
+				// Drain the shut buckets (the first call takes their one
+				// token), then check the path, before timing.
+				runs[i].check()
+				if err := runs[i].check(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			usec := make([]float64, len(scripts))
+			round := 0
+			for b.Loop() {
+				for k := range scripts {
+					i := (k + round) % len(scripts)
+					if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+						b.Fatal(err)
+					}
+					cmd := []string{"-h", host, "-p", port, "-c", "1", "-n", strconv.Itoa(scriptTimeCalls), "-q",
+						"EVALSHA", scripts[i].sha, strconv.Itoa(len(runs[i].keys))}
+					cmd = append(append(cmd, runs[i].keys...), runs[i].args...)
+					if out, err := exec.Command(tool, cmd...).CombinedOutput(); err != nil {
+						b.Fatalf("%s: %v\n%s", tool, err, out)
+					}
+					st := testserver.CommandStats(b, c)["evalsha"]
+					if st.Calls != scriptTimeCalls || st.Failed != 0 {
+						b.Fatalf("%s: %d EVALSHA counted (%d failed), want %d", scripts[i].name, st.Calls, st.Failed, scriptTimeCalls)
+					}
+					usec[i] += float64(st.Usec) / float64(st.Calls)
+					if err := runs[i].check(); err != nil { // still on its path
+						b.Fatal(err)
+					}
+				}
+				round++
+			}
+			for i, s := range scripts {
+				b.ReportMetric(usec[i]/float64(round), s.name+"-server-µs/call")
+			}
+			b.ReportMetric(usec[1]/usec[0], "current/baseline")
+		})
+	}
+}
+
+type pathError struct {
+	script       string
+	denied, want int64
+}
+
+func (e *pathError) Error() string {
+	return e.script + ": denied " + strconv.FormatInt(e.denied, 10) + ", want " + strconv.FormatInt(e.want, 10)
+}
+
+// benchmarkTool finds valkey-benchmark (or redis-benchmark) beside the
+// server binary the tests use, else on PATH.
+func benchmarkTool() string {
+	if bin := testserver.Binary(); bin != "" {
+		dir, base := filepath.Split(bin)
+		for _, name := range []string{strings.Replace(base, "-server", "-benchmark", 1), "valkey-benchmark", "redis-benchmark"} {
+			if p, err := exec.LookPath(filepath.Join(dir, name)); err == nil {
+				return p
+			}
+		}
+	}
+	for _, name := range []string{"valkey-benchmark", "redis-benchmark"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Instructions the server runs per script call, the 0b7bc55 baseline beside
+# the shipped script, on every decision path: callgrind counts instructions,
+# not seconds, so the figures repeat whatever else the machine does.
+#
+#   scripts/script-instructions.sh                      # valkey-server from PATH
+#   SERVER=redis-server scripts/script-instructions.sh  # or another server binary
+#
+# The server runs under valgrind --tool=callgrind on 127.0.0.1 (a free port
+# from 7390 up); valkey-benchmark (or redis-benchmark) sends CALLS EVALSHAs
+# per script and path on one connection; each figure is the instructions of
+# that run, less those of as many PINGs, divided by CALLS. It needs valgrind
+# (callgrind_control) and about a minute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SERVER=${SERVER:-valkey-server}
+CALLS=${CALLS:-2000}
+BENCH=$(command -v valkey-benchmark || command -v redis-benchmark)
+CLI=$(command -v valkey-cli || command -v redis-cli)
+port=7390
+while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
+out=$(mktemp -d)
+valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no \
+  "$SERVER" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$out/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$out"' EXIT
+cli() { "$CLI" -p $port "$@"; }
+for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.2; done
+# instructions of CALLS runs of a command, from zeroed counters to a dump
+run() {
+  callgrind_control -z $server >/dev/null 2>&1
+  "$BENCH" -p $port -c 1 -n "$CALLS" -q "$@" >/dev/null
+  callgrind_control -d $server >/dev/null 2>&1
+  grep -h -E '^(summary|totals):' "$(ls -t "$out"/cg.out.* | head -1)" | head -1 | awk '{print $2}'
+}
+ping=$(run ping)
+open="1 1073741824"     # MaxLimit, burst 2^30: never runs dry
+shut="3600000000 1"     # one per hour, burst 1: denies once drained
+# each path: keys, then the buckets' specs
+paths=("one-bucket-allowed|1|$open" "one-bucket-denied|1|$shut"
+  "allowed|2|$open|$open" "denied-by-first|2|$shut|$open" "denied-by-second|2|$open|$shut")
+printf '%-20s %12s %12s %8s\n' path baseline current ratio
+for p in "${paths[@]}"; do
+  IFS='|' read -r name n s1 s2 <<<"$p"
+  declare -A got=()
+  for script in baseline current; do
+    case $script in
+      baseline) src=testdata/script_0b7bc55.lua ;; # µs per token, burst, expiry (ms)
+      current) src=script.lua ;;                   # µs per token, burst, cost
+    esac
+    sha=$(cli script load "$(cat $src)")
+    args=()
+    for spec in "$s1" ${s2:+"$s2"}; do
+      read -r per burst <<<"$spec"
+      if [ $script = baseline ]; then args+=("$per" "$burst" $(((per * burst + 999) / 1000))); else args+=("$per" "$burst" 1); fi
+    done
+    keys=("{$name}:$script:1"); [ "$n" = 2 ] && keys+=("{$name}:$script:2")
+    cli evalsha "$sha" "$n" "${keys[@]}" "${args[@]}" >/dev/null # drains a shut bucket
+    cli evalsha "$sha" "$n" "${keys[@]}" "${args[@]}" >/dev/null
+    total=$(run evalsha "$sha" "$n" "${keys[@]}" "${args[@]}")
+    got[$script]=$(((total - ping) / CALLS))
+  done
+  awk -v n="$name" -v b="${got[baseline]}" -v c="${got[current]}" 'BEGIN { printf "%-20s %12d %12d %8.3f\n", n, b, c, c / b }'
+done
+echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call less a PING's)"
