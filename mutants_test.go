@@ -65,17 +65,17 @@ var scriptMutants = []mutant{
 		edits: [][2]string{{"  tk1 = tk1 - c1\n  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n",
 			"  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1 - c1, tk2\n"}}},
 	{name: "expiry-dropped",
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", ""}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", ""}}},
 	{name: "expiry-shorter-than-refill",
-		edits: [][2]string{{"(at + (-at) % 1) + (ttl + (-ttl) % 1))", "(at + (-at) % 1) + math.floor((ttl + (-ttl) % 1) / 2))"}}},
+		edits: [][2]string{{"at = (at + (-at) % 1) + (ttl + (-ttl) % 1)", "at = (at + (-at) % 1) + math.floor((ttl + (-ttl) % 1) / 2)"}}},
 	{name: "expiry-from-now-not-ts", // a clock step back would let the key expire before the bucket refills
-		edits: [][2]string{{"      if now > ts then\n        ts = now\n      end\n", "      ts = now\n"}}},
+		edits: [][2]string{{"      if now > ts then\n        at = now / 1000\n      end\n", "      at = now / 1000\n"}}},
 	{name: "denial-rewrites-bucket", // what every denial did before: HSET + PEXPIRE
-		edits: [][2]string{{"    if how == STORE then\n      local r = redis.pcall('HSET'", "    if how then\n      local r = redis.pcall('HSET'"}}},
+		edits: [][2]string{{"    if how == STORE then\n      local at, ttl", "    if how then\n      local at, ttl"}}},
 	{name: "denial-expiry-not-lengthened", // a Spec made slower lets a denied key expire early
-		edits: [][2]string{{"full + (-full) % 1, 'GT')", "full + (-full) % 1, 'LT')"}}},
+		edits: [][2]string{{"redis.pcall('PEXPIREAT', keys[i], full, 'GT')", "redis.pcall('PEXPIREAT', keys[i], full, 'LT')"}}},
 	{name: "denial-expiry-always-set", // shortens a key's expiry: no GT
-		edits: [][2]string{{"full + (-full) % 1, 'GT')", "full + (-full) % 1)"}}},
+		edits: [][2]string{{"redis.pcall('PEXPIREAT', keys[i], full, 'GT')", "redis.pcall('PEXPIREAT', keys[i], full)"}}},
 	{name: "le-where-lt-is-meant",
 		edits: [][2]string{{"elseif tk1 < c1 then", "elseif tk1 <= c1 then"}}},
 	{name: "field-validation-skipped",
@@ -120,9 +120,9 @@ var scriptMutants = []mutant{
 	{name: "once-record-never-expires",
 		edits: [][2]string{{"redis.call('SET', record, reply, 'PX', argv[na])", "redis.call('SET', record, reply)"}}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
 	{name: "undeclared-key-written",
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', keys[i] .. ':last', ts)\n"}}},
+		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', keys[i] .. ':last', ts)\n"}}},
 }
 
 // hostClockClient appends the host's clock, in µs, to every script

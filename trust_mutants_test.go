@@ -24,8 +24,8 @@ var trustMutants = []struct {
 	// Both PEXPIREAT checks: the precheck checks it only for the writes planned, STORE's and KEEP's.
 	{"acl-pexpireat-unchecked", "        if not acl('PEXPIREAT', keys[i], '1') then\n          return refusal(nil, 'PEXPIREAT', i)\n        end\n      elseif how == KEEP then\n        if not first and not acl('PEXPIREAT', keys[i], '1') then", "        if false then\n          return refusal(nil, 'PEXPIREAT', i)\n        end\n      elseif how == KEEP then\n        if false then", "^TestIntegrationACL$"},
 	// A denial's KEEP writes as STORE does.
-	{"denial-rewrites-bucket", "    if how == STORE then\n      local r = redis.pcall('HSET'", "    if how then\n      local r = redis.pcall('HSET'", "^TestIntegrationDenialWritesNothing$"},
-	{"denial-expiry-not-lengthened", "full + (-full) % 1, 'GT')", "full + (-full) % 1, 'LT')", "^TestIntegrationDenialKeepsSlowerSpecAlive$"},
+	{"denial-rewrites-bucket", "    if how == STORE then\n      local at, ttl", "    if how then\n      local at, ttl", "^TestIntegrationDenialWritesNothing$"},
+	{"denial-expiry-not-lengthened", "redis.pcall('PEXPIREAT', keys[i], full, 'GT')", "redis.pcall('PEXPIREAT', keys[i], full, 'LT')", "^TestIntegrationDenialKeepsSlowerSpecAlive$"},
 	// pulled is never set, so a denied bucket whose ts was pulled back is KEEP, not STORE.
 	{"pulled-ts-not-stored", "      ts, pulled = latest, true\n", "      ts = latest\n", "^TestIntegrationClockStepBounded$"},
 	{"acl-first-write-refusal-unnamed", "return refusal(r.err, 'HSET', i)", "return redis.error_reply(r.err)", "^TestIntegrationACL$"},
