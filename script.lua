@@ -13,9 +13,8 @@
 -- ARGV[3n+2]     mode 'o' only: the record's expiry in milliseconds
 --
 -- So a take, the call nearly every decision makes, sends 3 arguments a
--- bucket and nothing else: every argument costs the server time (about
--- 1,200 instructions, BENCHMARKS.md). The expiry is computed here, from
--- burst * interval.
+-- bucket and nothing else: every argument costs the server about 1,200
+-- instructions. The expiry is computed here, from burst * interval.
 --
 -- Hash fields (the key schema; README "Key schema (compatibility contract)"):
 --   tokens  whole tokens left, a decimal integer in [0, burst]
@@ -37,16 +36,17 @@
 -- (a clock step): that is stored, or the freeze would restart each call.
 --
 -- Bucket 2 is evaluated only when bucket 1 admits. Every hash is read and
--- validated, and every write is checked against the caller's ACL, before the
--- first write, because Valkey does not roll back a script's earlier writes
--- when a later command fails.
+-- validated, and every write after the first is checked against the
+-- caller's ACL, before the first write, because Valkey does not roll back a
+-- script's earlier writes when a later command fails.
 --
 -- The script runs on every decision, so it is written for the server's
--- time (BENCHMARKS.md, "Server time per script run"): a take sends only
--- what it needs, every argument and field is parsed once, numbers go to
--- redis.call as numbers (the server writes a whole number as a plain
--- decimal integer), and the decision's path builds no closure and no
--- table: one function, refusal, serves every error.
+-- time (BENCHMARKS.md, "Server time per decision"): a take sends only what
+-- it needs, every argument and field is parsed once, numbers go to
+-- redis.call as numbers where the server formats them cheaply, and the
+-- decision's path builds no closure and no table (each costs an allocation
+-- and the garbage collector's work): one function, refusal, serves every
+-- error.
 
 local argv, keys = ARGV, KEYS
 local na = #argv
