@@ -122,7 +122,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				}
 			}
 			usec := make([][]float64, len(scripts)) // by script, a value a round
-			var ratios []float64                   // current/baseline, a value a round
+			var ratios []float64                    // current/baseline, a value a round
 			round := 0
 			for b.Loop() {
 				for k := range scripts {
