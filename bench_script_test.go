@@ -17,6 +17,29 @@ import (
 //go:embed testdata/script_0b7bc55.lua
 var baselineScript string
 
+// scriptPath is one path through the script: the Specs of its buckets
+// and the Decision.Denied it must give.
+type scriptPath struct {
+	name   string
+	first  Spec
+	second *Spec
+	want   uint8
+}
+
+// scriptPaths are the five paths the script-cost benchmarks measure, with
+// a bucket that never runs dry and one that denies once drained.
+func scriptPaths() []scriptPath {
+	open := MustSpec(MaxLimit, 1<<30) // never runs dry within a benchmark
+	shut := MustSpec(Every(time.Hour), 1)
+	return []scriptPath{
+		{"one-bucket-allowed", open, nil, 0},
+		{"one-bucket-denied", shut, nil, 1},
+		{"allowed", open, &open, 0},
+		{"denied-by-first", shut, &open, 1},
+		{"denied-by-second", open, &shut, 2},
+	}
+}
+
 // BenchmarkScriptServerCost puts the shipped script side by side with the
 // baseline, and with the shipped script minus its ACL pre-check, on every
 // path. Each script runs on a server of its own, and every iteration calls
@@ -30,8 +53,6 @@ var baselineScript string
 //	go test -run '^$' -bench ScriptServerCost -count 6 .
 func BenchmarkScriptServerCost(b *testing.B) {
 	ctx := context.Background()
-	open := MustSpec(MaxLimit, 1<<30) // never runs dry within a benchmark
-	shut := MustSpec(Every(time.Hour), 1)
 	// The baseline takes 3 arguments a bucket (the third the expiry); the
 	// current script 3 a bucket too (the third the cost), and no mode for
 	// a take.
@@ -52,19 +73,7 @@ func BenchmarkScriptServerCost(b *testing.B) {
 	for _, v := range variants {
 		v.c = testserver.NewClient(b, testserver.Own(b))
 	}
-	paths := []struct {
-		name   string
-		first  Spec
-		second *Spec
-		want   uint8
-	}{
-		{"one-bucket-allowed", open, nil, 0},
-		{"one-bucket-denied", shut, nil, 1},
-		{"allowed", open, &open, 0},
-		{"denied-by-first", shut, &open, 1},
-		{"denied-by-second", open, &shut, 2},
-	}
-	for _, p := range paths {
+	for _, p := range scriptPaths() {
 		b.Run("path="+p.name, func(b *testing.B) {
 			type run struct {
 				script     *valkey.Lua

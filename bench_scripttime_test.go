@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
@@ -51,8 +50,6 @@ func BenchmarkScriptServerTime(b *testing.B) {
 	}
 	c := testserver.NewClient(b, srv)
 	ctx := context.Background()
-	open := MustSpec(MaxLimit, 1<<30) // never runs dry within a benchmark
-	shut := MustSpec(Every(time.Hour), 1)
 	type script struct {
 		name string
 		sha  string
@@ -81,19 +78,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	paths := []struct {
-		name   string
-		first  Spec
-		second *Spec
-		want   int64
-	}{
-		{"one-bucket-allowed", open, nil, 0},
-		{"one-bucket-denied", shut, nil, 1},
-		{"allowed", open, &open, 0},
-		{"denied-by-first", shut, &open, 1},
-		{"denied-by-second", open, &shut, 2},
-	}
-	for _, p := range paths {
+	for _, p := range scriptPaths() {
 		b.Run("path="+p.name, func(b *testing.B) {
 			prefix := testserver.Prefix(b, c)
 			type run struct {
@@ -109,8 +94,8 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				runs[i] = run{keys: keys, args: args, check: func() error {
 					cmd := c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 					denied, err := s.denied(c.Do(ctx, cmd))
-					if err == nil && denied != p.want {
-						err = &pathError{s.name, denied, p.want}
+					if err == nil && denied != int64(p.want) {
+						err = &pathError{s.name, denied, int64(p.want)}
 					}
 					return err
 				}}
