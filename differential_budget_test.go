@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/model"
@@ -49,74 +48,21 @@ func (c readWriteScripts) Do(ctx context.Context, cmd valkey.Completed) valkey.V
 
 func differentialBudget(ctx context.Context, u *miniEnv, seed uint64, steps int) error {
 	rng := rand.New(rand.NewPCG(seed, 0xb0d9e7))
-	u.srv.FlushAll()
-	u.now = diffEpoch
-	u.srv.SetTime(u.now)
-	keys := []string{"b:{x}:a", "b:{x}:b", "b:{x}:c"}
-	specs := map[string][2]admit.Spec{}
-	for _, k := range keys {
-		var pair [2]admit.Spec
-		for i := range pair {
-			pair[i] = admit.MustSpec(admit.Every(time.Duration(1000+rng.Int64N(2_000_000))*time.Microsecond), 1+rng.IntN(12))
-		}
-		specs[k] = pair
-	}
-	current := map[string]int{}
-	states := map[string]model.State{}
-	ttls := map[string]time.Duration{}
-	var lastRetry time.Duration
-	var history []string
+	s := newSchedule(u, rng, "b:{x}:", 12, 3, 1)
 	counts := map[string]int{}
 	for step := range steps {
-		iv := specs[keys[rng.IntN(3)]][0].Interval()
-		var adv time.Duration
-		switch x := rng.IntN(100); {
-		case x < 15:
-		case x < 45:
-			adv = time.Duration(rng.Int64N(int64(iv)*3 + 1))
-		case x < 60 && lastRetry > 0:
-			adv = lastRetry - time.Duration(rng.IntN(2))*time.Microsecond
-		case x < 70:
-			adv = time.Duration(rng.Int64N(int64(iv) * 15))
-		case x < 78:
-			adv = -time.Duration(rng.Int64N(int64(2 * time.Second)))
-		default:
-			adv = time.Duration(rng.Int64N(int64(2 * iv)))
-		}
-		adv = adv.Truncate(time.Microsecond)
-		u.advance(adv)
-		if adv > 0 {
-			for k, ttl := range ttls {
-				if ttls[k] = ttl - adv; ttls[k] <= 0 {
-					delete(ttls, k)
-					delete(states, k)
-				}
-			}
-		}
-		if rng.IntN(100) < 3 {
-			k := keys[rng.IntN(3)]
-			current[k] = 1 - current[k]
-		}
-		req := func(k string) admit.Request {
-			s := specs[k][current[k]]
-			return admit.Request{Key: k, Spec: s, Cost: rng.IntN(s.Burst() + 1)} // 0 means 1
-		}
-		i, j := rng.IntN(3), rng.IntN(3)
-		first, second := req(keys[i]), (*admit.Request)(nil)
-		if i != j && rng.IntN(3) > 0 {
-			r := req(keys[j])
-			second = &r
-		}
+		adv := s.tick()
+		first, second := s.pick(func(k string) admit.Request {
+			spec := s.deployed(k)
+			return admit.Request{Key: k, Spec: spec, Cost: rng.IntN(spec.Burst() + 1)} // 0 means 1
+		})
 		call := []string{"AllowOrdered", "AllowOrdered", "Peek", "Refund"}[rng.IntN(4)]
 		counts[call]++
 		desc := fmt.Sprintf("step %d: clock %+v, %s %s (cost %d)", step, adv, call, first.Key, first.Cost)
 		if second != nil {
 			desc += fmt.Sprintf(" then %s (cost %d)", second.Key, second.Cost)
 		}
-		history = append(history, desc)
-		if len(history) > 6 {
-			history = history[1:]
-		}
+		s.note(desc)
 		var diffs []string
 		switch call {
 		case "AllowOrdered", "Peek":
@@ -130,22 +76,11 @@ func differentialBudget(ctx context.Context, u *miniEnv, seed uint64, steps int)
 			if err != nil {
 				return fmt.Errorf("%s: %w", desc, err)
 			}
-			want, writes := model.Decide(u.micros(), states, first, second)
-			if call == "AllowOrdered" {
-				for k, w := range writes {
-					ttl := time.Duration(w.ExpireAtMs*1000-u.micros()) * time.Microsecond
-					if w.Keep { // a denial: fields as stored, the expiry only lengthened
-						ttls[k] = max(ttls[k], ttl)
-						continue
-					}
-					states[k] = model.State{Tokens: w.Tokens, TS: w.TS}
-					ttls[k] = ttl
-				}
+			want, writes := model.Decide(u.micros(), s.states, first, second)
+			if call == "AllowOrdered" { // a peek writes nothing: the model's writes are not applied
+				s.wrote(writes)
 			}
-			lastRetry = got.RetryAfter
-			if got.Denied != want.Denied || got.RetryAfter != want.RetryAfter || got.Remaining != want.Remaining || got.Allowed() != (want.Denied == 0) {
-				diffs = append(diffs, fmt.Sprintf("decision %v %v, model denied %d retry %v remaining %v", got, got.Remaining, want.Denied, want.RetryAfter, want.Remaining))
-			}
+			diffs = s.compare(got, want)
 		case "Refund":
 			if err := u.l.Refund(ctx, first, second); err != nil {
 				return fmt.Errorf("%s: %w", desc, err)
@@ -154,24 +89,10 @@ func differentialBudget(ctx context.Context, u *miniEnv, seed uint64, steps int)
 			if second != nil {
 				reqs = append(reqs, *second)
 			}
-			for k, w := range model.Refund(u.micros(), states, reqs...) {
-				states[k] = model.State{Tokens: w.Tokens, TS: w.TS}
-				ttls[k] = time.Duration(w.ExpireAtMs*1000-u.micros()) * time.Microsecond
-			}
+			s.wrote(model.Refund(u.micros(), s.states, reqs...))
 		}
-		for _, k := range keys {
-			tk, ts := u.state(k)
-			st, ok := states[k]
-			wantTk, wantTs := "", ""
-			if ok {
-				wantTk, wantTs = strconv.FormatInt(st.Tokens, 10), strconv.FormatInt(st.TS, 10)
-			}
-			if tk != wantTk || ts != wantTs || u.srv.TTL(k) != ttls[k] {
-				diffs = append(diffs, fmt.Sprintf("%s: tokens %q ts %q TTL %v, model %q %q %v", k, tk, ts, u.srv.TTL(k), wantTk, wantTs, ttls[k]))
-			}
-		}
-		if len(diffs) > 0 {
-			return fmt.Errorf("the script and the model disagree after:\n\t%s\n%s", strings.Join(history, "\n\t"), strings.Join(diffs, "\n"))
+		if err := s.check(diffs); err != nil {
+			return err
 		}
 	}
 	for _, call := range []string{"AllowOrdered", "Peek", "Refund"} {

@@ -76,105 +76,169 @@ func (e *miniEnv) state(key string) (tokens, ts string) {
 
 func differential(ctx context.Context, u *miniEnv, seed uint64, steps int) error {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	u.srv.FlushAll()
-	u.now = diffEpoch
-	u.srv.SetTime(u.now)
-	keys := []string{"d:{x}:a", "d:{x}:b", "d:{x}:c"}
-	specs := map[string][2]admit.Spec{}
-	for _, k := range keys {
-		var pair [2]admit.Spec
-		for i := range pair {
-			pair[i] = admit.MustSpec(admit.Every(time.Duration(1000+rng.Int64N(2_000_000))*time.Microsecond), 1+rng.IntN(5))
-		}
-		specs[k] = pair
-	}
-	current := map[string]int{} // which of a key's two Specs is deployed
-	states := map[string]model.State{}
-	ttls := map[string]time.Duration{}
-	var lastRetry time.Duration
-	var history []string
+	s := newSchedule(u, rng, "d:{x}:", 5, 1, 2)
 	for step := range steps {
-		// The clock: mostly forward by up to an interval, sometimes exactly
-		// to the next token (or 1 µs short), sometimes far, sometimes back.
-		iv := specs[keys[rng.IntN(3)]][0].Interval()
-		var adv time.Duration
-		switch x := rng.IntN(100); {
-		case x < 15:
-		case x < 45:
-			adv = time.Duration(rng.Int64N(int64(iv)/2 + 1))
-		case x < 60 && lastRetry > 0:
-			adv = lastRetry - time.Duration(rng.IntN(2))*time.Microsecond
-		case x < 70:
-			adv = time.Duration(rng.Int64N(int64(iv) * 15))
-		case x < 78:
-			adv = -time.Duration(rng.Int64N(int64(2 * time.Second)))
-		default:
-			adv = time.Duration(rng.Int64N(int64(2 * iv)))
-		}
-		adv = adv.Truncate(time.Microsecond)
-		u.advance(adv)
-		if adv > 0 { // miniredis, like Valkey, counts TTLs down only as the clock moves on
-			for k, ttl := range ttls {
-				if ttls[k] = ttl - adv; ttls[k] <= 0 {
-					delete(ttls, k)
-					delete(states, k)
-				}
-			}
-		}
-		if rng.IntN(100) < 3 { // a deploy changes one bucket's admit.Spec
-			k := keys[rng.IntN(3)]
-			current[k] = 1 - current[k]
-		}
-		req := func(k string) admit.Request { return admit.Request{Key: k, Spec: specs[k][current[k]]} }
-		i, j := rng.IntN(3), rng.IntN(3)
-		first, second := req(keys[i]), (*admit.Request)(nil)
-		if i != j && rng.IntN(3) > 0 {
-			r := req(keys[j])
-			second = &r
-		}
+		adv := s.tick()
+		first, second := s.pick(func(k string) admit.Request { return admit.Request{Key: k, Spec: s.deployed(k)} })
 		desc := fmt.Sprintf("step %d: clock %+v, call %s", step, adv, first.Key)
 		if second != nil {
 			desc += " then " + second.Key
 		}
-		history = append(history, desc)
-		if len(history) > 6 {
-			history = history[1:]
-		}
+		s.note(desc)
 		got, err := u.l.AllowOrdered(ctx, first, second)
 		if err != nil {
 			return fmt.Errorf("%s: %w", desc, err)
 		}
-		want, writes := model.Decide(u.micros(), states, first, second)
-		for k, w := range writes {
-			ttl := time.Duration(w.ExpireAtMs*1000-u.micros()) * time.Microsecond
-			if w.Keep { // a denial: fields as stored, the expiry only lengthened
-				ttls[k] = max(ttls[k], ttl)
-				continue
+		want, writes := model.Decide(u.micros(), s.states, first, second)
+		s.wrote(writes)
+		if err := s.check(s.compare(got, want)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// schedule is what the differential tests share: three keys under one hash
+// tag, two Specs a key (a deploy switches between them now and then), a
+// clock that the schedule moves, what the model says every key holds
+// (fields and TTL), and the last steps, for a failure's message.
+type schedule struct {
+	u         *miniEnv
+	rng       *rand.Rand
+	keys      []string
+	specs     map[string][2]admit.Spec
+	current   map[string]int // which of a key's two Specs is deployed
+	states    map[string]model.State
+	ttls      map[string]time.Duration
+	lastRetry time.Duration // the last Decision's, a moment worth stepping to
+	history   []string
+	// A short step forward is up to num/den of an interval.
+	num, den int64
+}
+
+// newSchedule flushes u, sets its clock to diffEpoch and draws each key's
+// two Specs: 1 ms to 2 s an interval, burst 1 to maxBurst.
+func newSchedule(u *miniEnv, rng *rand.Rand, prefix string, maxBurst int, num, den int64) *schedule {
+	u.srv.FlushAll()
+	u.now = diffEpoch
+	u.srv.SetTime(u.now)
+	s := &schedule{
+		u: u, rng: rng, keys: []string{prefix + "a", prefix + "b", prefix + "c"},
+		specs: map[string][2]admit.Spec{}, current: map[string]int{},
+		states: map[string]model.State{}, ttls: map[string]time.Duration{},
+		num: num, den: den,
+	}
+	for _, k := range s.keys {
+		var pair [2]admit.Spec
+		for i := range pair {
+			pair[i] = admit.MustSpec(admit.Every(time.Duration(1000+rng.Int64N(2_000_000))*time.Microsecond), 1+rng.IntN(maxBurst))
+		}
+		s.specs[k] = pair
+	}
+	return s
+}
+
+// deployed is the Spec key has now.
+func (s *schedule) deployed(key string) admit.Spec { return s.specs[key][s.current[key]] }
+
+// tick moves the clock, mostly forward by up to a short step, sometimes
+// exactly to the last RetryAfter (or 1 µs short), sometimes far, sometimes
+// back; forgets the keys the model says expired; and now and then deploys
+// one key's other Spec. It returns the clock's step.
+func (s *schedule) tick() time.Duration {
+	rng := s.rng
+	iv := s.specs[s.keys[rng.IntN(3)]][0].Interval()
+	var adv time.Duration
+	switch x := rng.IntN(100); {
+	case x < 15:
+	case x < 45:
+		adv = time.Duration(rng.Int64N(int64(iv)*s.num/s.den + 1))
+	case x < 60 && s.lastRetry > 0:
+		adv = s.lastRetry - time.Duration(rng.IntN(2))*time.Microsecond
+	case x < 70:
+		adv = time.Duration(rng.Int64N(int64(iv) * 15))
+	case x < 78:
+		adv = -time.Duration(rng.Int64N(int64(2 * time.Second)))
+	default:
+		adv = time.Duration(rng.Int64N(int64(2 * iv)))
+	}
+	adv = adv.Truncate(time.Microsecond)
+	s.u.advance(adv)
+	if adv > 0 { // miniredis, like Valkey, counts TTLs down only as the clock moves on
+		for k, ttl := range s.ttls {
+			if s.ttls[k] = ttl - adv; s.ttls[k] <= 0 {
+				delete(s.ttls, k)
+				delete(s.states, k)
 			}
-			states[k] = model.State{Tokens: w.Tokens, TS: w.TS}
-			ttls[k] = ttl
 		}
-		lastRetry = got.RetryAfter
-		var diffs []string
-		// The model's Decision is built outside package admit (its Allowed
-		// is false): compare the fields, and Allowed with Denied.
-		if got.Denied != want.Denied || got.RetryAfter != want.RetryAfter || got.Remaining != want.Remaining || got.Allowed() != (want.Denied == 0) {
-			diffs = append(diffs, fmt.Sprintf("decision %v %v, model denied %d retry %v remaining %v", got, got.Remaining, want.Denied, want.RetryAfter, want.Remaining))
+	}
+	if rng.IntN(100) < 3 { // a deploy changes one bucket's admit.Spec
+		k := s.keys[rng.IntN(3)]
+		s.current[k] = 1 - s.current[k]
+	}
+	return adv
+}
+
+// pick draws a first request and, two times in three, a second on another
+// key, each built by req.
+func (s *schedule) pick(req func(key string) admit.Request) (admit.Request, *admit.Request) {
+	i, j := s.rng.IntN(3), s.rng.IntN(3)
+	first, second := req(s.keys[i]), (*admit.Request)(nil)
+	if i != j && s.rng.IntN(3) > 0 {
+		r := req(s.keys[j])
+		second = &r
+	}
+	return first, second
+}
+
+// note records desc as the latest step.
+func (s *schedule) note(desc string) {
+	if s.history = append(s.history, desc); len(s.history) > 6 {
+		s.history = s.history[1:]
+	}
+}
+
+// wrote applies a decision's or a refund's writes to the model.
+func (s *schedule) wrote(writes map[string]model.Write) {
+	for k, w := range writes {
+		ttl := time.Duration(w.ExpireAtMs*1000-s.u.micros()) * time.Microsecond
+		if w.Keep { // a denial: fields as stored, the expiry only lengthened
+			s.ttls[k] = max(s.ttls[k], ttl)
+			continue
 		}
-		for _, k := range keys {
-			tk, ts := u.state(k)
-			st, ok := states[k]
-			wantTk, wantTs := "", ""
-			if ok {
-				wantTk, wantTs = strconv.FormatInt(st.Tokens, 10), strconv.FormatInt(st.TS, 10)
-			}
-			if tk != wantTk || ts != wantTs || u.srv.TTL(k) != ttls[k] {
-				diffs = append(diffs, fmt.Sprintf("%s: tokens %q ts %q TTL %v, model %q %q %v", k, tk, ts, u.srv.TTL(k), wantTk, wantTs, ttls[k]))
-			}
+		s.states[k] = model.State{Tokens: w.Tokens, TS: w.TS}
+		s.ttls[k] = ttl
+	}
+}
+
+// compare compares the script's Decision with the model's, and remembers
+// its RetryAfter as a moment worth stepping to. The model's Decision is
+// built outside package admit (its Allowed is false): compare the fields,
+// and Allowed with Denied.
+func (s *schedule) compare(got, want admit.Decision) (diffs []string) {
+	s.lastRetry = got.RetryAfter
+	if got.Denied != want.Denied || got.RetryAfter != want.RetryAfter || got.Remaining != want.Remaining || got.Allowed() != (want.Denied == 0) {
+		diffs = append(diffs, fmt.Sprintf("decision %v %v, model denied %d retry %v remaining %v", got, got.Remaining, want.Denied, want.RetryAfter, want.Remaining))
+	}
+	return diffs
+}
+
+// check compares every key's fields and TTL with the model's and returns,
+// with diffs, the error that shows the last steps; nil when all agree.
+func (s *schedule) check(diffs []string) error {
+	for _, k := range s.keys {
+		tk, ts := s.u.state(k)
+		st, ok := s.states[k]
+		wantTk, wantTs := "", ""
+		if ok {
+			wantTk, wantTs = strconv.FormatInt(st.Tokens, 10), strconv.FormatInt(st.TS, 10)
 		}
-		if len(diffs) > 0 {
-			return fmt.Errorf("the script and the model disagree after:\n\t%s\n%s", strings.Join(history, "\n\t"), strings.Join(diffs, "\n"))
+		if tk != wantTk || ts != wantTs || s.u.srv.TTL(k) != s.ttls[k] {
+			diffs = append(diffs, fmt.Sprintf("%s: tokens %q ts %q TTL %v, model %q %q %v", k, tk, ts, s.u.srv.TTL(k), wantTk, wantTs, s.ttls[k]))
 		}
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("the script and the model disagree after:\n\t%s\n%s", strings.Join(s.history, "\n\t"), strings.Join(diffs, "\n"))
 	}
 	return nil
 }
