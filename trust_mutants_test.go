@@ -36,6 +36,9 @@ var trustMutants = []struct {
 	// The shipped script reading a stored ts 1 µs late: the previous release's
 	// writes, read by this one, would drift during a rolling deploy.
 	{"ts-read-off-by-one", "tk, ts = tk + 0, ts + 0", "tk, ts = tk + 0, ts + 1", "^TestIntegrationRollingDeploy$"},
+	// A command more inside every decision: the server time the issue-12
+	// script saved, spent again.
+	{"time-read-twice", "local now = t[1] * 1000000 + t[2]\n", "local now = t[1] * 1000000 + t[2]\nredis.call('TIME')\n", "^TestIntegrationScriptCommands$"},
 	{"acl-read-refusal-as-server-error", "string.find(err, 'ACL', 1, true) or", "false and", "^TestIntegrationACL$"},
 }
 

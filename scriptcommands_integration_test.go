@@ -1,0 +1,93 @@
+package admit
+
+import (
+	"context"
+	"testing"
+
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestIntegrationScriptCommands counts, on a real server, the commands the
+// script runs inside each decision on buckets that exist: TIME once, one
+// HMGET a bucket read, HSET and PEXPIREAT for a bucket charged, PEXPIREAT
+// (GT) alone for a bucket denied, EXISTS never. These are the 0b7bc55
+// script's commands, less its HSET on a denied bucket: the floor under the
+// server time BENCHMARKS.md measures, and what a change to the script must
+// not quietly add to. A new bucket costs one EXISTS more.
+func TestIntegrationScriptCommands(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	ctx := context.Background()
+	l := New(c)
+	const calls = 10
+	type counts map[string]int64
+	for _, p := range scriptPaths() {
+		t.Run(p.name, func(t *testing.T) {
+			prefix := testserver.Prefix(t, c)
+			first := Request{Key: prefix + "first", Spec: p.first}
+			var second *Request
+			if p.second != nil {
+				second = &Request{Key: prefix + "second", Spec: *p.second}
+			}
+			decide := func() {
+				t.Helper()
+				d, err := l.AllowOrdered(ctx, first, second)
+				if err != nil || d.Denied != p.want {
+					t.Fatalf("%v, %v; want denied %d", d, err, p.want)
+				}
+			}
+			reset := func() {
+				t.Helper()
+				if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			inner := func() counts {
+				t.Helper()
+				got := counts{}
+				for name, st := range testserver.CommandStats(t, c) {
+					switch name {
+					case "time", "hmget", "hset", "pexpireat", "exists", "pexpire", "hgetall", "get", "set", "del":
+						got[name] = st.Calls
+					}
+				}
+				return got
+			}
+			buckets := int64(1)
+			if second != nil {
+				buckets = 2
+			}
+			// The first call, on new buckets, reads them all (EXISTS for
+			// each) and admits: a shut bucket starts with its one token.
+			reset()
+			if d, err := l.AllowOrdered(ctx, first, second); err != nil || !d.Allowed() {
+				t.Fatalf("first call: %v, %v; want allowed", d, err)
+			}
+			if got := inner()["exists"]; got != buckets {
+				t.Errorf("first call on new buckets: %d EXISTS, want %d", got, buckets)
+			}
+			reset()
+			for range calls {
+				decide()
+			}
+			want := counts{"time": calls, "hmget": calls * buckets}
+			charged, denied := int64(0), int64(0) // buckets a call charges, and denies
+			switch p.want {
+			case 0:
+				charged = buckets
+			case 1:
+				denied = 1
+			case 2:
+				charged, denied = 1, 1
+			}
+			if charged > 0 {
+				want["hset"] = calls * charged
+			}
+			want["pexpireat"] = calls * (charged + denied)
+			if diff := cmp.Diff(want, inner()); diff != "" {
+				t.Errorf("commands inside %d decisions (-want +got):\n%s", calls, diff)
+			}
+		})
+	}
+}
