@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -50,14 +51,14 @@ func BenchmarkScriptServerTime(b *testing.B) {
 	}
 	c := testserver.NewClient(b, srv)
 	ctx := context.Background()
-	type script struct {
+	type variant struct {
 		name string
 		sha  string
 		args func(...Spec) []string
 		// denied reads Decision.Denied from the script's reply.
 		denied func(valkey.ValkeyResult) (int64, error)
 	}
-	scripts := []*script{
+	variants := []*variant{
 		{name: "baseline-0b7bc55", args: baselineArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
 			arr, err := r.AsIntSlice() // {denied, retry}
 			if err != nil {
@@ -74,7 +75,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 		}},
 	}
 	for i, src := range []string{baselineScript, scriptSource} {
-		if scripts[i].sha, err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
+		if variants[i].sha, err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -85,8 +86,8 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				keys, args []string
 				check      func() error
 			}
-			runs := make([]run, len(scripts))
-			for i, s := range scripts {
+			runs := make([]run, len(variants))
+			for i, s := range variants {
 				keys, args := []string{prefix + s.name + ":first"}, s.args(p.first)
 				if p.second != nil {
 					keys, args = append(keys, prefix+s.name+":second"), s.args(p.first, *p.second)
@@ -95,7 +96,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 					cmd := c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 					denied, err := s.denied(c.Do(ctx, cmd))
 					if err == nil && denied != int64(p.want) {
-						err = &pathError{s.name, denied, int64(p.want)}
+						err = fmt.Errorf("%s: denied %d, want %d", s.name, denied, p.want)
 					}
 					return err
 				}}
@@ -106,24 +107,24 @@ func BenchmarkScriptServerTime(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			usec := make([][]float64, len(scripts)) // by script, a value a round
-			var ratios []float64                    // current/baseline, a value a round
+			usec := make([][]float64, len(variants)) // by script, a value a round
+			var ratios []float64                     // current/baseline, a value a round
 			round := 0
 			for b.Loop() {
-				for k := range scripts {
-					i := (k + round) % len(scripts)
+				for k := range variants {
+					i := (k + round) % len(variants)
 					if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
 						b.Fatal(err)
 					}
 					cmd := []string{"-h", host, "-p", port, "-c", "1", "-n", strconv.Itoa(scriptTimeCalls), "-q",
-						"EVALSHA", scripts[i].sha, strconv.Itoa(len(runs[i].keys))}
+						"EVALSHA", variants[i].sha, strconv.Itoa(len(runs[i].keys))}
 					cmd = append(append(cmd, runs[i].keys...), runs[i].args...)
 					if out, err := exec.Command(tool, cmd...).CombinedOutput(); err != nil {
 						b.Fatalf("%s: %v\n%s", tool, err, out)
 					}
 					st := testserver.CommandStats(b, c)["evalsha"]
 					if st.Calls != scriptTimeCalls || st.Failed != 0 {
-						b.Fatalf("%s: %d EVALSHA counted (%d failed), want %d", scripts[i].name, st.Calls, st.Failed, scriptTimeCalls)
+						b.Fatalf("%s: %d EVALSHA counted (%d failed), want %d", variants[i].name, st.Calls, st.Failed, scriptTimeCalls)
 					}
 					usec[i] = append(usec[i], float64(st.Usec)/float64(st.Calls))
 					if err := runs[i].check(); err != nil { // still on its path
@@ -133,18 +134,13 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				ratios = append(ratios, usec[1][round]/usec[0][round])
 				round++
 			}
-			for i, s := range scripts {
+			for i, s := range variants {
 				b.ReportMetric(median(usec[i]), s.name+"-server-µs/call")
 			}
 			b.ReportMetric(median(ratios), "current/baseline")
 			b.ReportMetric(slices.Max(ratios), "current/baseline-max")
 		})
 	}
-}
-
-type pathError struct {
-	script       string
-	denied, want int64
 }
 
 // median is the middle value of xs (the mean of the two middle ones for
@@ -155,10 +151,6 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func (e *pathError) Error() string {
-	return e.script + ": denied " + strconv.FormatInt(e.denied, 10) + ", want " + strconv.FormatInt(e.want, 10)
 }
 
 // benchmarkTool finds valkey-benchmark (or redis-benchmark) beside the

@@ -193,7 +193,7 @@ func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Reque
 	return d, err
 }
 
-// check refuses what can be known client-side: the checks run sends.
+// check refuses what can be known client-side, before anything is sent.
 func (l *Limiter) check(ctx context.Context, first Request, second *Request) error {
 	switch {
 	case l == nil || l.client == nil:
@@ -219,13 +219,7 @@ func (l *Limiter) run(ctx context.Context, mode string, first Request, second *R
 // that makes the decision once: the last key, with the window the last
 // argument.
 func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, second *Request, record string) (Decision, error) {
-	switch {
-	case l == nil || l.client == nil:
-		return Decision{}, invalidRequest("the Limiter has no client; build it with admit.New")
-	case ctx == nil:
-		return Decision{}, invalidRequest("nil context")
-	}
-	if err := checkRequest("first", first); err != nil {
+	if err := l.check(ctx, first, second); err != nil {
 		return Decision{}, err
 	}
 	// Keys and arguments share one backing array: up to 3 keys (the
@@ -236,9 +230,6 @@ func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, s
 	buf[3], buf[4], buf[5] = first.Spec.intervalArg, first.Spec.burstArg, costArg(first.cost())
 	nk, na := 1, 3
 	if second != nil {
-		if err := l.checkPair(first, *second); err != nil {
-			return Decision{}, err
-		}
 		buf[1] = second.Key
 		buf[6], buf[7], buf[8] = second.Spec.intervalArg, second.Spec.burstArg, costArg(second.cost())
 		nk, na = 2, 6
