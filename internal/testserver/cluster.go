@@ -152,7 +152,7 @@ func StartCluster(bin string, n int) (_ *Cluster, err error) {
 	}
 	var notReady error
 	for {
-		if notReady = clusterReady(ctx, clients, notReady); notReady == nil {
+		if notReady = clusterReady(ctx, clients, len(clients), notReady); notReady == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
@@ -173,10 +173,12 @@ func busPort(s *Server) string {
 }
 
 // clusterReady reports nil once every node says cluster_state:ok, knows
-// every other node, and serves a slot map with one range per node.
+// every other node, and serves a slot map with one range per primary;
+// clients are the primaries, then their replicas, if any: then every range
+// also lists its replica, and every replica's link to its primary is up.
 // last is the previous answer, kept when the deadline cuts a probe short.
-func clusterReady(ctx context.Context, clients []valkey.Client, last error) error {
-	for _, cl := range clients {
+func clusterReady(ctx context.Context, clients []valkey.Client, primaries int, last error) error {
+	for i, cl := range clients {
 		info, err := cl.Do(ctx, cl.B().ClusterInfo().Build()).ToString()
 		if ctx.Err() != nil && last != nil {
 			return last
@@ -192,8 +194,25 @@ func clusterReady(ctx context.Context, clients []valkey.Client, last error) erro
 		if err != nil {
 			return err
 		}
-		if len(slots) != len(clients) {
+		if len(slots) != primaries {
 			return errors.New("slot map not yet complete on every node")
+		}
+		if primaries == len(clients) {
+			continue
+		}
+		for _, s := range slots {
+			if f, _ := s.ToArray(); len(f) != 4 { // lo, hi, primary, one replica
+				return errors.New("a slot range without its replica")
+			}
+		}
+		if i >= primaries {
+			repl, err := cl.Do(ctx, cl.B().Info().Section("replication").Build()).ToString()
+			if err != nil {
+				return err
+			}
+			if f := InfoFields(repl); f["master_link_status"] != "up" {
+				return fmt.Errorf("replica link %s", f["master_link_status"])
+			}
 		}
 	}
 	return nil

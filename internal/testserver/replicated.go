@@ -2,7 +2,6 @@ package testserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -107,7 +106,7 @@ func StartReplicatedCluster(bin string, n int, nodeTimeout time.Duration) (_ *Re
 	}
 	var notReady error
 	for {
-		if notReady = replicatedReady(ctx, clients, n, notReady); notReady == nil {
+		if notReady = clusterReady(ctx, clients, n, notReady); notReady == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
@@ -115,42 +114,4 @@ func StartReplicatedCluster(bin string, n int, nodeTimeout time.Duration) (_ *Re
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func replicatedReady(ctx context.Context, clients []valkey.Client, n int, last error) error {
-	for i, cl := range clients {
-		info, err := cl.Do(ctx, cl.B().ClusterInfo().Build()).ToString()
-		if ctx.Err() != nil && last != nil {
-			return last
-		}
-		if err != nil {
-			return err
-		}
-		f := InfoFields(info)
-		if f["cluster_state"] != "ok" || f["cluster_known_nodes"] != strconv.Itoa(len(clients)) {
-			return fmt.Errorf("cluster_state:%s cluster_known_nodes:%s", f["cluster_state"], f["cluster_known_nodes"])
-		}
-		slots, err := cl.Do(ctx, cl.B().ClusterSlots().Build()).ToArray()
-		if err != nil {
-			return err
-		}
-		if len(slots) != n {
-			return errors.New("slot map not yet complete on every node")
-		}
-		for _, s := range slots {
-			if f, _ := s.ToArray(); len(f) != 4 { // lo, hi, primary, one replica
-				return errors.New("a slot range without its replica")
-			}
-		}
-		if i >= n {
-			repl, err := cl.Do(ctx, cl.B().Info().Section("replication").Build()).ToString()
-			if err != nil {
-				return err
-			}
-			if f := InfoFields(repl); f["master_link_status"] != "up" {
-				return fmt.Errorf("replica link %s", f["master_link_status"])
-			}
-		}
-	}
-	return nil
 }
