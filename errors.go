@@ -43,6 +43,13 @@ var (
 	// Class: not executed.
 	ErrCrossSlot = fmt.Errorf("%w: keys in different cluster hash slots", ErrInvalidRequest)
 
+	// ErrOnceIDReused: AllowOrderedOnce was called with an id whose record
+	// was made by a different request (another second key, bucket count,
+	// Spec or Cost) within OnceWindow. Nothing was taken. Use an id that
+	// names one unit of work. It also matches ErrInvalidRequest.
+	// Class: not executed.
+	ErrOnceIDReused = fmt.Errorf("%w: once id reused for a different request", ErrInvalidRequest)
+
 	// ErrWrongType: a bucket key holds a value that is not a hash. The
 	// script read every key before writing, so no key changed.
 	// Class: not executed.

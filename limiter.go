@@ -103,7 +103,17 @@ type Decision struct {
 	// decided is set on every Decision the server made, so that the zero
 	// Decision is not an admission.
 	decided bool
+	// replayed is set on a Decision that AllowOrderedOnce read back from
+	// its id's record: this call charged nothing.
+	replayed bool
 }
+
+// Replayed reports whether the Decision was made by an earlier call with
+// the same id and read back by [Limiter.AllowOrderedOnce]: this call
+// charged nothing. A caller that settles a reservation (Refund of the
+// unused part) settles only a Decision that is not Replayed, so that a
+// retry never refunds twice. It is false for every other call.
+func (d Decision) Replayed() bool { return d.replayed }
 
 // Allowed reports whether the request was admitted. It is false for the
 // zero Decision, which every error comes with.
