@@ -3,6 +3,8 @@ package admit
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -91,21 +93,102 @@ func TestDenialCacheBounded(t *testing.T) {
 	deny("b", time.Minute)
 	now = now.Add(2 * time.Second) // a has expired, b has not
 	deny("c", time.Minute)
-	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || c.len() != 2 {
-		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, c.len())
+	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || cacheLen(c) != 2 {
+		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, cacheLen(c))
 	}
 	deny("d", time.Minute) // all live: one goes
-	if c.len() != 2 {
-		t.Errorf("%d entries, want the size, 2", c.len())
+	if cacheLen(c) != 2 {
+		t.Errorf("%d entries, want the size, 2", cacheLen(c))
 	}
 	if _, ok := c.lookup(Request{Key: "d", Spec: spec}); !ok {
 		t.Error("the newest entry was evicted")
 	}
 	deny("d", time.Hour) // a key already cached is replaced, not added
-	if c.len() != 2 {
-		t.Errorf("%d entries after replacing d, want 2", c.len())
+	if cacheLen(c) != 2 {
+		t.Errorf("%d entries after replacing d, want 2", cacheLen(c))
 	}
 	if New(nil, WithDenialCache(0)).denials != nil || New(nil).denials != nil {
 		t.Error("the cache is on without WithDenialCache(size > 0)")
 	}
 }
+
+// TestDenialCacheFIFO: an add into a full cache evicts exactly one entry,
+// the oldest inserted, whatever the others hold, so an add touches O(1)
+// entries however large the cache; an expired entry met by a lookup is
+// dropped.
+func TestDenialCacheFIFO(t *testing.T) {
+	now := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
+	spec := MustSpec(Every(time.Second), 1)
+	deny := func(c *denialCache, key string, after time.Duration) {
+		c.add(Request{Key: key, Spec: spec}, now, Decision{Denied: 1, RetryAfter: after, Remaining: [2]int{0, -1}, decided: true})
+	}
+	key := func(i int) string { return "k" + strconv.Itoa(i) }
+	want := func(from, to int) []string { // keys from..to, sorted as cacheKeys sorts
+		var ks []string
+		for i := from; i <= to; i++ {
+			ks = append(ks, key(i))
+		}
+		slices.Sort(ks)
+		return ks
+	}
+
+	// Live entries: each add past the size evicts the oldest one.
+	c := newDenialCache(4)
+	c.now = func() time.Time { return now }
+	for i := range 4 {
+		deny(c, key(i), time.Hour)
+	}
+	for i := 4; i < 40; i++ {
+		deny(c, key(i), time.Hour)
+		if got := cacheKeys(c); !slices.Equal(got, want(i-3, i)) {
+			t.Fatalf("after adding %s to a full cache of 4: holds %v; want %v (the oldest, %s, evicted)", key(i), got, want(i-3, i), key(i-4))
+		}
+	}
+
+	// Expired entries: an add into a full cache still evicts one entry, the
+	// oldest, and touches none of the others.
+	const size = 1000
+	c = newDenialCache(size)
+	c.now = func() time.Time { return now }
+	for i := range size {
+		deny(c, key(i), time.Second)
+	}
+	now = now.Add(2 * time.Second) // every entry has expired
+	deny(c, "new", time.Hour)
+	if n := cacheLen(c); n != size {
+		t.Fatalf("after one add into a full cache of %d expired entries: %d entries held; want %d (one evicted, none scanned)", size, n, size)
+	}
+	if ks := cacheKeys(c); slices.Contains(ks, key(0)) || !slices.Contains(ks, "new") {
+		t.Errorf("after one add into a full cache: %s held %v, new held %v; want the oldest, %s, evicted, new held",
+			key(0), slices.Contains(ks, key(0)), slices.Contains(ks, "new"), key(0))
+	}
+	// A lookup that meets an expired entry drops it.
+	if _, ok := c.lookup(Request{Key: key(500), Spec: spec}); ok {
+		t.Errorf("an expired entry denied")
+	}
+	if ks := cacheKeys(c); len(ks) != size-1 || slices.Contains(ks, key(500)) {
+		t.Errorf("after a lookup of expired %s: %d entries, %s held %v; want %d, dropped", key(500), len(ks), key(500), slices.Contains(ks, key(500)), size-1)
+	}
+	// The dropped entry's place is reused in turn, never as a second entry.
+	for i := range size {
+		deny(c, "again"+strconv.Itoa(i), time.Hour)
+	}
+	if n := cacheLen(c); n != size {
+		t.Errorf("after %d more adds: %d entries; want the size, %d", size, n, size)
+	}
+}
+
+// cacheKeys returns the keys c holds, expired or not, sorted.
+func cacheKeys(c *denialCache) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ks := make([]string, 0, len(c.entries))
+	for k := range c.entries {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// cacheLen is the number of entries c holds, expired or not.
+func cacheLen(c *denialCache) int { return len(cacheKeys(c)) }
