@@ -1,17 +1,39 @@
 package admit
 
 import (
+	"hash/maphash"
 	"sync"
 	"time"
 )
 
 // denialCache remembers first-bucket denials until the refusing bucket can
 // hold the cost again, by the local monotonic clock.
+//
+// Every operation costs O(1): the cache is split into shards, each a
+// mutex, a map from key to slot, and a ring of slots in insertion order.
+// An add into a full shard evicts the shard's oldest slot; nothing is ever
+// scanned. A lookup that meets an expired entry drops it, leaving its slot
+// empty until the ring comes round to it.
 type denialCache struct {
-	mu      sync.Mutex
-	size    int
-	entries map[string]denial
-	now     func() time.Time // time.Now; tests move it
+	shards []denialShard
+	seed   maphash.Seed     // picks a key's shard, when there are several
+	now    func() time.Time // time.Now; tests move it
+}
+
+// denialShard is one part of a denialCache, holding at most size keys.
+type denialShard struct {
+	mu    sync.Mutex
+	size  int
+	index map[string]int // key -> its slot in slots
+	slots []denialSlot   // in insertion order: a ring from next once len(slots) == size
+	next  int            // once the ring is full, the oldest slot, the next to be reused
+	_     [64]byte       // keeps neighbouring shards' mutexes off one cache line
+}
+
+type denialSlot struct {
+	key  string
+	live bool // false: empty (never used, dropped or invalidated)
+	denial
 }
 
 type denial struct {
@@ -21,21 +43,64 @@ type denial struct {
 	remaining int
 }
 
+// Shards: at most maxDenialShards, and at least minDenialShardSize keys a
+// shard, so a small cache is one shard, evicting in exact insertion order.
+const (
+	maxDenialShards    = 16
+	minDenialShardSize = 256
+)
+
 func newDenialCache(size int) *denialCache {
-	return &denialCache{size: size, entries: make(map[string]denial, min(size, 1024)), now: time.Now}
+	n := 1
+	for n*2 <= maxDenialShards && n*2*minDenialShardSize <= size {
+		n *= 2
+	}
+	return newShardedDenialCache(size, n)
+}
+
+// newShardedDenialCache returns a cache of at most size keys in n shards
+// (n a power of two, at most size), whose sizes add up to size.
+func newShardedDenialCache(size, n int) *denialCache {
+	c := &denialCache{shards: make([]denialShard, n), seed: maphash.MakeSeed(), now: time.Now}
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.size = size / n
+		if i < size%n {
+			s.size++
+		}
+		s.index = make(map[string]int, min(s.size, 1024))
+		s.slots = make([]denialSlot, 0, min(s.size, 1024))
+	}
+	return c
+}
+
+// shard returns the shard that holds key.
+func (c *denialCache) shard(key string) *denialShard {
+	if len(c.shards) == 1 {
+		return &c.shards[0]
+	}
+	return &c.shards[maphash.String(c.seed, key)&uint64(len(c.shards)-1)]
 }
 
 // lookup returns the cached denial of r, if one is still in force.
 func (c *denialCache) lookup(r Request) (Decision, bool) {
 	now := c.now()
-	c.mu.Lock()
-	e, ok := c.entries[r.Key]
-	c.mu.Unlock()
-	if !ok || e.spec != r.Spec || e.cost != r.cost() {
+	s := c.shard(r.Key)
+	s.mu.Lock()
+	i, ok := s.index[r.Key]
+	if !ok {
+		s.mu.Unlock()
 		return Decision{}, false
 	}
+	e := s.slots[i].denial
 	left := e.until.Sub(now)
 	if left <= 0 {
+		s.drop(i)
+		s.mu.Unlock()
+		return Decision{}, false
+	}
+	s.mu.Unlock()
+	if e.spec != r.Spec || e.cost != r.cost() {
 		return Decision{}, false
 	}
 	left = (left + time.Microsecond - 1).Truncate(time.Microsecond) // whole µs, never short
@@ -44,31 +109,33 @@ func (c *denialCache) lookup(r Request) (Decision, bool) {
 
 // add records the server's first-bucket denial d of r, a request sent at
 // sent (read before sending, so the entry never outlives the server's
-// RetryAfter).
+// RetryAfter). A key already cached is replaced in its slot; a new key in
+// a full shard takes the slot of the shard's oldest entry.
 func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 	e := denial{spec: r.Spec, cost: r.cost(), until: sent.Add(d.RetryAfter), remaining: d.Remaining[0]}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.entries[r.Key]; !ok && len(c.entries) >= c.size {
-		now := c.now()
-		for k, old := range c.entries {
-			if !old.until.After(now) {
-				delete(c.entries, k)
-			}
-		}
-		for k := range c.entries {
-			if len(c.entries) < c.size {
-				break
-			}
-			delete(c.entries, k) // arbitrary: map order
+	s := c.shard(r.Key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[r.Key]; ok {
+		s.slots[i].denial = e
+		return
+	}
+	i := len(s.slots)
+	if i < s.size {
+		s.slots = append(s.slots, denialSlot{})
+	} else {
+		i = s.next
+		s.next = (i + 1) % s.size
+		if s.slots[i].live {
+			delete(s.index, s.slots[i].key)
 		}
 	}
-	c.entries[r.Key] = e
+	s.slots[i] = denialSlot{key: r.Key, live: true, denial: e}
+	s.index[r.Key] = i
 }
 
-// len is the number of entries, for tests.
-func (c *denialCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.entries)
+// drop empties slot i, which is live; s.mu is held.
+func (s *denialShard) drop(i int) {
+	delete(s.index, s.slots[i].key)
+	s.slots[i] = denialSlot{}
 }

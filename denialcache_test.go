@@ -79,8 +79,8 @@ func TestDenialCache(t *testing.T) {
 	}
 }
 
-// TestDenialCacheBounded: the cache holds at most its size, dropping
-// expired entries before evicting live ones.
+// TestDenialCacheBounded: the cache holds at most its size, and a key
+// already cached is replaced, not added.
 func TestDenialCacheBounded(t *testing.T) {
 	c := newDenialCache(2)
 	now := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -93,19 +93,19 @@ func TestDenialCacheBounded(t *testing.T) {
 	deny("b", time.Minute)
 	now = now.Add(2 * time.Second) // a has expired, b has not
 	deny("c", time.Minute)
-	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || cacheLen(c) != 2 {
-		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, cacheLen(c))
+	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || cacheLen(t, c) != 2 {
+		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, cacheLen(t, c))
 	}
 	deny("d", time.Minute) // all live: one goes
-	if cacheLen(c) != 2 {
-		t.Errorf("%d entries, want the size, 2", cacheLen(c))
+	if cacheLen(t, c) != 2 {
+		t.Errorf("%d entries, want the size, 2", cacheLen(t, c))
 	}
 	if _, ok := c.lookup(Request{Key: "d", Spec: spec}); !ok {
 		t.Error("the newest entry was evicted")
 	}
 	deny("d", time.Hour) // a key already cached is replaced, not added
-	if cacheLen(c) != 2 {
-		t.Errorf("%d entries after replacing d, want 2", cacheLen(c))
+	if cacheLen(t, c) != 2 {
+		t.Errorf("%d entries after replacing d, want 2", cacheLen(t, c))
 	}
 	if New(nil, WithDenialCache(0)).denials != nil || New(nil).denials != nil {
 		t.Error("the cache is on without WithDenialCache(size > 0)")
@@ -140,25 +140,26 @@ func TestDenialCacheFIFO(t *testing.T) {
 	}
 	for i := 4; i < 40; i++ {
 		deny(c, key(i), time.Hour)
-		if got := cacheKeys(c); !slices.Equal(got, want(i-3, i)) {
+		if got := cacheKeys(t, c); !slices.Equal(got, want(i-3, i)) {
 			t.Fatalf("after adding %s to a full cache of 4: holds %v; want %v (the oldest, %s, evicted)", key(i), got, want(i-3, i), key(i-4))
 		}
 	}
 
 	// Expired entries: an add into a full cache still evicts one entry, the
-	// oldest, and touches none of the others.
+	// oldest, and touches none of the others. (One shard, so one insertion
+	// order; the sharded cache is checked below.)
 	const size = 1000
-	c = newDenialCache(size)
+	c = newShardedDenialCache(size, 1)
 	c.now = func() time.Time { return now }
 	for i := range size {
 		deny(c, key(i), time.Second)
 	}
 	now = now.Add(2 * time.Second) // every entry has expired
 	deny(c, "new", time.Hour)
-	if n := cacheLen(c); n != size {
+	if n := cacheLen(t, c); n != size {
 		t.Fatalf("after one add into a full cache of %d expired entries: %d entries held; want %d (one evicted, none scanned)", size, n, size)
 	}
-	if ks := cacheKeys(c); slices.Contains(ks, key(0)) || !slices.Contains(ks, "new") {
+	if ks := cacheKeys(t, c); slices.Contains(ks, key(0)) || !slices.Contains(ks, "new") {
 		t.Errorf("after one add into a full cache: %s held %v, new held %v; want the oldest, %s, evicted, new held",
 			key(0), slices.Contains(ks, key(0)), slices.Contains(ks, "new"), key(0))
 	}
@@ -166,29 +167,78 @@ func TestDenialCacheFIFO(t *testing.T) {
 	if _, ok := c.lookup(Request{Key: key(500), Spec: spec}); ok {
 		t.Errorf("an expired entry denied")
 	}
-	if ks := cacheKeys(c); len(ks) != size-1 || slices.Contains(ks, key(500)) {
+	if ks := cacheKeys(t, c); len(ks) != size-1 || slices.Contains(ks, key(500)) {
 		t.Errorf("after a lookup of expired %s: %d entries, %s held %v; want %d, dropped", key(500), len(ks), key(500), slices.Contains(ks, key(500)), size-1)
 	}
 	// The dropped entry's place is reused in turn, never as a second entry.
 	for i := range size {
 		deny(c, "again"+strconv.Itoa(i), time.Hour)
 	}
-	if n := cacheLen(c); n != size {
+	if n := cacheLen(t, c); n != size {
 		t.Errorf("after %d more adds: %d entries; want the size, %d", size, n, size)
+	}
+
+	// A large cache is sharded by key: each shard holds the last keys added
+	// to it, up to its share of the size, and the shares add up to the size.
+	c = newDenialCache(size)
+	if len(c.shards) < 2 {
+		t.Fatalf("a cache of %d keys has %d shards; want several", size, len(c.shards))
+	}
+	added := make(map[*denialShard][]string)
+	total := 0
+	for i := range c.shards {
+		total += c.shards[i].size
+	}
+	if total != size {
+		t.Errorf("shard sizes add up to %d; want %d", total, size)
+	}
+	for i := range 3 * size {
+		k := "sharded" + strconv.Itoa(i)
+		deny(c, k, time.Hour)
+		added[c.shard(k)] = append(added[c.shard(k)], k)
+	}
+	var wantKeys []string
+	for i := range c.shards {
+		s := &c.shards[i]
+		wantKeys = append(wantKeys, added[s][max(0, len(added[s])-s.size):]...)
+	}
+	slices.Sort(wantKeys)
+	if got := cacheKeys(t, c); !slices.Equal(got, wantKeys) {
+		t.Errorf("sharded cache after %d adds: holds %d keys; want the %d last added to each shard", 3*size, len(got), len(wantKeys))
 	}
 }
 
-// cacheKeys returns the keys c holds, expired or not, sorted.
-func cacheKeys(c *denialCache) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ks := make([]string, 0, len(c.entries))
-	for k := range c.entries {
-		ks = append(ks, k)
+// cacheKeys returns the keys c holds, expired or not, sorted, after
+// checking that each shard's index and slots agree.
+func cacheKeys(tb testing.TB, c *denialCache) []string {
+	tb.Helper()
+	var ks []string
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		live := 0
+		for _, slot := range s.slots {
+			if slot.live {
+				live++
+			}
+		}
+		if live != len(s.index) || len(s.slots) > s.size {
+			tb.Fatalf("shard %d: %d live slots of %d (size %d), %d keys indexed; want one live slot a key, at most size slots", i, live, len(s.slots), s.size, len(s.index))
+		}
+		for k, slot := range s.index {
+			if s.slots[slot].key != k || !s.slots[slot].live {
+				tb.Fatalf("shard %d: key %s indexes slot %d, which holds %q (live %v)", i, k, slot, s.slots[slot].key, s.slots[slot].live)
+			}
+			ks = append(ks, k)
+		}
+		s.mu.Unlock()
 	}
 	slices.Sort(ks)
 	return ks
 }
 
 // cacheLen is the number of entries c holds, expired or not.
-func cacheLen(c *denialCache) int { return len(cacheKeys(c)) }
+func cacheLen(tb testing.TB, c *denialCache) int {
+	tb.Helper()
+	return len(cacheKeys(tb, c))
+}

@@ -26,10 +26,14 @@ func (f optionFunc) apply(l *Limiter) { f(l) }
 //   - never because of a Spec or Cost change: a call whose Spec or Cost
 //     differs from the cached one goes to the server.
 //
-// Expired entries are dropped when the cache is full, before anything is
-// evicted; then an arbitrary entry makes room. A cache lookup costs one
-// mutex and one map access. Use it where denials dominate: a retry storm,
-// an abusive client, a flood after an upstream 429.
+// When the cache is full, a new key takes the place of the oldest one
+// inserted (a key already cached is updated in place), and a lookup that
+// meets an expired entry drops it. A lookup or an insert costs O(1): one
+// mutex and one map access, however large the cache and whatever floods
+// it. A cache of 512 keys or more is split by a hash of the key into up to
+// 16 shards, each with its own mutex and its share of size, each evicting
+// its own oldest key. Use it where denials dominate: a retry storm, an
+// abusive client, a flood after an upstream 429.
 func WithDenialCache(size int) Option {
 	return optionFunc(func(l *Limiter) {
 		if size > 0 {
