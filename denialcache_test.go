@@ -242,3 +242,87 @@ func cacheLen(tb testing.TB, c *denialCache) int {
 	tb.Helper()
 	return len(cacheKeys(tb, c))
 }
+
+// TestDenialCacheRefund: a Limiter's own Refund drops its cached denials
+// of the refunded keys, first and second, so the next call goes to the
+// server, which holds the tokens again; and a denial of a request sent
+// before a refund is not cached, since the server may have answered it
+// before the refund ran.
+func TestDenialCacheRefund(t *testing.T) {
+	e := newUnitEnv(t)
+	rec := &recordingClient{Client: e.c}
+	l := New(rec, WithDenialCache(16))
+	local := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) // the local clock, moved by hand
+	l.denials.now = func() time.Time { return local }
+	ctx := context.Background()
+	slow := MustSpec(Every(2*time.Second), 1) // 1 per 2 s
+	call := func(first Request, second *Request) (Decision, int) {
+		t.Helper()
+		before := len(rec.cmds)
+		d, err := l.AllowOrdered(ctx, first, second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, len(rec.cmds) - before
+	}
+	// deny drains r's bucket and leaves its denial cached.
+	deny := func(r Request) {
+		t.Helper()
+		call(r, nil)
+		if d, sent := call(r, nil); d.Denied != 1 || sent != 1 {
+			t.Fatalf("%s: %v with %d commands; want the server's denial", r.Key, d, sent)
+		}
+		if d, sent := call(r, nil); d.Denied != 1 || sent != 0 {
+			t.Fatalf("%s: %v with %d commands; want a local denial", r.Key, d, sent)
+		}
+	}
+	refund := func(first Request, second *Request) {
+		t.Helper()
+		if err := l.Refund(ctx, first, second); err != nil {
+			t.Fatalf("Refund: %v", err)
+		}
+	}
+
+	// The refunded first key.
+	a := Request{Key: "dcr:{t}:a", Spec: slow}
+	deny(a)
+	refund(a, nil)
+	if d, sent := call(a, nil); !d.Allowed() || sent != 1 {
+		t.Errorf("after a Refund of %s: %v with %d commands; want the server's admission", a.Key, d, sent)
+	}
+
+	// The refunded second key, cached as the first key of its own denial.
+	b, c := Request{Key: "dcr:{t}:b", Spec: slow}, Request{Key: "dcr:{t}:c", Spec: slow}
+	deny(b)
+	deny(c)
+	refund(c, &b)
+	for _, r := range []Request{b, c} {
+		if d, sent := call(r, nil); !d.Allowed() || sent != 1 {
+			t.Errorf("after a Refund of %s and %s: %s %v with %d commands; want the server's admission", c.Key, b.Key, r.Key, d, sent)
+		}
+	}
+
+	// A denial sent before a refund, answered after it, is not cached.
+	d := Request{Key: "dcr:{t}:d", Spec: slow}
+	call(d, nil)
+	sent := l.denials.now()
+	local = local.Add(time.Millisecond)
+	refund(d, nil)
+	l.denials.add(d, sent, Decision{Denied: 1, RetryAfter: 2 * time.Second, Remaining: [2]int{0, -1}, decided: true})
+	if got, sent := call(d, nil); !got.Allowed() || sent != 1 {
+		t.Errorf("a denial sent before a Refund, added after it: %v with %d commands; want the server's admission", got, sent)
+	}
+	local = local.Add(time.Millisecond)
+	deny(Request{Key: "dcr:{t}:e", Spec: slow}) // denials sent after the refund are cached again
+
+	// A refund whose outcome is unknown may have run: the entry goes too.
+	f := Request{Key: "dcr:{t}:f", Spec: slow}
+	deny(f)
+	e.srv.Close()
+	if err := l.Refund(ctx, f, nil); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Refund with the server gone: %v; want ErrOutcomeUnknown", err)
+	}
+	if got, ok := l.denials.lookup(f); ok {
+		t.Errorf("after a Refund of %s whose outcome is unknown: cached %v; want no entry", f.Key, got)
+	}
+}
