@@ -30,7 +30,17 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // happened: refunding could hand out tokens that were never taken, so do
 // not refund (let the bucket refill on its own). Refund is not idempotent:
 // after ErrOutcomeUnknown from Refund itself, do not repeat it.
+//
+// With [WithDenialCache], once the refund has returned, whatever its outcome
+// (one whose outcome is unknown may have run), the Limiter holds no cached
+// denial of either key, and does not cache the denial of a call sent before
+// that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
+	if l == nil || l.denials == nil {
+		_, err := l.run(ctx, modeRefund, first, second)
+		return err
+	}
 	_, err := l.run(ctx, modeRefund, first, second)
+	l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
 	return err
 }

@@ -27,7 +27,11 @@ type denialShard struct {
 	index map[string]int // key -> its slot in slots
 	slots []denialSlot   // in insertion order: a ring from next once len(slots) == size
 	next  int            // once the ring is full, the oldest slot, the next to be reused
-	_     [64]byte       // keeps neighbouring shards' mutexes off one cache line
+	// dropped is when (local clock) an entry was last invalidated: the
+	// denial of a request sent no later is not cached, since the server may
+	// have answered it before the refund that invalidated.
+	dropped time.Time
+	_       [64]byte // keeps neighbouring shards' mutexes off one cache line
 }
 
 type denialSlot struct {
@@ -110,12 +114,16 @@ func (c *denialCache) lookup(r Request) (Decision, bool) {
 // add records the server's first-bucket denial d of r, a request sent at
 // sent (read before sending, so the entry never outlives the server's
 // RetryAfter). A key already cached is replaced in its slot; a new key in
-// a full shard takes the slot of the shard's oldest entry.
+// a full shard takes the slot of the shard's oldest entry. The denial of a
+// request sent no later than the shard's last invalidate is not recorded.
 func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 	e := denial{spec: r.Spec, cost: r.cost(), until: sent.Add(d.RetryAfter), remaining: d.Remaining[0]}
 	s := c.shard(r.Key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !sent.After(s.dropped) {
+		return
+	}
 	if i, ok := s.index[r.Key]; ok {
 		s.slots[i].denial = e
 		return
@@ -132,6 +140,32 @@ func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 	}
 	s.slots[i] = denialSlot{key: r.Key, live: true, denial: e}
 	s.index[r.Key] = i
+}
+
+// invalidate drops key's entry, if any, and keeps out the denials of
+// requests sent until now: tokens may have come back to key's bucket (a
+// Refund), so an earlier denial no longer holds.
+func (c *denialCache) invalidate(key string) {
+	now := c.now()
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[key]; ok {
+		s.drop(i)
+	}
+	if now.After(s.dropped) {
+		s.dropped = now
+	}
+}
+
+// refunded invalidates the keys that a refund of first and second gives
+// tokens back to. A denial is cached under the first key of its call,
+// which may be either key of the refund.
+func (c *denialCache) refunded(first Request, second *Request) {
+	c.invalidate(first.Key)
+	if second != nil {
+		c.invalidate(second.Key)
+	}
 }
 
 // drop empties slot i, which is live; s.mu is held.

@@ -22,7 +22,10 @@ func (f optionFunc) apply(l *Limiter) { f(l) }
 //   - when the local monotonic clock runs slower than the server's clock,
 //     by at most that rate difference times RetryAfter;
 //   - when another process refunds tokens to the bucket, or an operator
-//     deletes or edits the key, before r has passed;
+//     deletes or edits the key, before r has passed (this Limiter's own
+//     [Limiter.Refund], and so [Limiter.Wait]'s, drops the entries of the
+//     keys it refunds, unless a refund whose outcome is unknown runs on the
+//     server only after it has returned);
 //   - never because of a Spec or Cost change: a call whose Spec or Cost
 //     differs from the cached one goes to the server.
 //
