@@ -1,7 +1,6 @@
 package admit
 
 import (
-	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -9,19 +8,11 @@ import (
 // denialCache remembers first-bucket denials until the refusing bucket can
 // hold the cost again, by the local monotonic clock.
 //
-// Every operation costs O(1): the cache is split into shards, each a
-// mutex, a map from key to slot, and a ring of slots in insertion order.
-// An add into a full shard evicts the shard's oldest slot; nothing is ever
-// scanned. A lookup that meets an expired entry drops it, leaving its slot
-// empty until the ring comes round to it.
+// Every operation costs O(1): a map from key to slot, and a ring of slots
+// in insertion order, under one mutex. An add into a full cache evicts the
+// oldest slot; nothing is ever scanned. A lookup that meets an expired
+// entry drops it, leaving its slot empty until the ring comes round to it.
 type denialCache struct {
-	shards []denialShard
-	seed   maphash.Seed     // picks a key's shard, when there are several
-	now    func() time.Time // time.Now; tests move it
-}
-
-// denialShard is one part of a denialCache, holding at most size keys.
-type denialShard struct {
 	mu    sync.Mutex
 	size  int
 	index map[string]int // key -> its slot in slots
@@ -31,7 +22,7 @@ type denialShard struct {
 	// denial of a request sent no later is not cached, since the server may
 	// have answered it before the refund that invalidated.
 	dropped time.Time
-	_       [64]byte // keeps neighbouring shards' mutexes off one cache line
+	now     func() time.Time // time.Now; tests move it
 }
 
 type denialSlot struct {
@@ -47,63 +38,32 @@ type denial struct {
 	remaining int
 }
 
-// Shards: at most maxDenialShards, and at least minDenialShardSize keys a
-// shard, so a small cache is one shard, evicting in exact insertion order.
-const (
-	maxDenialShards    = 16
-	minDenialShardSize = 256
-)
-
 func newDenialCache(size int) *denialCache {
-	n := 1
-	for n*2 <= maxDenialShards && n*2*minDenialShardSize <= size {
-		n *= 2
+	return &denialCache{
+		size:  size,
+		index: make(map[string]int, min(size, 1024)),
+		slots: make([]denialSlot, 0, min(size, 1024)),
+		now:   time.Now,
 	}
-	return newShardedDenialCache(size, n)
-}
-
-// newShardedDenialCache returns a cache of at most size keys in n shards
-// (n a power of two, at most size), whose sizes add up to size.
-func newShardedDenialCache(size, n int) *denialCache {
-	c := &denialCache{shards: make([]denialShard, n), seed: maphash.MakeSeed(), now: time.Now}
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.size = size / n
-		if i < size%n {
-			s.size++
-		}
-		s.index = make(map[string]int, min(s.size, 1024))
-		s.slots = make([]denialSlot, 0, min(s.size, 1024))
-	}
-	return c
-}
-
-// shard returns the shard that holds key.
-func (c *denialCache) shard(key string) *denialShard {
-	if len(c.shards) == 1 {
-		return &c.shards[0]
-	}
-	return &c.shards[maphash.String(c.seed, key)&uint64(len(c.shards)-1)]
 }
 
 // lookup returns the cached denial of r, if one is still in force.
 func (c *denialCache) lookup(r Request) (Decision, bool) {
 	now := c.now()
-	s := c.shard(r.Key)
-	s.mu.Lock()
-	i, ok := s.index[r.Key]
+	c.mu.Lock()
+	i, ok := c.index[r.Key]
 	if !ok {
-		s.mu.Unlock()
+		c.mu.Unlock()
 		return Decision{}, false
 	}
-	e := s.slots[i].denial
+	e := c.slots[i].denial
 	left := e.until.Sub(now)
 	if left <= 0 {
-		s.drop(i)
-		s.mu.Unlock()
+		c.drop(i)
+		c.mu.Unlock()
 		return Decision{}, false
 	}
-	s.mu.Unlock()
+	c.mu.Unlock()
 	if e.spec != r.Spec || e.cost != r.cost() {
 		return Decision{}, false
 	}
@@ -114,32 +74,31 @@ func (c *denialCache) lookup(r Request) (Decision, bool) {
 // add records the server's first-bucket denial d of r, a request sent at
 // sent (read before sending, so the entry never outlives the server's
 // RetryAfter). A key already cached is replaced in its slot; a new key in
-// a full shard takes the slot of the shard's oldest entry. The denial of a
-// request sent no later than the shard's last invalidate is not recorded.
+// a full cache takes the slot of the oldest entry. The denial of a request
+// sent no later than the last invalidate is not recorded.
 func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 	e := denial{spec: r.Spec, cost: r.cost(), until: sent.Add(d.RetryAfter), remaining: d.Remaining[0]}
-	s := c.shard(r.Key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !sent.After(s.dropped) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !sent.After(c.dropped) {
 		return
 	}
-	if i, ok := s.index[r.Key]; ok {
-		s.slots[i].denial = e
+	if i, ok := c.index[r.Key]; ok {
+		c.slots[i].denial = e
 		return
 	}
-	i := len(s.slots)
-	if i < s.size {
-		s.slots = append(s.slots, denialSlot{})
+	i := len(c.slots)
+	if i < c.size {
+		c.slots = append(c.slots, denialSlot{})
 	} else {
-		i = s.next
-		s.next = (i + 1) % s.size
-		if s.slots[i].live {
-			delete(s.index, s.slots[i].key)
+		i = c.next
+		c.next = (i + 1) % c.size
+		if c.slots[i].live {
+			delete(c.index, c.slots[i].key)
 		}
 	}
-	s.slots[i] = denialSlot{key: r.Key, live: true, denial: e}
-	s.index[r.Key] = i
+	c.slots[i] = denialSlot{key: r.Key, live: true, denial: e}
+	c.index[r.Key] = i
 }
 
 // invalidate drops key's entry, if any, and keeps out the denials of
@@ -147,14 +106,13 @@ func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 // Refund), so an earlier denial no longer holds.
 func (c *denialCache) invalidate(key string) {
 	now := c.now()
-	s := c.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if i, ok := s.index[key]; ok {
-		s.drop(i)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i, ok := c.index[key]; ok {
+		c.drop(i)
 	}
-	if now.After(s.dropped) {
-		s.dropped = now
+	if now.After(c.dropped) {
+		c.dropped = now
 	}
 }
 
@@ -168,8 +126,8 @@ func (c *denialCache) refunded(first Request, second *Request) {
 	}
 }
 
-// drop empties slot i, which is live; s.mu is held.
-func (s *denialShard) drop(i int) {
-	delete(s.index, s.slots[i].key)
-	s.slots[i] = denialSlot{}
+// drop empties slot i, which is live; c.mu is held.
+func (c *denialCache) drop(i int) {
+	delete(c.index, c.slots[i].key)
+	c.slots[i] = denialSlot{}
 }

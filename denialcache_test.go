@@ -146,10 +146,9 @@ func TestDenialCacheFIFO(t *testing.T) {
 	}
 
 	// Expired entries: an add into a full cache still evicts one entry, the
-	// oldest, and touches none of the others. (One shard, so one insertion
-	// order; the sharded cache is checked below.)
+	// oldest, and touches none of the others.
 	const size = 1000
-	c = newShardedDenialCache(size, 1)
+	c = newDenialCache(size)
 	c.now = func() time.Time { return now }
 	for i := range size {
 		deny(c, key(i), time.Second)
@@ -177,61 +176,29 @@ func TestDenialCacheFIFO(t *testing.T) {
 	if n := cacheLen(t, c); n != size {
 		t.Errorf("after %d more adds: %d entries; want the size, %d", size, n, size)
 	}
-
-	// A large cache is sharded by key: each shard holds the last keys added
-	// to it, up to its share of the size, and the shares add up to the size.
-	c = newDenialCache(size)
-	if len(c.shards) < 2 {
-		t.Fatalf("a cache of %d keys has %d shards; want several", size, len(c.shards))
-	}
-	added := make(map[*denialShard][]string)
-	total := 0
-	for i := range c.shards {
-		total += c.shards[i].size
-	}
-	if total != size {
-		t.Errorf("shard sizes add up to %d; want %d", total, size)
-	}
-	for i := range 3 * size {
-		k := "sharded" + strconv.Itoa(i)
-		deny(c, k, time.Hour)
-		added[c.shard(k)] = append(added[c.shard(k)], k)
-	}
-	var wantKeys []string
-	for i := range c.shards {
-		s := &c.shards[i]
-		wantKeys = append(wantKeys, added[s][max(0, len(added[s])-s.size):]...)
-	}
-	slices.Sort(wantKeys)
-	if got := cacheKeys(t, c); !slices.Equal(got, wantKeys) {
-		t.Errorf("sharded cache after %d adds: holds %d keys; want the %d last added to each shard", 3*size, len(got), len(wantKeys))
-	}
 }
 
 // cacheKeys returns the keys c holds, expired or not, sorted, after
-// checking that each shard's index and slots agree.
+// checking that its index and slots agree.
 func cacheKeys(tb testing.TB, c *denialCache) []string {
 	tb.Helper()
-	var ks []string
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		live := 0
-		for _, slot := range s.slots {
-			if slot.live {
-				live++
-			}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	live := 0
+	for _, slot := range c.slots {
+		if slot.live {
+			live++
 		}
-		if live != len(s.index) || len(s.slots) > s.size {
-			tb.Fatalf("shard %d: %d live slots of %d (size %d), %d keys indexed; want one live slot a key, at most size slots", i, live, len(s.slots), s.size, len(s.index))
+	}
+	if live != len(c.index) || len(c.slots) > c.size {
+		tb.Fatalf("%d live slots of %d (size %d), %d keys indexed; want one live slot a key, at most size slots", live, len(c.slots), c.size, len(c.index))
+	}
+	ks := make([]string, 0, len(c.index))
+	for k, slot := range c.index {
+		if c.slots[slot].key != k || !c.slots[slot].live {
+			tb.Fatalf("key %s indexes slot %d, which holds %q (live %v)", k, slot, c.slots[slot].key, c.slots[slot].live)
 		}
-		for k, slot := range s.index {
-			if s.slots[slot].key != k || !s.slots[slot].live {
-				tb.Fatalf("shard %d: key %s indexes slot %d, which holds %q (live %v)", i, k, slot, s.slots[slot].key, s.slots[slot].live)
-			}
-			ks = append(ks, k)
-		}
-		s.mu.Unlock()
+		ks = append(ks, k)
 	}
 	slices.Sort(ks)
 	return ks

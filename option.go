@@ -31,12 +31,10 @@ func (f optionFunc) apply(l *Limiter) { f(l) }
 //
 // When the cache is full, a new key takes the place of the oldest one
 // inserted (a key already cached is updated in place), and a lookup that
-// meets an expired entry drops it. A lookup or an insert costs O(1): one
+// meets an expired entry drops it. A lookup or an insert costs O(1), one
 // mutex and one map access, however large the cache and whatever floods
-// it. A cache of 512 keys or more is split by a hash of the key into up to
-// 16 shards, each with its own mutex and its share of size, each evicting
-// its own oldest key. Use it where denials dominate: a retry storm, an
-// abusive client, a flood after an upstream 429.
+// it. Use it where denials dominate: a retry storm, an abusive client, a
+// flood after an upstream 429.
 func WithDenialCache(size int) Option {
 	return optionFunc(func(l *Limiter) {
 		if size > 0 {
