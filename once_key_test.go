@@ -40,7 +40,7 @@ func TestOnceKeySlot(t *testing.T) {
 		key := string(b)
 		rec, err := onceKey(key, "id{}")
 		if err != nil {
-			if hasHashTag(key) || !strings.Contains(key, "}") {
+			if _, tagged := slotPart(key); tagged || !strings.Contains(key, "}") {
 				t.Fatalf("onceKey(%q) refused: %v", key, err)
 			}
 			continue

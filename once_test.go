@@ -9,22 +9,24 @@ import (
 )
 
 // TestAllowOrderedOnce: the first call with an id decides and records;
-// the same id returns the recorded Decision and takes nothing; another id
-// decides anew; the record expires after OnceWindow.
+// the same id returns the recorded Decision, marked Replayed, and takes
+// nothing; another id decides anew; the record expires after OnceWindow.
 func TestAllowOrderedOnce(t *testing.T) {
 	e := newUnitEnv(t)
 	ctx := context.Background()
 	spec := MustSpec(Every(time.Second), 3)
 	std, shared := Request{Key: "o:{c}:std", Spec: spec}, Request{Key: "o:{c}:shared", Spec: spec, Cost: 2}
 	d1, err := e.l.AllowOrderedOnce(ctx, "msg-1", std, &shared)
-	if err != nil || !d1.Allowed() || d1.Remaining != [2]int{2, 1} {
+	if err != nil || !d1.Allowed() || d1.Replayed() || d1.Remaining != [2]int{2, 1} {
 		t.Fatalf("first call: %+v, %v; want allowed with Remaining [2 1]", d1, err)
 	}
 	before := e.srv.Dump()
 	for range 3 {
 		d, err := e.l.AllowOrderedOnce(ctx, "msg-1", std, &shared)
-		if err != nil || d != d1 {
-			t.Errorf("same id: %+v, %v; want the recorded %+v", d, err, d1)
+		replay := d1
+		replay.replayed = true
+		if err != nil || d != replay {
+			t.Errorf("same id: %+v, %v; want the recorded %+v, replayed", d, err, d1)
 		}
 	}
 	if after := e.srv.Dump(); after != before {
@@ -33,10 +35,11 @@ func TestAllowOrderedOnce(t *testing.T) {
 	if d, err := e.l.AllowOrderedOnce(ctx, "msg-2", std, &shared); err != nil || d.Denied != 2 || d.Remaining != [2]int{1, 1} {
 		t.Errorf("another id: %+v, %v; want a new decision, denied by the shared bucket", d, err)
 	}
-	// The record holds the reply and expires after OnceWindow.
-	rec := "o:{c}:std:once:msg-1"
-	if v, err := e.srv.Get(rec); err != nil || v != "0 0 2 1" {
-		t.Errorf("record %q = %q, %v; want \"0 0 2 1\"", rec, v, err)
+	// The record holds the reply and the request, and expires after
+	// OnceWindow.
+	rec := "o:{c}:std:once:msg-1:9"
+	if v, err := e.srv.Get(rec); err != nil || v != "0 0 2 1|1000000 3 1 1000000 3 2 o:{c}:shared" {
+		t.Errorf("record %q = %q, %v; want \"0 0 2 1|1000000 3 1 1000000 3 2 o:{c}:shared\"", rec, v, err)
 	}
 	if ttl := e.srv.TTL(rec); ttl != OnceWindow {
 		t.Errorf("record TTL %v, want OnceWindow (%v)", ttl, OnceWindow)
@@ -46,7 +49,7 @@ func TestAllowOrderedOnce(t *testing.T) {
 		t.Fatalf("record %q outlived OnceWindow", rec)
 	}
 	d, err := e.l.AllowOrderedOnce(ctx, "msg-1", std, nil)
-	if v, _ := e.srv.Get(rec); err != nil || d.Remaining != [2]int{2, -1} || v != "0 0 2 -1" {
+	if v, _ := e.srv.Get(rec); err != nil || d.Replayed() || d.Remaining != [2]int{2, -1} || v != "0 0 2 -1|1000000 3 1" {
 		t.Errorf("after the window: %+v, %v, record %q; want a new decision (std refilled, 2 left) recorded", d, err, v)
 	}
 }
