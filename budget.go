@@ -57,11 +57,9 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // denial of either key, and does not cache the denial of a call sent before
 // that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
-	if l == nil || l.denials == nil {
-		_, err := l.run(ctx, modeRefund, first, second)
-		return err
-	}
 	_, err := l.run(ctx, modeRefund, first, second)
-	l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
+	if l != nil && l.denials != nil {
+		l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
+	}
 	return err
 }
