@@ -107,7 +107,7 @@ var goMutants = []goMutant{
 		edits:   [][2]string{{`c.next = (i + 1) % c.size`, `c.next = i`}},
 		catcher: "TestDenialCacheFIFO"},
 	{name: "denial-cache-evicted-key-kept-in-index", file: "denialcache.go",
-		edits:   [][2]string{{`delete(c.index, c.slots[i].key)
+		edits: [][2]string{{`delete(c.index, c.slots[i].key)
 		}`, `}`}},
 		catcher: "TestDenialCacheFIFO"},
 	{name: "refund-keeps-second-key's-denial", file: "denialcache.go",
