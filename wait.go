@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -57,7 +58,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 				class: ErrNotExecuted, cause: context.DeadlineExceeded,
 			}
 		}
-		sleep := d.RetryAfter + rand.N(d.RetryAfter/10+1)
+		sleep := waitSleep(d.RetryAfter, untilDeadline(ctx), rand.N[time.Duration])
 		if timer == nil {
 			timer = time.NewTimer(sleep)
 		} else {
@@ -69,4 +70,23 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		case <-timer.C:
 		}
 	}
+}
+
+// noDeadline is untilDeadline's answer for a context without a deadline.
+const noDeadline = time.Duration(math.MaxInt64)
+
+// untilDeadline is the time left until ctx's deadline, or noDeadline.
+func untilDeadline(ctx context.Context) time.Duration {
+	if deadline, ok := ctx.Deadline(); ok {
+		return time.Until(deadline)
+	}
+	return noDeadline
+}
+
+// waitSleep is how long Wait sleeps after a denial with retryAfter, with
+// untilDeadline left until the context's deadline (noDeadline for none):
+// retryAfter plus a jitter drawn with rnd, which returns a duration in
+// [0, n) for n >= 1 (rand.N).
+func waitSleep(retryAfter, untilDeadline time.Duration, rnd func(n time.Duration) time.Duration) time.Duration {
+	return retryAfter + rnd(retryAfter/10+1)
 }

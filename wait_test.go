@@ -3,6 +3,8 @@ package admit
 import (
 	"context"
 	"errors"
+	"math"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -77,5 +79,70 @@ func TestWaitRefundsAfterSecondDenial(t *testing.T) {
 	}
 	if tk, _ := e.state(first.Key); tk != "1" {
 		t.Errorf("first bucket holds %q tokens after Wait gave up, want 1: its charge must be refunded", tk)
+	}
+}
+
+// TestWaitSleep: the sleep after a denial is never shorter than
+// RetryAfter, its jitter is at most 10% of RetryAfter, and when the token
+// comes before the deadline the jitter takes at most half of the slack
+// between them, so that the attempt is made before the deadline. Every
+// RetryAfter and time to the deadline up to 1,000 and 1,200 (in ns; the
+// function has no unit), and the extremes, with the lowest and the highest
+// draw. (Before the fix the jitter ignored the deadline: with a token 8 ms
+// before the deadline and RetryAfter 200 ms, it slept up to 12 ms past it.)
+func TestWaitSleep(t *testing.T) {
+	type draw struct {
+		name string
+		pick func(n time.Duration) time.Duration
+	}
+	draws := []draw{{"lowest", func(time.Duration) time.Duration { return 0 }}, {"highest", func(n time.Duration) time.Duration { return n - 1 }}}
+	var failures int
+	check := func(ra, ud time.Duration) {
+		for _, dr := range draws {
+			calls, badN := 0, time.Duration(0)
+			got := waitSleep(ra, ud, func(n time.Duration) time.Duration {
+				calls++
+				if n < 1 {
+					badN = n
+					return 0
+				}
+				return dr.pick(n)
+			})
+			var problem string
+			jitter := got - ra
+			switch {
+			case calls > 1 || badN != 0:
+				problem = "rnd called " + strconv.Itoa(calls) + " times, with n " + badN.String() + " (rand.N panics for n < 1)"
+			case got < ra:
+				problem = "sleeps less than RetryAfter"
+			case jitter > ra/10:
+				problem = "jitter above 10% of RetryAfter"
+			case ud != noDeadline && ud >= ra && jitter > (ud-ra)/2:
+				problem = "jitter above half the slack between the token and the deadline"
+			case dr.name == "highest" && (ud == noDeadline || (ud-ra)/2 >= ra/10) && ra <= math.MaxInt64-ra/10 && jitter != ra/10:
+				problem = "the highest draw, far from the deadline, is not 10% of RetryAfter"
+			}
+			if problem != "" {
+				if failures++; failures <= 10 {
+					t.Errorf("waitSleep(%d, %d, %s) = %d: %s", ra, ud, dr.name, got, problem)
+				}
+			}
+		}
+	}
+	for ra := time.Duration(0); ra <= 1000; ra++ {
+		for ud := time.Duration(0); ud <= 1200; ud++ {
+			check(ra, ud)
+		}
+		check(ra, noDeadline)
+	}
+	for _, ra := range []time.Duration{time.Second, 200 * time.Millisecond, time.Hour, math.MaxInt64 / 11 * 10, math.MaxInt64 - 1, math.MaxInt64} {
+		for _, ud := range []time.Duration{0, ra - 1, ra, ra + 1, ra + 8*time.Millisecond, 2 * ra, math.MaxInt64 - 1, noDeadline} {
+			if ud >= 0 {
+				check(ra, ud)
+			}
+		}
+	}
+	if failures > 10 {
+		t.Errorf("... and %d more", failures-10)
 	}
 }
