@@ -84,7 +84,7 @@ func TestWaitRefundsAfterSecondDenial(t *testing.T) {
 
 // TestWaitSleep: the sleep after a denial is never shorter than
 // RetryAfter, its jitter is at most 10% of RetryAfter, and when the token
-// comes before the deadline the jitter takes at most half of the slack
+// comes before the deadline the jitter takes at most a quarter of the slack
 // between them, so that the attempt is made before the deadline. Every
 // RetryAfter and time to the deadline up to 1,000 and 1,200 (in ns; the
 // function has no unit), and the extremes, with the lowest and the highest
@@ -117,9 +117,9 @@ func TestWaitSleep(t *testing.T) {
 				problem = "sleeps less than RetryAfter"
 			case jitter > ra/10:
 				problem = "jitter above 10% of RetryAfter"
-			case ud != noDeadline && ud >= ra && jitter > (ud-ra)/2:
-				problem = "jitter above half the slack between the token and the deadline"
-			case dr.name == "highest" && (ud == noDeadline || (ud-ra)/2 >= ra/10) && ra <= math.MaxInt64-ra/10 && jitter != ra/10:
+			case ud != noDeadline && ud >= ra && jitter > (ud-ra)/4:
+				problem = "jitter above a quarter of the slack between the token and the deadline"
+			case dr.name == "highest" && (ud == noDeadline || (ud-ra)/4 >= ra/10) && ra <= math.MaxInt64-ra/10 && jitter != ra/10:
 				problem = "the highest draw, far from the deadline, is not 10% of RetryAfter"
 			}
 			if problem != "" {
