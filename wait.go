@@ -10,7 +10,9 @@ import (
 
 // Wait blocks until AllowOrdered admits the requests, and returns that
 // Decision. Between attempts it sleeps the denial's RetryAfter plus up to
-// 10% of jitter, so that waiters do not wake in lockstep.
+// 10% of jitter, so that waiters do not wake in lockstep; with a deadline,
+// the jitter takes at most a quarter of the time between the token and the
+// deadline, so a token that comes before the deadline is tried for.
 //
 // It honours ctx: it returns ctx's error when ctx is done while sleeping,
 // and, like golang.org/x/time/rate, it returns at once, without sleeping,
@@ -51,14 +53,15 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 				}
 			}
 		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d.RetryAfter {
+		left := untilDeadline(ctx)
+		if left < d.RetryAfter {
 			return d, &callError{
 				msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
-					d.RetryAfter.String() + ", after the context's deadline (in " + time.Until(deadline).Round(time.Microsecond).String() + ")",
+					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")",
 				class: ErrNotExecuted, cause: context.DeadlineExceeded,
 			}
 		}
-		sleep := waitSleep(d.RetryAfter, untilDeadline(ctx), rand.N[time.Duration])
+		sleep := waitSleep(d.RetryAfter, left, rand.N[time.Duration])
 		if timer == nil {
 			timer = time.NewTimer(sleep)
 		} else {
@@ -86,7 +89,18 @@ func untilDeadline(ctx context.Context) time.Duration {
 // waitSleep is how long Wait sleeps after a denial with retryAfter, with
 // untilDeadline left until the context's deadline (noDeadline for none):
 // retryAfter plus a jitter drawn with rnd, which returns a duration in
-// [0, n) for n >= 1 (rand.N).
+// [0, n) for n >= 1 (rand.N). The jitter is at most 10% of retryAfter, so
+// that waiters in other processes do not wake in lockstep, and at most a
+// quarter of the slack between the token and the deadline, so that a token
+// that comes before the deadline is tried for with time to spare for the
+// round trip. The sum never overflows.
 func waitSleep(retryAfter, untilDeadline time.Duration, rnd func(n time.Duration) time.Duration) time.Duration {
-	return retryAfter + rnd(retryAfter/10+1)
+	most := min(retryAfter/10, math.MaxInt64-retryAfter)
+	if untilDeadline != noDeadline {
+		most = min(most, (untilDeadline-retryAfter)/4)
+	}
+	if most <= 0 {
+		return retryAfter
+	}
+	return retryAfter + rnd(most+1)
 }
