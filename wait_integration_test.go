@@ -75,3 +75,68 @@ func TestIntegrationWaitTokenBeforeDeadline(t *testing.T) {
 		t.Errorf("%d of %d Waits admitted, want all: the token came %v before each deadline; failures:\n%s", tries-len(failed), tries, margin, strings.Join(failed, "\n"))
 	}
 }
+
+// TestIntegrationWaitHerd: 32 goroutines Wait on one bucket through one
+// Limiter, each until admitted once, and the scripts the server ran
+// (commandstats: EVALSHA and EVAL) are counted per admission. Within one
+// Limiter only the head of the line polls the server: each admission costs
+// the head's first attempt, denied, and the attempt after its sleep,
+// admitted (with a second bucket that refuses, a refund of the first
+// bucket's charge too), with or without the denial cache. (Before, every
+// waiter slept its own RetryAfter and they woke together and raced: about
+// 17 scripts an admission.)
+func TestIntegrationWaitHerd(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	ctx := context.Background()
+	const waiters = 32
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		second  bool // the second bucket is the one that refuses
+		perWant int  // scripts per admission, at most
+	}{
+		{"one bucket", nil, false, 2},
+		{"one bucket, denial cache", []Option{WithDenialCache(16)}, false, 2},
+		{"second bucket refuses", nil, true, 3},
+		{"second bucket refuses, denial cache", []Option{WithDenialCache(16)}, true, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := New(c, tc.opts...)
+			p := testserver.Prefix(t, c)
+			slow := MustSpec(Every(20*time.Millisecond), 1)
+			first, second := Request{Key: p + "first", Spec: slow}, (*Request)(nil)
+			if tc.second {
+				first.Spec = MustSpec(MaxLimit, 1<<20)
+				second = &Request{Key: p + "second", Spec: slow}
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			before := testserver.CommandStats(t, c)
+			var wg sync.WaitGroup
+			var errs []string
+			var mu sync.Mutex
+			for range waiters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if d, err := l.Wait(wctx, first, second); err != nil || !d.Allowed() {
+						mu.Lock()
+						errs = append(errs, fmt.Sprintf("%v, %v", d, err))
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			after := testserver.CommandStats(t, c)
+			scripts := after["evalsha"].Calls + after["eval"].Calls - before["evalsha"].Calls - before["eval"].Calls
+			t.Logf("%d waiters, one Limiter: %d scripts for %d admissions, %.2f an admission", waiters, scripts, waiters-len(errs), float64(scripts)/float64(waiters-len(errs)))
+			if len(errs) != 0 {
+				t.Errorf("%d of %d Waits failed: %s", len(errs), waiters, strings.Join(errs, "; "))
+			}
+			if scripts > int64(tc.perWant*waiters) {
+				t.Errorf("%d scripts for %d admissions, want at most %d an admission", scripts, waiters, tc.perWant)
+			}
+		})
+	}
+}
