@@ -141,6 +141,7 @@ type Limiter struct {
 	script  *valkey.Lua  // EVALSHA: take and refund
 	peek    *valkey.Lua  // EVALSHA_RO: the same script, read-only
 	denials *denialCache // nil unless WithDenialCache
+	waits   waitLines    // Wait's lines, one a pair of keys waited on
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,

@@ -110,6 +110,9 @@ func TestIntegrationWaitHerd(t *testing.T) {
 				first.Spec = MustSpec(MaxLimit, 1<<20)
 				second = &Request{Key: p + "second", Spec: slow}
 			}
+			if _, err := l.AllowOrdered(ctx, Request{Key: p + "load", Spec: slow}, nil); err != nil { // the script is loaded: no NOSCRIPT and EVAL in the count
+				t.Fatal(err)
+			}
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			before := testserver.CommandStats(t, c)
@@ -136,6 +139,9 @@ func TestIntegrationWaitHerd(t *testing.T) {
 			}
 			if scripts > int64(tc.perWant*waiters) {
 				t.Errorf("%d scripts for %d admissions, want at most %d an admission", scripts, waiters, tc.perWant)
+			}
+			if n := l.waits.len(); n != 0 {
+				t.Errorf("%d lines left after every Wait returned, want 0", n)
 			}
 		})
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -144,5 +146,180 @@ func TestWaitSleep(t *testing.T) {
 	}
 	if failures > 10 {
 		t.Errorf("... and %d more", failures-10)
+	}
+}
+
+// waitUntil polls cond every millisecond, for 10 s at most.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10 s", what)
+		}
+	}
+}
+
+// lineState is the number of Waits in l's line for key and whether its
+// head has recorded a denial.
+func lineState(l *Limiter, key waitKey) (waiters int, denied bool) {
+	l.waits.mu.Lock()
+	defer l.waits.mu.Unlock()
+	if line := l.waits.lines[key]; line != nil {
+		return line.waiters, line.denial.ok
+	}
+	return 0, false
+}
+
+// TestWaitLine: the Waits of one Limiter on the same keys poll the server
+// one at a time: a script that denies every other call (1 ms) and logs
+// each call's Cost sees each Wait's two attempts side by side, 16 calls for
+// 8 Waits, and the line is gone once they return. (Without the line the
+// Waits raced and their attempts interleaved.)
+func TestWaitLine(t *testing.T) {
+	e := newUnitEnvScript(t, "redis.call('RPUSH', 'log', ARGV[3]) if redis.call('INCR', 'calls') % 2 == 1 then return '1 1000 0 -1' end return '0 0 0 -1'")
+	spec := MustSpec(Every(time.Second), 8)
+	const waiters = 8
+	var wg sync.WaitGroup
+	errs := make([]error, waiters)
+	for i := range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := e.l.Wait(context.Background(), Request{Key: "w", Spec: spec, Cost: i + 1}, nil)
+			if err == nil && !d.Allowed() {
+				err = errors.New("not admitted: " + d.String())
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Wait %d: %v", i, err)
+		}
+	}
+	log, err := e.srv.List("log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paired := len(log) == 2*waiters
+	for i := 0; paired && i < len(log); i += 2 {
+		paired = log[i] == log[i+1]
+	}
+	if !paired {
+		t.Errorf("the costs of the calls, in order: %q; want %d calls, each Wait's two side by side", log, 2*waiters)
+	}
+	if n := e.l.waits.len(); n != 0 {
+		t.Errorf("%d lines left after every Wait returned, want 0", n)
+	}
+}
+
+// TestWaitQueued: a Wait queued behind the head of its line sends nothing.
+// When its deadline comes before the token of the head's last denial of
+// the same requests, it returns at once with that denial, ErrNotExecuted
+// and DeadlineExceeded, whether that denial came before or after it
+// queued; otherwise it returns its context's error when the context ends.
+// Bad input is refused at once, not after the line. The line is gone once
+// every Wait has returned.
+func TestWaitQueued(t *testing.T) {
+	// Every call is denied by bucket 1 with the RetryAfter (µs) in key ra.
+	e := newUnitEnvScript(t, "redis.call('INCR', 'calls') return '1 ' .. (redis.call('GET', 'ra') or '1000') .. ' 0 -1'")
+	spec := MustSpec(Every(time.Second), 8)
+	r := Request{Key: "w", Spec: spec}
+	key := waitKey{first: "w"}
+	calls := func() string { s, _ := e.srv.Get("calls"); return s }
+	// The head: no deadline, cancelled at the end.
+	startHead := func(ra string) (cancel func()) {
+		t.Helper()
+		if err := e.srv.Set("ra", ra); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancelCtx := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := e.l.Wait(ctx, r, nil); done <- err }()
+		waitUntil(t, "the head's denial recorded", func() bool { _, denied := lineState(e.l, key); return denied })
+		return func() {
+			cancelCtx()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("the head: %v, want context.Canceled", err)
+			}
+		}
+	}
+
+	t.Run("deadline before the head's token: at once", func(t *testing.T) {
+		stop := startHead("3600000000") // 1 h
+		before := calls()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := e.l.Wait(ctx, r, nil)
+		if !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil ||
+			d.Denied != 1 || d.RetryAfter <= time.Hour-10*time.Second || d.RetryAfter > time.Hour || !strings.Contains(err.Error(), "this Wait sent nothing") {
+			t.Errorf("got %v, %v (ctx %v); want the head's 1 h denial, ErrNotExecuted and DeadlineExceeded before the deadline, saying it sent nothing", d, err, ctx.Err())
+		}
+		if got := calls(); got != before {
+			t.Errorf("calls %s, then %s: the queued Wait sent something", before, got)
+		}
+		stop()
+	})
+	t.Run("another Cost: queued until its context ends", func(t *testing.T) {
+		stop := startHead("3600000000")
+		before := calls()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		d, err := e.l.Wait(ctx, Request{Key: "w", Spec: spec, Cost: 2}, nil)
+		if !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() == nil || d.Allowed() ||
+			!strings.Contains(err.Error(), "queued") {
+			t.Errorf("got %v, %v (ctx %v); want ErrNotExecuted and the context's DeadlineExceeded, once it ended, saying it was queued", d, err, ctx.Err())
+		}
+		if got := calls(); got != before {
+			t.Errorf("calls %s, then %s: the queued Wait sent something", before, got)
+		}
+		stop()
+	})
+	t.Run("cancelled while queued", func(t *testing.T) {
+		stop := startHead("3600000000")
+		before := calls()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := e.l.Wait(ctx, r, nil); done <- err }()
+		waitUntil(t, "two Waits in the line", func() bool { n, _ := lineState(e.l, key); return n == 2 })
+		cancel()
+		if err := <-done; !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "queued") {
+			t.Errorf("got %v; want ErrNotExecuted and context.Canceled, saying it was queued", err)
+		}
+		if got := calls(); got != before {
+			t.Errorf("calls %s, then %s: the queued Wait sent something", before, got)
+		}
+		stop()
+	})
+	t.Run("the head's next denial moves the token past the deadline", func(t *testing.T) {
+		stop := startHead("1000") // the head polls every millisecond or so
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { _, err := e.l.Wait(ctx, r, nil); done <- err }()
+		waitUntil(t, "two Waits in the line", func() bool { n, _ := lineState(e.l, key); return n == 2 })
+		if err := e.srv.Set("ra", "3600000000"); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || !strings.Contains(err.Error(), "this Wait sent nothing") {
+			t.Errorf("got %v (ctx %v); want ErrNotExecuted and DeadlineExceeded before the deadline, saying it sent nothing", err, ctx.Err())
+		}
+		stop()
+	})
+	t.Run("bad input: refused at once", func(t *testing.T) {
+		stop := startHead("3600000000")
+		before := calls()
+		_, err := e.l.Wait(context.Background(), Request{Key: "w", Spec: spec, Cost: 9}, nil)
+		if !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("Cost above burst behind a head: %v, want ErrInvalidRequest at once", err)
+		}
+		if got := calls(); got != before {
+			t.Errorf("calls %s, then %s", before, got)
+		}
+		stop()
+	})
+	if n := e.l.waits.len(); n != 0 {
+		t.Errorf("%d lines left after every Wait returned, want 0", n)
 	}
 }
