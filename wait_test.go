@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 )
 
 // TestWait: Wait sleeps until admitted; returns at once, having sent one
@@ -66,22 +69,151 @@ func TestWait(t *testing.T) {
 // TestWaitRefundsAfterSecondDenial: an attempt the second bucket refuses
 // charges the first bucket (the ordered transitions); Wait gives that charge
 // back before it sleeps or gives up, so only the admitted attempt costs
-// anything. (Before the fix, each refused attempt left the first bucket
-// charged, and the deadline error still said nothing was taken.)
+// anything. The error then says what happened: two scripts ran, the first
+// bucket's charge was refunded (capped at its burst) and its key written,
+// no token stays taken. Class ErrNotExecuted (a retry is safe). Checked
+// exactly: the commands sent, the error's text and class, the first
+// bucket's fields (as they were, the part-token kept in ts) and its new
+// expiry, the second bucket untouched. (Before the fix, each refused
+// attempt left the first bucket charged; then the error still read as if
+// nothing had run: "admit: Wait: bucket 2 holds the request's Cost only in
+// 1h0m0s, after the context's deadline (in 1s): context deadline
+// exceeded".)
 func TestWaitRefundsAfterSecondDenial(t *testing.T) {
-	e := newUnitEnv(t)
-	spec := MustSpec(Every(time.Hour), 1)
-	first, second := Request{Key: "w:{x}:a", Spec: spec}, Request{Key: "w:{x}:b", Spec: spec}
-	e.allow(t, second, nil) // the second bucket is empty for an hour
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	d, err := e.l.Wait(ctx, first, &second)
-	if d.Denied != 2 || !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v, %v; want the second bucket's denial, ErrNotExecuted and DeadlineExceeded", d, err)
+	const wrote = "; 2 scripts ran: the attempt charged the first bucket its Cost before the second bucket refused, " +
+		"and a refund gave it back, capped at the first bucket's burst; the first bucket's key was written, " +
+		"but no token stays taken, so a retry is safe"
+	setup := func(t *testing.T) (e *unitEnv, rec *lockedRecorder, l *Limiter, first, second Request, secondDump string) {
+		e = newUnitEnv(t)
+		first = Request{Key: "w:{x}:a", Spec: MustSpec(Every(time.Second), 5), Cost: 2}
+		second = Request{Key: "w:{x}:b", Spec: MustSpec(Every(time.Hour), 1)}
+		e.allow(t, second, nil) // the second bucket is empty for an hour; the script is loaded
+		// The first bucket holds 3 tokens and half a token's refill, and
+		// no expiry.
+		e.srv.HSet(first.Key, "tokens", "3", "ts", strconv.FormatInt(e.micros()-500_000, 10))
+		if ttl := e.srv.TTL(first.Key); ttl != 0 {
+			t.Fatalf("first bucket TTL %v, want none", ttl)
+		}
+		rec = &lockedRecorder{Client: e.c}
+		return e, rec, newLimiter(rec, e.l.script), first, second, bucketDump(e, second.Key)
 	}
-	if tk, _ := e.state(first.Key); tk != "1" {
-		t.Errorf("first bucket holds %q tokens after Wait gave up, want 1: its charge must be refunded", tk)
+	check := func(t *testing.T, e *unitEnv, rec *lockedRecorder, first, second Request, secondDump string) {
+		t.Helper()
+		cmds := rec.sent()
+		if len(cmds) != 2 || cmds[0][0] != "EVALSHA" || cmds[1][0] != "EVALSHA" || cmds[1][len(cmds[1])-1] != modeRefund {
+			t.Errorf("commands sent: %q; want 2 scripts: the attempt, then the first bucket's refund", cmds)
+		}
+		wantTS := strconv.FormatInt(e.micros()-500_000, 10)
+		if tk, ts := e.state(first.Key); tk != "3" || ts != wantTS {
+			t.Errorf("first bucket: tokens %q ts %q; want its 3 tokens back and ts %s (the part-token kept)", tk, ts, wantTS)
+		}
+		if ttl := e.srv.TTL(first.Key); ttl != 5*time.Second { // PEXPIREAT now + burst × interval: the key was written
+			t.Errorf("first bucket TTL %v, want 5s (written by the charge and the refund)", ttl)
+		}
+		if got := bucketDump(e, second.Key); got != secondDump {
+			t.Errorf("second bucket changed:\nbefore %s\nafter  %s", secondDump, got)
+		}
 	}
+	t.Run("deadline before the token", func(t *testing.T) {
+		e, rec, l, first, second, secondDump := setup(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := l.Wait(ctx, first, &second)
+		if want := (Decision{Denied: 2, RetryAfter: time.Hour, Remaining: [2]int{1, 0}, decided: true}); d != want {
+			t.Errorf("Decision %+v, want %+v (the attempt's denial)", d, want)
+		}
+		if !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOutcomeUnknown) {
+			t.Errorf("error %v; want ErrNotExecuted and DeadlineExceeded, not ErrOutcomeUnknown", err)
+		}
+		msg := ""
+		if err != nil {
+			msg = regexp.MustCompile(`\(in [^)]*\)`).ReplaceAllString(err.Error(), "(in …)")
+		}
+		if want := "admit: Wait: bucket 2 holds the request's Cost only in 1h0m0s, after the context's deadline (in …)" + wrote + ": context deadline exceeded"; msg != want {
+			t.Errorf("error text\n%s\nwant\n%s", msg, want)
+		}
+		check(t, e, rec, first, second, secondDump)
+	})
+	t.Run("context ended while sleeping", func(t *testing.T) {
+		e, rec, l, first, second, secondDump := setup(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := l.Wait(ctx, first, &second); done <- err }()
+		waitUntil(t, "the denial recorded", func() bool { _, denied := lineState(l, waitKey{first.Key, second.Key}); return denied })
+		cancel()
+		err := <-done
+		if !errors.Is(err, ErrNotExecuted) || !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+			t.Errorf("error %v; want ErrNotExecuted and context.Canceled, not ErrOutcomeUnknown", err)
+		}
+		if want := "admit: Wait: the context ended while waiting for a token" + wrote + ": context canceled"; err == nil || err.Error() != want {
+			t.Errorf("error text\n%v\nwant\n%s", err, want)
+		}
+		check(t, e, rec, first, second, secondDump)
+	})
+	t.Run("several attempts refused", func(t *testing.T) {
+		// A script that stands for the buckets: the second refuses with
+		// the RetryAfter (µs) in key ra, and a refund counts itself. Set ra
+		// to an hour once three refunds ran, and cancel once the Wait sleeps
+		// on it, not while a script is in flight.
+		e := newUnitEnvScript(t, "if ARGV[#ARGV] == 'r' then redis.call('INCR', 'refunds') return '0 0 3 -1' end "+
+			"return '2 ' .. (redis.call('GET', 'ra') or '1000') .. ' 1 0'")
+		first, second := Request{Key: "w:{x}:a", Spec: MustSpec(Every(time.Second), 5), Cost: 2}, Request{Key: "w:{x}:b", Spec: MustSpec(Every(time.Hour), 1)}
+		e.allow(t, first, &second) // the script is loaded: EVALSHA only from here
+		rec := &lockedRecorder{Client: e.c}
+		l := newLimiter(rec, e.l.script)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := l.Wait(ctx, first, &second); done <- err }()
+		waitUntil(t, "3 refunds run", func() bool { s, _ := e.srv.Get("refunds"); n, _ := strconv.Atoi(s); return n >= 3 })
+		if err := e.srv.Set("ra", "3600000000"); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the Wait asleep for an hour", func() bool { return lineRetryAfter(l, waitKey{first.Key, second.Key}) == time.Hour })
+		cancel()
+		err := <-done
+		cmds := rec.sent()
+		attempts := len(cmds) / 2
+		want := "admit: Wait: the context ended while waiting for a token; 2 scripts ran for each of the " + strconv.Itoa(attempts) +
+			" attempts the second bucket refused: each charged the first bucket its Cost, and a refund gave it back, capped at " +
+			"the first bucket's burst; the first bucket's key was written, but no token stays taken, so a retry is safe: context canceled"
+		if !errors.Is(err, ErrNotExecuted) || err.Error() != want {
+			t.Errorf("error\n%v\nwant ErrNotExecuted and\n%s", err, want)
+		}
+		for i, cmd := range cmds {
+			if refund := cmd[len(cmd)-1] == modeRefund; cmd[0] != "EVALSHA" || refund != (i%2 == 1) || len(cmds)%2 != 0 || attempts < 4 {
+				t.Errorf("scripts sent: %q; want at least 4 attempts, each followed by its refund", cmds)
+				break
+			}
+		}
+	})
+}
+
+// lockedRecorder records the commands sent through it (Do), for a test
+// that reads them while a Wait runs.
+type lockedRecorder struct {
+	valkey.Client
+	mu   sync.Mutex
+	cmds [][]string
+}
+
+func (r *lockedRecorder) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	r.mu.Lock()
+	r.cmds = append(r.cmds, append([]string(nil), cmd.Commands()...))
+	r.mu.Unlock()
+	return r.Client.Do(ctx, cmd)
+}
+
+// sent returns the commands sent so far.
+func (r *lockedRecorder) sent() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]string(nil), r.cmds...)
+}
+
+// bucketDump is a bucket's fields and expiry, as text.
+func bucketDump(e *unitEnv, key string) string {
+	tk, ts := e.state(key)
+	return "tokens=" + tk + " ts=" + ts + " ttl=" + e.srv.TTL(key).String()
 }
 
 // TestWaitSleep: the sleep after a denial is never shorter than
@@ -168,6 +300,17 @@ func lineState(l *Limiter, key waitKey) (waiters int, denied bool) {
 		return line.waiters, line.denial.ok
 	}
 	return 0, false
+}
+
+// lineRetryAfter is the RetryAfter of the last denial the head of l's
+// line for key recorded, 0 for none.
+func lineRetryAfter(l *Limiter, key waitKey) time.Duration {
+	l.waits.mu.Lock()
+	defer l.waits.mu.Unlock()
+	if line := l.waits.lines[key]; line != nil && line.denial.ok {
+		return line.denial.d.RetryAfter
+	}
+	return 0
 }
 
 // TestWaitLine: the Waits of one Limiter on the same keys poll the server
