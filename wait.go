@@ -39,7 +39,14 @@ import (
 // (the ordered transitions); Wait refunds that charge (one more round trip)
 // before it sleeps or gives up, so only the admitted attempt costs
 // anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
-// refund's error: the first bucket may stay charged.
+// refund's error: the first bucket may stay charged. When it succeeds and
+// Wait then gives up (the deadline, or ctx ended), the error is still
+// ErrNotExecuted, because no token stays taken and a retry is safe, but it
+// is not proof that nothing was written: each such attempt and its refund
+// ran two scripts, which wrote the first bucket's key (its tokens back,
+// capped at its burst, and its expiry), and the error's text says so. The
+// Decision that comes with a deadline error is the last attempt's, whose
+// Remaining for the first bucket is from before the refund.
 //
 // An attempt that fails is never repeated: Wait returns its error as
 // AllowOrdered gave it, so an attempt whose outcome is unknown
@@ -67,6 +74,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 			timer.Stop()
 		}
 	}()
+	refunds := 0 // attempts the second bucket refused, each refunded
 	for {
 		sent := time.Now()
 		d, err := l.AllowOrdered(ctx, first, second)
@@ -84,13 +92,14 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 					class: ErrOutcomeUnknown, cause: err,
 				}
 			}
+			refunds++
 		}
 		l.waits.record(line, first, second, d, sent.Add(d.RetryAfter))
 		left := untilDeadline(ctx)
 		if left < d.RetryAfter {
 			return d, &callError{
 				msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
-					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")",
+					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")" + refunded(refunds),
 				class: ErrNotExecuted, cause: context.DeadlineExceeded,
 			}
 		}
@@ -102,10 +111,24 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		}
 		select {
 		case <-ctx.Done():
-			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token", class: ErrNotExecuted, cause: ctx.Err()}
+			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token" + refunded(refunds), class: ErrNotExecuted, cause: ctx.Err()}
 		case <-timer.C:
 		}
 	}
+}
+
+// refunded is what Wait's error adds after n attempts that the second
+// bucket refused, each of which charged the first bucket and was refunded:
+// nothing when n is 0.
+func refunded(n int) string {
+	const back = " gave it back, capped at the first bucket's burst; the first bucket's key was written, but no token stays taken, so a retry is safe"
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return "; 2 scripts ran: the attempt charged the first bucket its Cost before the second bucket refused, and a refund" + back
+	}
+	return "; 2 scripts ran for each of the " + strconv.Itoa(n) + " attempts the second bucket refused: each charged the first bucket its Cost, and a refund" + back
 }
 
 // noDeadline is untilDeadline's answer for a context without a deadline.
