@@ -1,6 +1,10 @@
 package admit
 
-import "context"
+import (
+	"context"
+	"errors"
+	"strings"
+)
 
 // Peek returns the Decision that AllowOrdered would return now for the same
 // requests, Remaining included, and takes nothing: it writes no key and
@@ -10,11 +14,28 @@ import "context"
 // fresh as the replica.
 //
 // A Peek is advice, not a reservation: another caller may take the tokens
-// before a following AllowOrdered. Errors are classed as for AllowOrdered;
-// since a Peek writes nothing, retrying one after ErrOutcomeUnknown is
-// safe.
+// before a following AllowOrdered. Since a Peek writes nothing, every error
+// it returns is [ErrNotExecuted], even one whose reason is a lost reply or
+// [ErrBadReply]: nothing was taken, and a retry is safe.
+//
+// On a server that refuses TIME in a read-only script (miniredis, the
+// embedded server of unit tests), Peek runs the same script through
+// EVALSHA instead, in the same read-only mode, which writes nothing; the
+// Limiter remembers that and goes straight there afterwards.
 func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
-	return l.run(ctx, modePeek, first, second)
+	d, err := l.run(ctx, modePeek, first, second)
+	if err == nil || !errors.Is(err, ErrOutcomeUnknown) {
+		return d, err
+	}
+	e := &callError{msg: "admit: Peek failed; a Peek writes nothing, so nothing was taken and a retry is safe", class: ErrNotExecuted, cause: err}
+	var ce *callError
+	if errors.As(err, &ce) {
+		e.reason, e.cause = ce.reason, ce.cause
+		if e.cause == nil { // a bad reply: its message is the detail
+			e.msg += ": " + strings.TrimPrefix(ce.msg, "admit: ")
+		}
+	}
+	return Decision{}, e
 }
 
 // Refund gives each Request's Cost back to its bucket, capped at the
@@ -30,7 +51,15 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // happened: refunding could hand out tokens that were never taken, so do
 // not refund (let the bucket refill on its own). Refund is not idempotent:
 // after ErrOutcomeUnknown from Refund itself, do not repeat it.
+//
+// With [WithDenialCache], once the refund has returned, whatever its outcome
+// (one whose outcome is unknown may have run), the Limiter holds no cached
+// denial of either key, and does not cache the denial of a call sent before
+// that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
 	_, err := l.run(ctx, modeRefund, first, second)
+	if l != nil && l.denials != nil {
+		l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
+	}
 	return err
 }
