@@ -186,6 +186,21 @@ func TestWaitRefundsAfterSecondDenial(t *testing.T) {
 			}
 		}
 	})
+	t.Run("an attempt that did not run, after a refund", func(t *testing.T) {
+		// The second attempt fails with WRONGTYPE: ErrNotExecuted for that
+		// attempt, but the first attempt and its refund wrote.
+		e := newUnitEnvScript(t, "if ARGV[#ARGV] == 'r' then return '0 0 3 -1' end "+
+			"if redis.call('INCR', 'takes') == 1 then return '2 1000 1 0' end "+
+			"return redis.error_reply('WRONGTYPE admit: bucket 1 key holds a value that is not a hash')")
+		first, second := Request{Key: "w:{x}:a", Spec: MustSpec(Every(time.Second), 5), Cost: 2}, Request{Key: "w:{x}:b", Spec: MustSpec(Every(time.Hour), 1)}
+		d, err := e.l.Wait(context.Background(), first, &second)
+		want := "admit: Wait: an attempt did not run; before it, 2 scripts ran: an attempt charged the first bucket its Cost before " +
+			"the second bucket refused, and a refund gave it back, capped at the first bucket's burst; the first bucket's key was written, " +
+			"but no token stays taken, so a retry is safe: admit: bucket 1 key holds a value that is not a hash"
+		if d.Allowed() || !errors.Is(err, ErrNotExecuted) || !errors.Is(err, ErrWrongType) || errors.Is(err, ErrOutcomeUnknown) || err.Error() != want {
+			t.Errorf("got %v,\n%v\nwant ErrNotExecuted, ErrWrongType and\n%s", d, err, want)
+		}
+	})
 }
 
 // lockedRecorder records the commands sent through it (Do), for a test
