@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -40,16 +41,18 @@ import (
 // before it sleeps or gives up, so only the admitted attempt costs
 // anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
 // refund's error: the first bucket may stay charged. When it succeeds and
-// Wait then gives up (the deadline, or ctx ended), the error is still
-// ErrNotExecuted, because no token stays taken and a retry is safe, but it
-// is not proof that nothing was written: each such attempt and its refund
-// ran two scripts, which wrote the first bucket's key (its tokens back,
-// capped at its burst, and its expiry), and the error's text says so. The
-// Decision that comes with a deadline error is the last attempt's, whose
-// Remaining for the first bucket is from before the refund.
+// Wait then gives up (the deadline, ctx ended, or a later attempt did not
+// run), the error is still ErrNotExecuted, because no token stays taken and
+// a retry is safe, but it is not proof that nothing was written: each such
+// attempt and its refund ran two scripts, which wrote the first bucket's
+// key (its tokens back, capped at its burst, and its expiry), and the
+// error's text says so. The Decision that comes with a deadline error is
+// the last attempt's, whose Remaining for the first bucket is from before
+// the refund.
 //
 // An attempt that fails is never repeated: Wait returns its error as
-// AllowOrdered gave it, so an attempt whose outcome is unknown
+// AllowOrdered gave it (a not-executed one after refunded attempts says
+// what those wrote, as above), so an attempt whose outcome is unknown
 // (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
 // long as the buckets keep refusing.
 func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
@@ -80,6 +83,10 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		d, err := l.AllowOrdered(ctx, first, second)
 		if err != nil || d.Allowed() {
 			l.waits.forget(line)
+			if err != nil && refunds > 0 && errors.Is(err, ErrNotExecuted) {
+				// This attempt did not run, but earlier ones wrote.
+				err = &callError{msg: "admit: Wait: an attempt did not run" + refunded(refunds, true), class: ErrNotExecuted, cause: err}
+			}
 			return d, err
 		}
 		if d.Denied == 2 {
@@ -99,7 +106,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		if left < d.RetryAfter {
 			return d, &callError{
 				msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
-					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")" + refunded(refunds),
+					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")" + refunded(refunds, false),
 				class: ErrNotExecuted, cause: context.DeadlineExceeded,
 			}
 		}
@@ -111,7 +118,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		}
 		select {
 		case <-ctx.Done():
-			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token" + refunded(refunds), class: ErrNotExecuted, cause: ctx.Err()}
+			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token" + refunded(refunds, false), class: ErrNotExecuted, cause: ctx.Err()}
 		case <-timer.C:
 		}
 	}
@@ -119,16 +126,21 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 
 // refunded is what Wait's error adds after n attempts that the second
 // bucket refused, each of which charged the first bucket and was refunded:
-// nothing when n is 0.
-func refunded(n int) string {
+// nothing when n is 0. earlier is set when the error is another attempt's,
+// made after them.
+func refunded(n int, earlier bool) string {
 	const back = " gave it back, capped at the first bucket's burst; the first bucket's key was written, but no token stays taken, so a retry is safe"
+	ran, the := "; 2 scripts ran", "the"
+	if earlier {
+		ran, the = "; before it, 2 scripts ran", "an"
+	}
 	switch n {
 	case 0:
 		return ""
 	case 1:
-		return "; 2 scripts ran: the attempt charged the first bucket its Cost before the second bucket refused, and a refund" + back
+		return ran + ": " + the + " attempt charged the first bucket its Cost before the second bucket refused, and a refund" + back
 	}
-	return "; 2 scripts ran for each of the " + strconv.Itoa(n) + " attempts the second bucket refused: each charged the first bucket its Cost, and a refund" + back
+	return ran + " for each of the " + strconv.Itoa(n) + " attempts the second bucket refused: each charged the first bucket its Cost, and a refund" + back
 }
 
 // noDeadline is untilDeadline's answer for a context without a deadline.
