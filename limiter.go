@@ -146,6 +146,7 @@ type Limiter struct {
 	// (miniredis does): peeks then run through script, in mode p.
 	peekRW  atomic.Bool
 	denials *denialCache // nil unless WithDenialCache
+	waits   waitLines    // Wait's lines, one a pair of keys waited on
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
