@@ -140,4 +140,5 @@ func (g *gateway) complete(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, ", %d unused refunded", first.Cost)
 		}
 	}
+	fmt.Fprintln(w)
 }

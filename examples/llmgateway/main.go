@@ -115,6 +115,7 @@ func run(ctx context.Context, w io.Writer, client valkey.Client, g *gateway) (su
 			return sum, fmt.Errorf("%s: %w", c.ID, err)
 		}
 		text, _ := io.ReadAll(resp.Body)
+		text = bytes.TrimSpace(text)
 		resp.Body.Close()
 		var problem struct {
 			Violated []string `json:"violated-policies"`
