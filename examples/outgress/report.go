@@ -154,7 +154,7 @@ func (r *demoResult) Print(out io.Writer) {
 		fmt.Fprintf(out, "     %s: %d limiter call(s), %s, %d token(s) charged\n", c.Fault, c.LimiterCalls, outcome, c.Charged)
 	}
 	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: repeated once under the")
-	fmt.Fprintln(out, "   delivery's id; the server returns the Decision it recorded if the first call ran, and takes nothing.)")
+	fmt.Fprintln(out, "   message's id; the server returns the Decision it recorded if the first call ran, and takes nothing.)")
 	fmt.Fprintln(out)
 
 	b := r.bus

@@ -92,6 +92,7 @@ const (
 	MetricStage    = "outgress_stage_duration_seconds"
 	MetricLimiter  = "outgress_limiter_duration_seconds"
 	MetricRetries  = "outgress_limiter_retries_total"
+	MetricRedecide = "outgress_limiter_redecisions_total"
 	MetricCommands = "outgress_commands_total"
 	MetricCache    = "outgress_channel_lookups_total"
 	MetricHelix    = "outgress_helix_responses_total"
@@ -113,6 +114,7 @@ type Metrics struct {
 	stages   [NumStages]prometheus.Histogram
 	limiter  [limits.NumLanes][NumDecisions]prometheus.Histogram
 	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
+	redecide [limits.NumLanes]prometheus.Counter
 	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
 	cache    [channels.NumCacheUses]prometheus.Counter
 	status   [helix.NumStatus]prometheus.Counter
@@ -143,9 +145,11 @@ func New() *Metrics {
 		Help: "Sampled Helix requests by whether they reused a connection."}, []string{"reused"})
 	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRetries,
 		Help: "Limiter calls repeated within a delivery, by lane and the failure of the call before: not_executed (it provably did not run; bounded retries) or outcome_unknown (it may have run; repeated once under the same id, which takes nothing if it ran)."}, []string{"lane", "after"})
+	redecide := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRedecide,
+		Help: "Deliveries whose message id returned a second-bucket denial recorded by an earlier delivery, and which decided again under a delivery id, by lane."}, []string{"lane"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, retries, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, retries, redecide, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -160,6 +164,7 @@ func New() *Metrics {
 		}
 		m.retries[lane][0] = retries.WithLabelValues(lane.String(), DecisionNotExecuted.String())
 		m.retries[lane][1] = retries.WithLabelValues(lane.String(), DecisionOutcomeUnknown.String())
+		m.redecide[lane] = redecide.WithLabelValues(lane.String())
 	}
 	for u := range channels.NumCacheUses {
 		if u != channels.CacheNone {
@@ -213,6 +218,20 @@ func (m *Metrics) LimiterRetry(lane limits.Lane, after Decision) {
 	if i, ok := retryIndex(after); ok && lane < limits.NumLanes {
 		m.retries[lane][i].Inc()
 	}
+}
+
+// LimiterRedecision counts a delivery of lane that decided again after its
+// message's id returned a recorded second-bucket denial.
+func (m *Metrics) LimiterRedecision(lane limits.Lane) {
+	if lane < limits.NumLanes {
+		m.redecide[lane].Inc()
+	}
+}
+
+// LimiterRedecisions returns the deliveries of lane that decided again
+// after a replayed denial.
+func (m *Metrics) LimiterRedecisions(lane limits.Lane) int64 {
+	return counterValue(m.redecide[lane%limits.NumLanes])
 }
 
 func retryIndex(after Decision) (int, bool) {

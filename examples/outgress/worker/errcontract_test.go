@@ -151,8 +151,8 @@ func (e *env) tokens(t *testing.T, key string) string {
 // call once under the same id: the server returns the recorded Decision and
 // takes nothing, so the message is sent once and both buckets are charged
 // once. Lost twice, the error nacks the message, still charged once; its
-// redelivery decides under a new id and is charged again (DecisionID says
-// why).
+// redelivery, under the same message id (DecisionID), gets the recorded
+// admission back and is not charged again.
 func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 	e := newEnv(t, nil, withLimits(slowChat()))
 	e.seed(t, "42", false)
@@ -229,16 +229,21 @@ func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 		t.Errorf("%d retries after outcome unknown, want 2 (one per message)", got)
 	}
 
-	// The redelivery is another delivery, another id: it decides again.
+	// The redelivery carries the message's own id: the server returns the
+	// admission the first call recorded, and nothing is charged again.
 	scripts.Store(0)
 	e.c.Lose = nil
 	m.Attempt++
+	sent = e.fake.Requests()
 	path, err = e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
-	if err != nil || !path.Admitted || path.LimiterCalls != 1 {
-		t.Errorf("redelivery: path %+v, err %v; want admitted in one call", path, err)
+	if err != nil || !path.Admitted || path.LimiterCalls != 1 || path.Redecided {
+		t.Errorf("redelivery: path %+v, err %v; want admitted in one call (the recorded admission)", path, err)
 	}
-	if a, b := e.tokens(t, std), e.tokens(t, shared); a != "6" || b != "16" {
-		t.Errorf("after the redelivery %s and %s tokens, want 6 and 16", a, b)
+	if n := e.fake.Requests() - sent; n != 1 {
+		t.Errorf("redelivery sent %d times, want once", n)
+	}
+	if a, b := e.tokens(t, std), e.tokens(t, shared); a != "7" || b != "17" {
+		t.Errorf("after the redelivery %s and %s tokens, want 7 and 17: not charged again", a, b)
 	}
 }
 
@@ -321,8 +326,8 @@ func TestOutcomeUnknownOverTheBus(t *testing.T) {
 		t.Errorf("stats %+v, want one delivery, acked", got)
 	}
 	id := <-ids
-	if want := b.cfg.Stream + ":" + strconv.FormatUint(seq, 10) + ":"; !strings.HasPrefix(id, want) || !strings.HasSuffix(id, ":1") {
-		t.Errorf("decision id %q, want %s<stored at>:1", id, want)
+	if want := b.cfg.Stream + ":" + strconv.FormatUint(seq, 10) + ":"; !strings.HasPrefix(id, want) || strings.Count(id, ":") != 2 {
+		t.Errorf("decision id %q, want %s<stored at>", id, want)
 	}
 	if n := e.fake.Requests() - sent; n != 1 || scripts.Load() != 2 || reports.Load() != 0 {
 		t.Errorf("sent %d times after %d script commands, %d errors reported; want 1, 2, 0", n, scripts.Load(), reports.Load())

@@ -107,9 +107,14 @@ type Path struct {
 	Cache   channels.CacheUse
 	Decided bool // reached the limiter and got an answer
 	// LimiterCalls counts AllowOrderedOnce calls: 1, or more when a call
-	// that did not run, or whose outcome is unknown, was repeated.
+	// that did not run, or whose outcome is unknown, was repeated, or when
+	// a replayed denial was decided again (Redecided).
 	LimiterCalls int
-	Admitted     bool
+	// Redecided is set when the message's id returned a second-bucket
+	// denial recorded by an earlier delivery, and this delivery decided
+	// again under RedecisionID.
+	Redecided bool
+	Admitted  bool
 }
 
 // Process handles one delivery and returns its path and the bus outcome.
@@ -173,7 +178,7 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	}
 
 	plan := w.plan(lane, cmd.Kind, ch)
-	d, err := w.decide(ctx, lane, plan, DecisionID(m), &path)
+	d, err := w.decide(ctx, lane, plan, m, &path)
 	t = w.cfg.Now()
 	if err != nil {
 		// Either class is a dependency failure, not backpressure: the bus
@@ -210,7 +215,7 @@ func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *l
 }
 
 // decide is the one limiter decision of a message: one script, one round
-// trip, made with AllowOrderedOnce under the delivery's id (see
+// trip, made with AllowOrderedOnce under the message's id (see
 // [DecisionID]). A denial is a Decision; only a failed call is an error, and
 // it stays one (a dependency failure is not backpressure). admit's error
 // contract decides what happens next:
@@ -226,22 +231,50 @@ func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *l
 //     recorded then and takes nothing; if it did not, this call decides. A
 //     second ErrOutcomeUnknown is returned: the error nacks the message.
 //
-// Every call uses the same id, so the two rules combine safely: at most
-// DecisionAttempts + 1 calls in all.
+// Every call of a delivery uses the same id, so the two rules combine
+// safely: at most DecisionAttempts + 1 calls in all.
+//
+// A replayed denial (Decision.Replayed, not Allowed) is a second-bucket
+// denial that an earlier delivery of this message recorded: the message was
+// nacked then, and is due again now. It is not this delivery's answer: the
+// delivery decides afresh under [RedecisionID] (one more round trip, only on
+// this path). A first-bucket denial charges nothing and is not recorded, so
+// the usual redelivery after a denial decides under the message's own id
+// in one call. A replayed admission is the answer: an earlier delivery was
+// admitted and charged, and this one sends without being charged again.
+//
+// The worker settles nothing after a decision (no refund of a second-bucket
+// denial's first charge); a settlement added here must run only when
+// !d.Replayed(), or a retry would settle twice.
 //
 // Every call is timed into the limiter histogram under its lane and
 // decision; path.LimiterCalls counts them, and each repeat is counted under
 // the failure that caused it.
-func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, id string, path *Path) (admit.Decision, error) {
+func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m *bus.Message, path *Path) (admit.Decision, error) {
+	id := DecisionID(m)
+	d, err := w.decideOnce(ctx, lane, p, id, path)
+	if err == nil && d.Replayed() && !d.Allowed() {
+		path.Redecided = true
+		w.metrics.LimiterRedecision(lane)
+		d, err = w.decideOnce(ctx, lane, p, RedecisionID(id, m.Attempt), path)
+	}
+	return d, err
+}
+
+// decideOnce is one decision under id, with admit's error contract (see
+// decide).
+func (w *Worker) decideOnce(ctx context.Context, lane limits.Lane, p *limits.Plan, id string, path *Path) (admit.Decision, error) {
 	var second *admit.Request
 	if p.HasSecond {
 		second = &p.Second
 	}
 	unknownRetried := false
+	calls := 0
 	for {
 		start := w.cfg.Now()
 		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
 		path.LimiterCalls++
+		calls++
 		label := decisionOf(p, d, err)
 		w.metrics.LimiterCall(lane, label, w.cfg.Now().Sub(start))
 		if err == nil {
@@ -250,23 +283,24 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, i
 		switch {
 		case errors.Is(err, admit.ErrOutcomeUnknown) && !unknownRetried:
 			unknownRetried = true
-		case retryable(err) && path.LimiterCalls < w.cfg.DecisionAttempts:
+		case retryable(err) && calls < w.cfg.DecisionAttempts:
 		default:
-			return d, fmt.Errorf("outgress: limiter (%d calls): %w", path.LimiterCalls, err)
+			return d, fmt.Errorf("outgress: limiter (%d calls): %w", calls, err)
 		}
-		wait := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(path.LimiterCalls))
+		wait := time.NewTimer(w.cfg.DecisionBackoff * time.Duration(calls))
 		select {
 		case <-ctx.Done():
 			wait.Stop()
-			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", path.LimiterCalls, err)
+			return d, fmt.Errorf("outgress: limiter (%d calls, deadline reached before a retry): %w", calls, err)
 		case <-wait.C:
 		}
 		w.metrics.LimiterRetry(lane, label)
 	}
 }
 
-// DecisionID is the id a delivery's limiter decision is made under with
-// AllowOrderedOnce: "<stream>:<sequence>:<stored at, Unix ns>:<delivery>".
+// DecisionID is the id a message's limiter decision is made under with
+// AllowOrderedOnce: "<stream>:<sequence>:<stored at, Unix ns>", the bus
+// message's own stable id, the same on every delivery.
 //
 // The stream sequence is what stays the same when JetStream redelivers a
 // message (the reply subject and ack token change on every delivery; a
@@ -275,15 +309,14 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, i
 // stream's life: a stream deleted and created again restarts its sequence
 // at 1, within admit.OnceWindow perhaps.
 //
-// The delivery number (1 on the first delivery) is part of the id on
-// purpose, so a redelivery decides afresh. Most redeliveries follow a
-// denial (NackLimited, after the denial's RetryAfter): under an id stable
-// across deliveries the server would return the recorded denial on every
-// redelivery for two minutes, and a limited message could never be
-// admitted. The cost: a message whose decision was made and then lost twice
-// in a row (the repeat's reply lost as well), or whose replica died after
-// deciding, is charged again on its redelivery, as it was before
-// AllowOrderedOnce.
+// Stable across deliveries, the id makes a redelivery safe as well as a
+// retry: a message whose replica decided and then died, or whose decision's
+// reply was lost twice in a row, is not charged again on its redelivery (the
+// server returns the recorded admission). A redelivery after a denial still
+// decides again: admit records only a decision that charged something, so a
+// first-bucket denial leaves no record (and writes nothing to Valkey), and a
+// recorded second-bucket denial is decided afresh under [RedecisionID]
+// (see decide).
 //
 // A message with no stream sequence (one built by hand, not delivered by
 // JetStream, whose sequences start at 1) gets a random id: still one
@@ -294,8 +327,20 @@ func DecisionID(m *bus.Message) string {
 		rand.Read(b[:])
 		return "local:" + hex.EncodeToString(b[:])
 	}
-	id := m.Stream + ":" + strconv.FormatUint(m.Seq, 10) + ":" + strconv.FormatInt(m.Published.UnixNano(), 10) + ":" + strconv.Itoa(m.Attempt)
-	if len(id) > admit.MaxOnceIDLen { // a very long stream name
+	return fitID(m.Stream + ":" + strconv.FormatUint(m.Seq, 10) + ":" + strconv.FormatInt(m.Published.UnixNano(), 10))
+}
+
+// RedecisionID is the id a delivery decides under when the message's own
+// id (see [DecisionID]) returned a recorded second-bucket denial: that id
+// followed by ":" and the delivery number (1 on the first delivery).
+func RedecisionID(id string, attempt int) string {
+	return fitID(id + ":" + strconv.Itoa(attempt))
+}
+
+// fitID keeps an id within admit.MaxOnceIDLen: a longer one (a very long
+// stream name) is replaced by its SHA-256.
+func fitID(id string) string {
+	if len(id) > admit.MaxOnceIDLen {
 		sum := sha256.Sum256([]byte(id))
 		return "sha256:" + hex.EncodeToString(sum[:])
 	}
