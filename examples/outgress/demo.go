@@ -192,7 +192,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.worker = worker.New(admit.New(r.client), r.pause, r.channels, r.helix, met, worker.Config{Prefix: prefix})
+		r.worker = worker.New(admit.New(r.client, admit.WithObserver(met.ObserveLimiter)), r.pause, r.channels, r.helix, met, worker.Config{Prefix: prefix})
 	}
 	a, b := replicas[0], replicas[1]
 

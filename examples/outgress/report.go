@@ -185,7 +185,7 @@ func (r *demoResult) Print(out io.Writer) {
 	}
 	for s := range metrics.NumStages {
 		if s == metrics.StageBuild {
-			row("limiter", r.metrics.LimiterLatency())
+			row("limiter call", r.metrics.LimiterLatency())
 		}
 		row(s.String(), r.metrics.StageLatency(s))
 	}

@@ -71,7 +71,7 @@ func ErrorContract(ctx context.Context, raw valkey.Client, p *pause.Pause, hx *h
 			c.Fault = fail
 		}
 		channel := ContractFirst + i
-		w := worker.New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix})
+		w := worker.New(admit.New(c, admit.WithObserver(m.ObserveLimiter)), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix})
 		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: ChatBody(channel, "error contract"), Published: time.Now()})
 		cc := ContractCase{Fault: f.name, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err, Charged: -1}
 		_, shared := channels.ChatKeys(prefix, strconv.Itoa(channel))

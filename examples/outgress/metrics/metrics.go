@@ -9,6 +9,7 @@ package metrics
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
@@ -24,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/admitkit/admit"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -90,7 +92,9 @@ func (d Decision) String() string {
 // reason): never a channel id, a key or a URL, whose number is unbounded.
 const (
 	MetricStage    = "outgress_stage_duration_seconds"
-	MetricLimiter  = "outgress_limiter_duration_seconds"
+	MetricLimiter  = "outgress_limiter_decisions_total"
+	MetricCalls    = "outgress_limiter_calls_total"
+	MetricCallTime = "outgress_limiter_call_duration_seconds"
 	MetricRetries  = "outgress_limiter_retries_total"
 	MetricRedecide = "outgress_limiter_redecisions_total"
 	MetricCommands = "outgress_commands_total"
@@ -112,7 +116,9 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	stages   [NumStages]prometheus.Histogram
-	limiter  [limits.NumLanes][NumDecisions]prometheus.Histogram
+	limiter  [limits.NumLanes][NumDecisions]prometheus.Counter
+	calls    [numOps][NumCallOutcomes]prometheus.Counter
+	callTime [numOps]prometheus.Histogram
 	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
 	redecide [limits.NumLanes]prometheus.Counter
 	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
@@ -133,8 +139,12 @@ func New() *Metrics {
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricStage,
 		Help: "Latency of each stage of the message path.", Buckets: latencyBuckets}, []string{"stage"})
-	limiter := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLimiter,
-		Help: "Latency of each limiter call (AllowOrderedOnce) of a message, by lane and decision.", Buckets: latencyBuckets}, []string{"lane", "decision"})
+	limiter := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricLimiter,
+		Help: "Limiter calls a message's decision made, by lane and decision: allowed, denied_<class of the bucket that refused>, or one of admit's error classes."}, []string{"lane", "decision"})
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCalls,
+		Help: "Every call of the replica's admit.Limiter, as admit.WithObserver reports it, by op (take, once, peek, refund, wait-attempt) and answer (allowed, denied, replayed, cached, not_executed, outcome_unknown). All but cached are one script run on the server."}, []string{"op", "answer"})
+	callTime := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricCallTime,
+		Help: "Latency of every call of the replica's admit.Limiter, round trip included, by op (admit.WithObserver).", Buckets: latencyBuckets}, []string{"op"})
 	commands := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCommands,
 		Help: "Decoded commands by lane and kind."}, []string{"lane", "kind"})
 	cache := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricCache,
@@ -149,7 +159,7 @@ func New() *Metrics {
 		Help: "Deliveries whose message id returned a second-bucket denial recorded by an earlier delivery, and which decided again under a delivery id, by lane."}, []string{"lane"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, retries, redecide, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -157,7 +167,7 @@ func New() *Metrics {
 	}
 	for lane := range limits.NumLanes {
 		for d := range NumDecisions {
-			m.limiter[lane][d] = hist(limiter.WithLabelValues(lane.String(), d.String()))
+			m.limiter[lane][d] = limiter.WithLabelValues(lane.String(), d.String())
 		}
 		for k := range command.NumKinds {
 			m.commands[lane][k] = commands.WithLabelValues(lane.String(), k.String())
@@ -165,6 +175,12 @@ func New() *Metrics {
 		m.retries[lane][0] = retries.WithLabelValues(lane.String(), DecisionNotExecuted.String())
 		m.retries[lane][1] = retries.WithLabelValues(lane.String(), DecisionOutcomeUnknown.String())
 		m.redecide[lane] = redecide.WithLabelValues(lane.String())
+	}
+	for op := range numOps {
+		m.callTime[op] = hist(callTime.WithLabelValues(opName(op)))
+		for o := range NumCallOutcomes {
+			m.calls[op][o] = calls.WithLabelValues(opName(op), o.String())
+		}
 	}
 	for u := range channels.NumCacheUses {
 		if u != channels.CacheNone {
@@ -204,11 +220,99 @@ func (m *Metrics) Observe(s Stage, d time.Duration) {
 	}
 }
 
-// LimiterCall records one limiter call of lane with its decision.
-func (m *Metrics) LimiterCall(lane limits.Lane, d Decision, took time.Duration) {
+// LimiterCall counts one limiter call of lane's decision with its result.
+// Its latency is recorded by the Limiter's observer (ObserveLimiter).
+func (m *Metrics) LimiterCall(lane limits.Lane, d Decision) {
 	if lane < limits.NumLanes && d < NumDecisions {
-		m.limiter[lane][d].Observe(took.Seconds())
+		m.limiter[lane][d].Inc()
 	}
+}
+
+// CallOutcome is the outcome label of one call of an admit.Limiter.
+type CallOutcome uint8
+
+// The outcomes of a call, as ObserveLimiter sorts an admit.Observation.
+const (
+	CallAllowed        CallOutcome = iota
+	CallDenied                     // the server denied it
+	CallReplayed                   // AllowOrderedOnce returned a recorded Decision: nothing charged
+	CallCached                     // the denial cache answered: nothing sent
+	CallNotExecuted                // admit.ErrNotExecuted
+	CallOutcomeUnknown             // admit.ErrOutcomeUnknown
+	NumCallOutcomes
+)
+
+var callOutcomeNames = [NumCallOutcomes]string{"allowed", "denied", "replayed", "cached", "not_executed", "outcome_unknown"}
+
+// String is the outcome's metric label.
+func (o CallOutcome) String() string {
+	if o < NumCallOutcomes {
+		return callOutcomeNames[o]
+	}
+	return "invalid"
+}
+
+// numOps bounds admit's Ops (OpTake is 1); op 0 is "invalid", where an Op
+// admit adds later is counted until it is listed.
+const numOps = admit.OpWaitAttempt + 1
+
+func opName(op admit.Op) string {
+	if op == 0 || op >= numOps {
+		return "invalid"
+	}
+	return op.String()
+}
+
+// ObserveLimiter records one call of an admit.Limiter: pass it to
+// admit.WithObserver. It counts the call by op and outcome, and times it by
+// op, for every call the Limiter makes (the worker's decisions, their
+// retries, and anything else the replica asks), where the worker used to
+// time its own calls. It allocates nothing.
+func (m *Metrics) ObserveLimiter(o admit.Observation) {
+	op := o.Op
+	if op >= numOps {
+		op = 0
+	}
+	var out CallOutcome
+	switch {
+	case errors.Is(o.Err, admit.ErrNotExecuted):
+		out = CallNotExecuted
+	case o.Err != nil:
+		out = CallOutcomeUnknown
+	case o.Cached:
+		out = CallCached
+	case o.Decision.Replayed():
+		out = CallReplayed
+	case o.Op == admit.OpRefund, o.Decision.Allowed():
+		out = CallAllowed
+	default:
+		out = CallDenied
+	}
+	m.calls[op][out].Inc()
+	m.callTime[op].Observe(o.Duration.Seconds())
+}
+
+// LimiterCalls returns the calls of op with outcome the observer counted.
+func (m *Metrics) LimiterCalls(op admit.Op, o CallOutcome) int64 {
+	if op >= numOps || o >= NumCallOutcomes {
+		return 0
+	}
+	return counterValue(m.calls[op][o])
+}
+
+// ScriptRuns returns the observed calls that reached the server: every
+// call but those the denial cache answered and those that provably did not
+// run (the server refused them, or they were never sent).
+func (m *Metrics) ScriptRuns() int64 {
+	var n int64
+	for op := range numOps {
+		for o := range NumCallOutcomes {
+			if o != CallCached && o != CallNotExecuted {
+				n += counterValue(m.calls[op][o])
+			}
+		}
+	}
+	return n
 }
 
 // LimiterRetry counts a limiter call repeated after one that failed with
@@ -341,18 +445,18 @@ func counterValue(c prometheus.Counter) int64 {
 
 // Admitted returns the limiter's admissions on lane.
 func (m *Metrics) Admitted(lane limits.Lane) int64 {
-	return histCount(m.limiter[lane%limits.NumLanes][DecisionAllowed])
+	return counterValue(m.limiter[lane%limits.NumLanes][DecisionAllowed])
 }
 
 // Denied returns the limiter's denials on lane by a bucket of class.
 func (m *Metrics) Denied(lane limits.Lane, class limits.BucketClass) int64 {
-	return histCount(m.limiter[lane%limits.NumLanes][DecisionDenied+Decision(class%limits.NumClasses)])
+	return counterValue(m.limiter[lane%limits.NumLanes][DecisionDenied+Decision(class%limits.NumClasses)])
 }
 
 // LimiterFailures returns the failed limiter calls on lane by class:
 // not executed (each retried call counts) and outcome unknown.
 func (m *Metrics) LimiterFailures(lane limits.Lane) (notExecuted, outcomeUnknown int64) {
-	return histCount(m.limiter[lane%limits.NumLanes][DecisionNotExecuted]), histCount(m.limiter[lane%limits.NumLanes][DecisionOutcomeUnknown])
+	return counterValue(m.limiter[lane%limits.NumLanes][DecisionNotExecuted]), counterValue(m.limiter[lane%limits.NumLanes][DecisionOutcomeUnknown])
 }
 
 // LimiterRetries returns the limiter calls repeated on lane after a call
@@ -394,17 +498,9 @@ type Latency struct {
 // StageLatency summarises a stage's histogram.
 func (m *Metrics) StageLatency(s Stage) Latency { return merge(m.stages[s%NumStages]) }
 
-// LimiterLatency summarises the limiter histograms of every lane and
-// decision.
-func (m *Metrics) LimiterLatency() Latency {
-	var hs []prometheus.Histogram
-	for lane := range limits.NumLanes {
-		hs = append(hs, m.limiter[lane][:]...)
-	}
-	return merge(hs...)
-}
-
-func histCount(h prometheus.Histogram) int64 { return int64(merge(h).Count) }
+// LimiterLatency summarises the latency of every call of the Limiter, of
+// every op, as its observer recorded it.
+func (m *Metrics) LimiterLatency() Latency { return merge(m.callTime[:]...) }
 
 func merge(hs ...prometheus.Histogram) Latency {
 	var bounds []float64
@@ -474,7 +570,8 @@ func Excerpt(url string) []string {
 		line := sc.Text()
 		switch {
 		case strings.HasPrefix(line, MetricDeliver+"{") && !strings.HasSuffix(line, " 0"),
-			strings.HasPrefix(line, MetricLimiter+"_count{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricLimiter+"{") && !strings.HasSuffix(line, " 0"),
+			strings.HasPrefix(line, MetricCalls+"{") && !strings.HasSuffix(line, " 0"),
 			strings.HasPrefix(line, MetricRetries+"{") && !strings.HasSuffix(line, " 0"),
 			strings.HasPrefix(line, "outgress_pause_"):
 			keep = append(keep, line)

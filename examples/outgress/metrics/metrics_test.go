@@ -1,6 +1,10 @@
 package metrics
 
 import (
+	"errors"
+
+	"fmt"
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/command"
@@ -19,7 +23,8 @@ func TestMetricsNoAllocs(t *testing.T) {
 	m := New()
 	if a := testing.AllocsPerRun(1000, func() {
 		m.Observe(StagePause, time.Millisecond)
-		m.LimiterCall(limits.LaneStandard, DecisionDenied+Decision(limits.ClassShared), time.Millisecond)
+		m.LimiterCall(limits.LaneStandard, DecisionDenied+Decision(limits.ClassShared))
+		m.ObserveLimiter(admit.Observation{Op: admit.OpOnce, Duration: time.Millisecond})
 		m.CacheLookup(channels.CacheHit)
 		m.Command(limits.LanePremium, command.KindChat)
 		m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackLimited))
@@ -135,5 +140,51 @@ outgress_limiter_retries_total{after="outcome_unknown",lane="system"} 0
 	}
 	if m.LimiterRetries(limits.LaneStandard, DecisionOutcomeUnknown) != 2 || m.LimiterRetries(limits.LaneStandard, DecisionAllowed) != 0 {
 		t.Error("LimiterRetries disagrees with the scrape")
+	}
+}
+
+// TestObserveLimiter: every admit.Observation is counted under its op and
+// outcome (an error's class first, then cached, replayed, allowed or
+// denied; a refund, which returns no Decision, as allowed) and timed under
+// its op; ScriptRuns leaves out the cached and the not-executed calls.
+func TestObserveLimiter(t *testing.T) {
+	m := New()
+	notExec := fmt.Errorf("refused: %w", admit.ErrNotExecuted)
+	unknown := fmt.Errorf("lost: %w", admit.ErrOutcomeUnknown)
+	for _, o := range []admit.Observation{
+		{Op: admit.OpOnce, Err: notExec},
+		{Op: admit.OpOnce, Err: unknown},
+		{Op: admit.OpOnce, Err: errors.Join(unknown)},
+		{Op: admit.OpTake, Cached: true},
+		{Op: admit.OpRefund},
+		{Op: admit.OpPeek},                // the zero Decision: denied
+		{Op: admit.Op(200), Err: unknown}, // an Op admit adds later
+	} {
+		m.ObserveLimiter(o)
+	}
+	for _, c := range []struct {
+		op   admit.Op
+		o    CallOutcome
+		want int64
+	}{
+		{admit.OpOnce, CallNotExecuted, 1},
+		{admit.OpOnce, CallOutcomeUnknown, 2},
+		{admit.OpTake, CallCached, 1},
+		{admit.OpRefund, CallAllowed, 1},
+		{admit.OpPeek, CallDenied, 1},
+		{0, CallOutcomeUnknown, 1},
+	} {
+		if got := m.LimiterCalls(c.op, c.o); got != c.want {
+			t.Errorf("%v %v: %d, want %d", c.op, c.o, got, c.want)
+		}
+	}
+	if got := m.ScriptRuns(); got != 5 {
+		t.Errorf("ScriptRuns %d, want 5 (7 calls but one cached and one not executed)", got)
+	}
+	if got := m.LimiterLatency().Count; got != 7 {
+		t.Errorf("%d timed calls, want 7", got)
+	}
+	if n := testutil.CollectAndCount(m.Registry(), MetricCalls); n != int(numOps)*int(NumCallOutcomes) {
+		t.Errorf("%d call series, want %d (created up front)", n, int(numOps)*int(NumCallOutcomes))
 	}
 }

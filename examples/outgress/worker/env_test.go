@@ -127,7 +127,7 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = New(admit.New(e.c), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits})
+	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits})
 	return e
 }
 

@@ -36,6 +36,8 @@ func allowedLabels() map[string][]string {
 			vals(int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })...),
 		"replica": {"A"},
 		"after":   {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
+		"op":      {"invalid", "take", "once", "peek", "refund", "wait-attempt"},
+		"answer":  vals(int(metrics.NumCallOutcomes), func(i int) string { return metrics.CallOutcome(i).String() }),
 	}
 }
 

@@ -20,6 +20,16 @@ func TestCommandsPerMessage(t *testing.T) {
 	for _, id := range []string{"1", "2", "3", "4", "5"} {
 		e.seed(t, id, false)
 	}
+	start := testserver.CommandStats(t, e.raw)
+	// The Limiter's observer (metrics.ObserveLimiter) counts every call that
+	// reached the server: exactly the script runs the server counted.
+	defer func() {
+		end := testserver.CommandStats(t, e.raw)
+		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls
+		if got := e.metrics.ScriptRuns(); got != runs || runs == 0 {
+			t.Errorf("the observer counted %d script runs, the server %d", got, runs)
+		}
+	}()
 	// once: the path decides with AllowOrderedOnce (the worker's), not
 	// with AllowOrdered (the legacy path's).
 	measure := func(t *testing.T, want map[string]int64, once bool, send func() (Path, error)) (Path, error) {

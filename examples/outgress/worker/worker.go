@@ -247,9 +247,9 @@ func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *l
 // denial's first charge); a settlement added here must run only when
 // !d.Replayed(), or a retry would settle twice.
 //
-// Every call is timed into the limiter histogram under its lane and
-// decision; path.LimiterCalls counts them, and each repeat is counted under
-// the failure that caused it.
+// Every call is counted under its lane and decision (its latency, by op, is
+// the Limiter's observer's: see metrics.ObserveLimiter); path.LimiterCalls
+// counts them, and each repeat is counted under the failure that caused it.
 func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m *bus.Message, path *Path) (admit.Decision, error) {
 	id := DecisionID(m)
 	d, err := w.decideOnce(ctx, lane, p, id, path)
@@ -271,12 +271,11 @@ func (w *Worker) decideOnce(ctx context.Context, lane limits.Lane, p *limits.Pla
 	unknownRetried := false
 	calls := 0
 	for {
-		start := w.cfg.Now()
 		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
 		path.LimiterCalls++
 		calls++
 		label := decisionOf(p, d, err)
-		w.metrics.LimiterCall(lane, label, w.cfg.Now().Sub(start))
+		w.metrics.LimiterCall(lane, label) // timed by the Limiter's observer (metrics.ObserveLimiter)
 		if err == nil {
 			return d, nil
 		}
