@@ -34,6 +34,8 @@ type demoConfig struct {
 	// Connect and Consume), from the start.
 	RestartAt time.Duration
 
+	Off worker.Steps // rollout steps switched off in both replicas
+
 	MetricsAddr string // where /metrics is served; "" is 127.0.0.1 on a free port
 	Hold        bool   // after the report, keep serving /metrics until ctx ends
 }
@@ -188,11 +190,12 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
 		}
 		r.channels = channels.New(r.client, channels.Config{Prefix: prefix})
-		r.helix, err = helix.New(helix.Config{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: botID, Concurrency: concurrency}, met)
+		r.helix, err = helix.New(helix.Config{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: botID, Concurrency: concurrency,
+			LegacyTransport: (worker.AllSteps &^ cfg.Off).HelixLegacy()}, met)
 		if err != nil {
 			return nil, err
 		}
-		r.worker = worker.New(admit.New(r.client, admit.WithObserver(met.ObserveLimiter)), r.pause, r.channels, r.helix, met, worker.Config{Prefix: prefix})
+		r.worker = worker.New(admit.New(r.client, admit.WithObserver(met.ObserveLimiter)), r.pause, r.channels, r.helix, met, worker.Config{Prefix: prefix, Off: cfg.Off})
 	}
 	a, b := replicas[0], replicas[1]
 

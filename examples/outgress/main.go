@@ -19,13 +19,22 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+
+	"github.com/admitkit/admit/examples/outgress/worker"
 )
 
 func main() {
 	cfg := defaultDemo()
 	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
+	off := flag.String("off", "none", "rollout `steps` switched off in both replicas: none, all, or a comma-separated list of "+
+		"metrics, transport, ordered_script, pause_snapshot, nack_suppression, precomputed (README, \"Rollout steps\")")
 	flag.Parse()
+	var err error
+	if cfg.Off, err = worker.ParseSteps(*off); err != nil {
+		fmt.Fprintln(os.Stderr, "outgress:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	res, err := runDemo(ctx, cfg)

@@ -164,7 +164,7 @@ func MeasureOldShape(ctx context.Context, c *counting.Client, p *pause.Pause, pr
 		data := ChatBody(m.channel, "measuring the old shape")
 		for range 2 {
 			var t counting.Tally
-			_, path, err := old.LegacyPrepare(counting.WithTally(ctx, &t), c, m.lane, &bus.Message{Data: data, Published: time.Now()})
+			_, path, err := old.LegacyPrepare(counting.WithTally(ctx, &t), m.lane, &bus.Message{Data: data, Published: time.Now()})
 			if err != nil {
 				return fmt.Errorf("old shape, %v lane: %w", m.lane, err)
 			}

@@ -42,6 +42,11 @@ type Config struct {
 	TraceEvery uint64
 	// Now is the clock, used to read a 429's Ratelimit-Reset. Default time.Now.
 	Now func() time.Time
+	// LegacyTransport is rollout step 2 switched off (worker.StepTransport):
+	// http.DefaultTransport's own settings (two idle connections per host)
+	// instead of NewTransport's one per worker. Send the requests with
+	// SendUndrained to switch off the step's other half.
+	LegacyTransport bool
 }
 
 // Helix sends requests to the third-party API over its own transport and
@@ -80,6 +85,9 @@ func New(cfg Config, rec Recorder) (*Helix, error) {
 		cfg.Now = time.Now
 	}
 	tr := NewTransport(cfg.Concurrency)
+	if cfg.LegacyTransport {
+		tr = NewTransport(2) // the DefaultTransport's idle connections per host
+	}
 	h := &Helix{
 		base: cfg.BaseURL, clientID: cfg.ClientID, auth: "Bearer " + cfg.Token, botID: cfg.BotID,
 		maxBody: cfg.MaxBody, every: cfg.TraceEvery, now: cfg.Now,
@@ -155,6 +163,17 @@ func (h *Helix) NewRequest(ctx context.Context, cmd *command.Command, ch *channe
 //
 // The body is drained and closed on every path that got a response.
 func (h *Helix) Send(req *http.Request, deadline time.Time) error {
+	return h.send(req, deadline, true)
+}
+
+// SendUndrained is Send as it was before rollout step 2: the body is closed
+// without being read, so the transport discards the connection of any
+// response with a body left (every one the fake, and Helix, sends).
+func (h *Helix) SendUndrained(req *http.Request, deadline time.Time) error {
+	return h.send(req, deadline, false)
+}
+
+func (h *Helix) send(req *http.Request, deadline time.Time, drain bool) error {
 	if h.n.Add(1)%h.every == 0 {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), h.trace))
 	}
@@ -168,7 +187,11 @@ func (h *Helix) Send(req *http.Request, deadline time.Time) error {
 	// to the pool only once the body is read to EOF.
 	class := ClassOf(resp.StatusCode)
 	defer func() {
-		DrainClose(resp.Body, h.maxBody)
+		if drain {
+			DrainClose(resp.Body, h.maxBody)
+		} else {
+			resp.Body.Close()
+		}
 		h.rec.Response(class, h.now().Sub(start))
 	}()
 	now := h.now()

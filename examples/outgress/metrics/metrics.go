@@ -102,6 +102,8 @@ const (
 	MetricHelix    = "outgress_helix_responses_total"
 	MetricConns    = "outgress_helix_sampled_connections_total"
 	MetricDeliver  = "outgress_deliveries_total"
+	MetricWarm     = "outgress_warm_messages_total"
+	MetricWarmCall = "outgress_warm_valkey_calls_total"
 )
 
 // latencyBuckets: 1 µs to 10 s, two per doubling (each about 42% wider
@@ -121,6 +123,8 @@ type Metrics struct {
 	callTime [numOps]prometheus.Histogram
 	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
 	redecide [limits.NumLanes]prometheus.Counter
+	warm     [limits.NumLanes]prometheus.Counter
+	warmCall [limits.NumLanes]prometheus.Counter
 	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
 	cache    [channels.NumCacheUses]prometheus.Counter
 	status   [helix.NumStatus]prometheus.Counter
@@ -157,9 +161,13 @@ func New() *Metrics {
 		Help: "Limiter calls repeated within a delivery, by lane and the failure of the call before: not_executed (it provably did not run; bounded retries) or outcome_unknown (it may have run; repeated once under the same id, which takes nothing if it ran)."}, []string{"lane", "after"})
 	redecide := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRedecide,
 		Help: "Deliveries whose message id returned a second-bucket denial recorded by an earlier delivery, and which decided again under a delivery id, by lane."}, []string{"lane"})
+	warm := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWarm,
+		Help: "Messages decided by the limiter with a warm channel cache (or none needed), by lane."}, []string{"lane"})
+	warmCall := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWarmCall,
+		Help: "Valkey round trips of the messages in outgress_warm_messages_total, as the worker counts them: its limiter calls and pause lookups, by lane."}, []string{"lane"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -175,6 +183,8 @@ func New() *Metrics {
 		m.retries[lane][0] = retries.WithLabelValues(lane.String(), DecisionNotExecuted.String())
 		m.retries[lane][1] = retries.WithLabelValues(lane.String(), DecisionOutcomeUnknown.String())
 		m.redecide[lane] = redecide.WithLabelValues(lane.String())
+		m.warm[lane] = warm.WithLabelValues(lane.String())
+		m.warmCall[lane] = warmCall.WithLabelValues(lane.String())
 	}
 	for op := range numOps {
 		m.callTime[op] = hist(callTime.WithLabelValues(opName(op)))
@@ -330,6 +340,21 @@ func (m *Metrics) LimiterRedecision(lane limits.Lane) {
 	if lane < limits.NumLanes {
 		m.redecide[lane].Inc()
 	}
+}
+
+// Warm counts a message of lane that the limiter decided, with the Valkey
+// round trips it cost (limiter calls and pause lookups), when its channel
+// cache was warm (warm false: not counted).
+func (m *Metrics) Warm(lane limits.Lane, warm bool, calls int) {
+	if warm && lane < limits.NumLanes {
+		m.warm[lane].Inc()
+		m.warmCall[lane].Add(float64(calls))
+	}
+}
+
+// WarmCalls returns the warm messages of lane and their Valkey round trips.
+func (m *Metrics) WarmCalls(lane limits.Lane) (messages, calls int64) {
+	return counterValue(m.warm[lane%limits.NumLanes]), counterValue(m.warmCall[lane%limits.NumLanes])
 }
 
 // LimiterRedecisions returns the deliveries of lane that decided again

@@ -196,9 +196,23 @@ func (p *Pause) Start(ctx context.Context) error {
 	return nil
 }
 
-// FlagKey is the key of the stored pause flag ("1" when paused). Only the
-// old shape's measurement reads it directly.
+// FlagKey is the key of the stored pause flag ("1" when paused).
 func (p *Pause) FlagKey() string { return p.flagKey }
+
+// Lookup reads the stored flag from Valkey (one GET): the strong answer,
+// not the snapshot's. It is the message path of a worker whose versioned
+// snapshot step is off (worker.StepPauseSnapshot), and what a status
+// request should answer from.
+func (p *Pause) Lookup(ctx context.Context) (paused bool, err error) {
+	flag, err := p.c.Do(ctx, p.c.B().Get().Key(p.flagKey).Build()).ToString()
+	switch {
+	case valkey.IsValkeyNil(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("outgress: pause lookup: %w", err)
+	}
+	return flag == "1", nil
+}
 
 // Ready reports whether the initial state is loaded.
 func (p *Pause) Ready() bool { return p.snap.Load() != nil }

@@ -93,7 +93,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 		Config{Prefix: prefix, Limits: &benchLimits})
 	data := []byte(chat("1001"))
 	legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
-		return w.LegacyPrepare(ctx, c, lane, m)
+		return w.LegacyPrepare(ctx, lane, m)
 	}
 
 	for _, lane := range []limits.Lane{limits.LaneStandard, limits.LanePremium} {

@@ -87,7 +87,12 @@ type envConfig struct {
 	limits *limits.Limits
 	pause  pause.Config
 	prefix string
+	off    Steps
 }
+
+// withOff switches rollout steps off (Config.Off, and the Helix client's
+// legacy transport when the transport step is off).
+func withOff(s Steps) envOption { return func(c *envConfig) { c.off = s } }
 
 func withLimits(l limits.Limits) envOption { return func(c *envConfig) { c.limits = &l } }
 
@@ -122,12 +127,13 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 	}
 	e.channels = channels.New(e.c, channels.Config{Prefix: e.prefix})
 	var err error
-	e.helix, err = helix.New(helix.Config{BaseURL: e.fake.URL, ClientID: "test", Token: "test", BotID: botID, Concurrency: 4, TraceEvery: 1}, e.metrics)
+	e.helix, err = helix.New(helix.Config{BaseURL: e.fake.URL, ClientID: "test", Token: "test", BotID: botID, Concurrency: 4, TraceEvery: 1,
+		LegacyTransport: (AllSteps &^ cfg.off).HelixLegacy()}, e.metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits})
+	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off})
 	return e
 }
 

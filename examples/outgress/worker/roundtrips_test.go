@@ -47,7 +47,7 @@ func TestCommandsPerMessage(t *testing.T) {
 	}
 	legacy := func(lane limits.Lane, body string) func() (Path, error) {
 		return func() (Path, error) {
-			_, p, err := e.worker.LegacyPrepare(testenv.Ctx(t), e.c, lane, &bus.Message{Data: []byte(body), Published: e.worker.cfg.Now()})
+			_, p, err := e.worker.LegacyPrepare(testenv.Ctx(t), lane, &bus.Message{Data: []byte(body), Published: e.worker.cfg.Now()})
 			return p, err
 		}
 	}

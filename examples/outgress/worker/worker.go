@@ -47,6 +47,12 @@ type Config struct {
 	DecisionBackoff time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Off is the set of rollout steps switched off (see Steps): zero, the
+	// default, runs every step. A step switched off runs the shape it
+	// replaced, on the same keys, so replicas with different Off share one
+	// Valkey and one bus. Step 2's transport half is the Helix client's
+	// (helix.Config.LegacyTransport from Steps.HelixLegacy).
+	Off Steps
 }
 
 // Worker is the egress hot path: decode, pause snapshot, channel cache, one
@@ -62,6 +68,8 @@ type Worker struct {
 	helix    *helix.Helix
 	metrics  *metrics.Metrics
 	helixBy  [limits.NumLanes]limits.Plan
+	steps    Steps
+	legacy   *Worker // the same parts with every step off: LegacyPrepare
 }
 
 // New assembles a worker from its parts.
@@ -84,10 +92,16 @@ func New(lim *admit.Limiter, p *pause.Pause, cc *channels.Cache, hx *helix.Helix
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: p, channels: cc, helix: hx, metrics: m}
+	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: p, channels: cc, helix: hx, metrics: m, steps: AllSteps &^ cfg.Off}
 	w.helixBy = limits.HelixPlans(&w.limits, cfg.Prefix)
+	legacy := *w
+	legacy.steps = 0
+	w.legacy = &legacy
 	return w
 }
+
+// Steps returns the rollout steps the worker runs.
+func (w *Worker) Steps() Steps { return w.steps }
 
 // Handler returns the bus handler for a lane's subject.
 func (w *Worker) Handler(lane limits.Lane) bus.Handler {
@@ -114,7 +128,10 @@ type Path struct {
 	// denial recorded by an earlier delivery, and this delivery decided
 	// again under RedecisionID.
 	Redecided bool
-	Admitted  bool
+	// PauseLookups counts GETs of the pause flag: 1 with StepPauseSnapshot
+	// off, else 0.
+	PauseLookups int
+	Admitted     bool
 }
 
 // Process handles one delivery and returns its path and the bus outcome.
@@ -123,23 +140,45 @@ func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	req, path, err := w.Prepare(ctx, lane, m)
-	if err != nil {
-		return path, err
+	if err == nil {
+		if w.steps.Has(StepTransport) {
+			err = w.helix.Send(req, deadline)
+		} else {
+			err = w.helix.SendUndrained(req, deadline)
+		}
 	}
-	return path, w.helix.Send(req, deadline)
+	return path, w.outcome(err)
+}
+
+// outcome is the error the bus gets. With StepNackSuppression off, an
+// expected nack (a denial, a pause, a 429) is returned as a plain error, as
+// before the step: the bus reports it and redelivers after its error delay.
+func (w *Worker) outcome(err error) error {
+	var nack *bus.ExpectedNack
+	if err != nil && !w.steps.Has(StepNackSuppression) && errors.As(err, &nack) {
+		return errors.New(nack.Error())
+	}
+	return err
 }
 
 // Prepare is the path before the third party: it decodes the command,
 // checks the pause snapshot, looks the channel up, asks the limiter once
 // and builds the Helix request. ctx should carry the message's deadline.
+// Each rollout step switched off (Config.Off) takes the shape it replaced.
 func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
 	path := Path{Lane: lane}
 	deadline := m.Published.Add(w.cfg.Lifetime)
+	stages := w.steps.Has(StepMetrics)
 	start := w.cfg.Now()
+	observe := func(s metrics.Stage, t0, t time.Time) {
+		if stages {
+			w.metrics.Observe(s, t.Sub(t0))
+		}
+	}
 
 	cmd, err := command.Decode(m.Data)
 	t := w.cfg.Now()
-	w.metrics.Observe(metrics.StageDecode, t.Sub(start))
+	observe(metrics.StageDecode, start, t)
 	if err == nil && cmd.Kind == command.KindChat && lane == limits.LaneSystem {
 		err = fmt.Errorf("%w: chat is never sent on the system lane", command.ErrMalformed)
 	}
@@ -149,9 +188,19 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	path.Decoded, path.Kind = true, cmd.Kind
 	w.metrics.Command(lane, cmd.Kind)
 
-	err = w.pause.Check()
-	t0, t := t, w.cfg.Now()
-	w.metrics.Observe(metrics.StagePause, t.Sub(t0))
+	if w.steps.Has(StepPauseSnapshot) {
+		err = w.pause.Check()
+	} else {
+		var paused bool
+		paused, err = w.pause.Lookup(ctx) // the shape before the snapshot: a GET per message
+		path.PauseLookups++
+		if err == nil && paused {
+			err = pause.ErrPaused
+		}
+	}
+	t0 := t
+	t = w.cfg.Now()
+	observe(metrics.StagePause, t0, t)
 	if errors.Is(err, pause.ErrPaused) {
 		path.Paused = true
 		return nil, path, bus.RetryOrDrop(bus.NackPaused, w.cfg.PausedRetry, deadline.Sub(t))
@@ -164,9 +213,9 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	if cmd.Kind.NeedsChannel() {
 		ch, path.Cache, err = w.channels.Get(ctx, cmd.Channel)
 		t0, t = t, w.cfg.Now()
-		w.metrics.Observe(metrics.StageChannel, t.Sub(t0))
+		observe(metrics.StageChannel, t0, t)
 		if path.Cache != channels.CacheHit {
-			w.metrics.Observe(metrics.StageLoad, t.Sub(t0))
+			observe(metrics.StageLoad, t0, t)
 		}
 		w.metrics.CacheLookup(path.Cache)
 		if errors.Is(err, channels.ErrUnknown) {
@@ -178,7 +227,12 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	}
 
 	plan := w.plan(lane, cmd.Kind, ch)
-	d, err := w.decide(ctx, lane, plan, m, &path)
+	var d admit.Decision
+	if w.steps.Has(StepOrderedScript) {
+		d, err = w.decide(ctx, lane, plan, m, &path)
+	} else {
+		d, err = w.decideInSequence(ctx, lane, plan, &path)
+	}
 	t = w.cfg.Now()
 	if err != nil {
 		// Either class is a dependency failure, not backpressure: the bus
@@ -190,13 +244,14 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 		return nil, path, err
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
+	w.metrics.Warm(lane, path.Cache == channels.CacheHit || path.Cache == channels.CacheNone, path.LimiterCalls+path.PauseLookups)
 	if !d.Allowed() {
 		return nil, path, bus.RetryOrDrop(bus.NackLimited, d.RetryAfter, deadline.Sub(t))
 	}
 
 	req, err := w.helix.NewRequest(ctx, &cmd, ch)
 	t0, t = t, w.cfg.Now()
-	w.metrics.Observe(metrics.StageBuild, t.Sub(t0))
+	observe(metrics.StageBuild, t0, t)
 	w.metrics.Observe(metrics.StagePreHTTP, t.Sub(start))
 	if err != nil {
 		return nil, path, &bus.Dropped{Reason: bus.DropMalformed, Err: err}
@@ -204,9 +259,43 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	return req, path, nil
 }
 
+// decideInSequence is the limiter decision with StepOrderedScript off, the
+// shape before it: AllowOrdered on the first bucket, then, only when it
+// admitted, on the second (Denied 2 when the second refuses), on the same
+// keys and Specs. No id, no retry: an error is returned at once.
+func (w *Worker) decideInSequence(ctx context.Context, lane limits.Lane, p *limits.Plan, path *Path) (admit.Decision, error) {
+	d, err := w.lim.AllowOrdered(ctx, p.First, nil)
+	path.LimiterCalls++
+	if err == nil && d.Allowed() && p.HasSecond {
+		d, err = w.lim.AllowOrdered(ctx, p.Second, nil)
+		path.LimiterCalls++
+		if err == nil && !d.Allowed() {
+			d.Denied = 2
+		}
+	}
+	w.metrics.LimiterCall(lane, decisionOf(p, d, err))
+	if err != nil {
+		return d, fmt.Errorf("outgress: limiter: %w", err)
+	}
+	return d, nil
+}
+
 // plan picks the buckets: chat by channel and lane; the three Helix routes
 // all by lane alone, through the same precomputed plans.
+//
+// With StepPrecomputed off, the shape before it: the channel's keys and the
+// Helix plans are built again for every message.
 func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *limits.Plan {
+	if !w.steps.Has(StepPrecomputed) {
+		if k == command.KindChat {
+			c := *ch
+			c.StandardKey, c.SharedKey = channels.ChatKeys(w.cfg.Prefix, ch.ID)
+			p := limits.ChatPlan(&w.limits, lane, &c)
+			return &p
+		}
+		p := limits.HelixPlans(&w.limits, w.cfg.Prefix)[lane%limits.NumLanes]
+		return &p
+	}
 	if k == command.KindChat {
 		p := limits.ChatPlan(&w.limits, lane, ch)
 		return &p
