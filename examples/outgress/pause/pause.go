@@ -54,9 +54,17 @@ type Config struct {
 	// operator) does not move. Default: time.Since of a time.Now taken by
 	// NewPause, which Go measures on the monotonic clock.
 	Elapsed func() time.Duration
-	// Now is the wall clock, used only to report when a confirmation
-	// happened (Snapshot.Confirmed). Default time.Now.
+	// Now is the wall clock, used to report when a confirmation happened
+	// (Snapshot.Confirmed) and to time propagation. Default time.Now.
 	Now func() time.Time
+	// OnPropagation, when set, receives each change's propagation to this
+	// replica: from the wall-clock time its writer stored with it (SetPaused
+	// writes it in the same transaction) to when this replica acted on it,
+	// by event or by reconcile. It is measured at the first reconcile that
+	// reads the change, so at most one ReconcileEvery late; a change written
+	// by a replica that stores no time is not measured. Writer and reader
+	// clocks differ by their skew.
+	OnPropagation func(time.Duration)
 }
 
 // Snapshot is the state a replica acts on.
@@ -95,6 +103,7 @@ type snapshot struct {
 	version   int64
 	confirmed time.Duration // on the Elapsed clock; staleness is measured on it alone
 	wall      time.Time     // the same moment on the wall clock, for reports
+	applied   time.Time     // when this version was first acted on, on the wall clock
 }
 
 // Pause is the fleet-wide kill switch as seen by one replica: an immutable,
@@ -117,6 +126,9 @@ type snapshot struct {
 type Pause struct {
 	c                           valkey.Client
 	flagKey, versionKey, events string
+	changedKey                  string // the writer's wall time of the last change, Unix ms
+	onPropagation               func(time.Duration)
+	measured                    atomic.Int64 // the last version whose propagation was measured
 	every, maxAge, timeout      time.Duration
 	elapsed                     func() time.Duration
 	now                         func() time.Time
@@ -135,6 +147,8 @@ type Pause struct {
 	started    atomic.Bool
 	closeOnce  sync.Once
 
+	loaded                                                                atomic.Int64 // the version the initial load read
+	loadedSet                                                             atomic.Bool
 	applied, ignored, malformedEvents, reconciles, failures, behind, subs atomic.Int64
 	lastErr                                                               atomic.Pointer[string]
 }
@@ -160,11 +174,13 @@ func New(c valkey.Client, cfg Config) *Pause {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pause{
-		c:          c,
-		flagKey:    cfg.Prefix + "pause:{pause}:flag",
-		versionKey: cfg.Prefix + "pause:{pause}:version",
-		events:     cfg.Prefix + "pause:events",
-		every:      cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
+		c:             c,
+		flagKey:       cfg.Prefix + "pause:{pause}:flag",
+		versionKey:    cfg.Prefix + "pause:{pause}:version",
+		changedKey:    cfg.Prefix + "pause:{pause}:changed",
+		onPropagation: cfg.OnPropagation,
+		events:        cfg.Prefix + "pause:events",
+		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		ctx:        ctx, cancel: cancel,
@@ -191,6 +207,11 @@ func (p *Pause) Start(ctx context.Context) error {
 	if err := p.reconcile(ctx); err != nil {
 		return fmt.Errorf("outgress: loading the pause state: %w", err)
 	}
+	if cur := p.snap.Load(); cur != nil {
+		p.loaded.Store(cur.version)
+		p.measured.Store(cur.version)
+	}
+	p.loadedSet.Store(true)
 	p.wg.Add(1)
 	go p.reconcileLoop()
 	return nil
@@ -287,18 +308,19 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 	if paused {
 		write = b.Set().Key(p.flagKey).Value("1").Build()
 	}
-	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), b.Exec().Build())
-	for _, r := range res[:3] {
+	stamp := b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build()
+	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), stamp, b.Exec().Build())
+	for _, r := range res[:4] {
 		if err := r.Error(); err != nil {
 			return 0, fmt.Errorf("outgress: pause not changed: %w", err)
 		}
 	}
-	replies, err := res[3].ToArray()
+	replies, err := res[4].ToArray()
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
 	}
-	if len(replies) != 2 {
-		return 0, fmt.Errorf("outgress: pause transaction: want 2 replies, got %d", len(replies))
+	if len(replies) != 3 {
+		return 0, fmt.Errorf("outgress: pause transaction: want 3 replies, got %d", len(replies))
 	}
 	if err := replies[0].Error(); err != nil {
 		return 0, fmt.Errorf("outgress: pause write failed: %w", err)
@@ -397,7 +419,7 @@ func (p *Pause) jittered() time.Duration {
 func (p *Pause) reconcile(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey, p.changedKey).Build()).ToArray()
 	if err == nil {
 		err = p.confirmFrom(vals)
 	}
@@ -412,8 +434,8 @@ func (p *Pause) reconcile(ctx context.Context) error {
 }
 
 func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
-	if len(vals) != 2 {
-		return fmt.Errorf("outgress: MGET returned %d values, want 2", len(vals))
+	if len(vals) != 3 {
+		return fmt.Errorf("outgress: MGET returned %d values, want 3", len(vals))
 	}
 	paused := false
 	if !vals[0].IsNil() {
@@ -436,8 +458,31 @@ func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
 	if held, ok := p.confirm(paused, version, false); !ok {
 		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
 	}
+	p.measure(version, vals[2])
 	return nil
 }
+
+// measure reports the propagation of version, which this replica holds
+// now, once: from the time its writer stored (changed, nil when it stored
+// none) to when this replica first acted on it.
+func (p *Pause) measure(version int64, changed valkey.ValkeyMessage) {
+	if p.onPropagation == nil || !p.loadedSet.Load() || changed.IsNil() || p.measured.Load() >= version {
+		return
+	}
+	cur := p.snap.Load()
+	ms, err := changed.AsInt64()
+	if cur == nil || cur.version != version || err != nil {
+		return
+	}
+	p.measured.Store(version)
+	if p.snapshotsSinceStart(version) {
+		p.onPropagation(max(cur.applied.Sub(time.UnixMilli(ms)), 0))
+	}
+}
+
+// snapshotsSinceStart reports whether version changed while this replica
+// ran: the version it loaded at start is not a propagation.
+func (p *Pause) snapshotsSinceStart(version int64) bool { return version > p.loaded.Load() }
 
 // confirm applies a state read from (or written to) Valkey just now. A
 // read (newerOnly false) may equal the snapshot's version; a write must
@@ -468,7 +513,11 @@ func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64,
 		p.behind.Add(1)
 		return cur.version, false
 	}
-	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: at, wall: wall})
+	applied := wall
+	if cur != nil && cur.version == version {
+		applied = cur.applied
+	}
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: at, wall: wall, applied: applied})
 	return version, true
 }
 
@@ -491,7 +540,7 @@ func (p *Pause) applyEvent(paused bool, version int64) {
 		return
 	}
 	p.applied.Add(1)
-	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed, wall: cur.wall})
+	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed, wall: cur.wall, applied: p.now()})
 }
 
 // The event format is "<0|1>:<version>", for example "1:42".

@@ -6,6 +6,8 @@ import (
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -519,4 +521,61 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testserver.StopShared()
 	os.Exit(code)
+}
+
+// TestPausePropagationMeasured: each change is measured once per replica,
+// from the time its writer stored to when the replica acted on it: by the
+// event (soon after the write), or, when the event was lost, by the
+// reconcile that read it (a change stored 2 s ago shows 2 s). The version
+// a replica loads at start is not a propagation.
+func TestPausePropagationMeasured(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	if _, err := writer.SetPaused(testenv.Ctx(t), false); err != nil { // a change before the reader starts
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []time.Duration
+	reader, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond, OnPropagation: func(d time.Duration) {
+		mu.Lock()
+		seen = append(seen, d)
+		mu.Unlock()
+	}})
+	got := func() []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+	v, err := writer.SetPaused(testenv.Ctx(t), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !testenv.WaitFor(func() bool { return len(got()) == 1 }) {
+		t.Fatalf("no propagation measured for version %d; stats %+v", v, reader.Stats())
+	}
+	if d := got()[0]; d > 500*time.Millisecond {
+		t.Errorf("propagation by event %v, want well under 500ms", d)
+	}
+
+	// Lost event, stored 2 s ago: measured by the reconcile.
+	b := raw.B()
+	res := raw.DoMulti(testenv.Ctx(t), b.Multi().Build(), b.Del().Key(prefix+"pause:{pause}:flag").Build(),
+		b.Incr().Key(prefix+"pause:{pause}:version").Build(),
+		b.Set().Key(prefix+"pause:{pause}:changed").Value(strconv.FormatInt(time.Now().Add(-2*time.Second).UnixMilli(), 10)).Build(),
+		b.Exec().Build())
+	if err := res[4].Error(); err != nil {
+		t.Fatal(err)
+	}
+	if !testenv.WaitFor(func() bool { return len(got()) == 2 }) {
+		t.Fatalf("no propagation measured for the lost event; stats %+v", reader.Stats())
+	}
+	if d := got()[1]; d < 2*time.Second || d > 3*time.Second {
+		t.Errorf("propagation by reconcile %v, want about 2s", d)
+	}
+	time.Sleep(100 * time.Millisecond) // several more reconciles: no second measurement of either change
+	if n := len(got()); n != 2 {
+		t.Errorf("%d measurements, want 2 (one per change)", n)
+	}
 }
