@@ -4,8 +4,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Fake is an in-process stand-in for the third-party API, served over
@@ -17,6 +19,9 @@ type Fake struct {
 	*httptest.Server
 	conns    atomic.Int64
 	requests atomic.Int64
+	// ThrottleEvery, when n > 0, answers every n-th request with 429 (Ratelimit-Reset
+	// one second ahead): a Helix limit reached, for the canary's tests and demo.
+	ThrottleEvery atomic.Int64
 }
 
 // StartFake starts the server; Close stops it.
@@ -39,7 +44,12 @@ func (f *Fake) Conns() int64 { return f.conns.Load() }
 func (f *Fake) Requests() int64 { return f.requests.Load() }
 
 func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
-	f.requests.Add(1)
+	n := f.requests.Add(1)
+	if every := f.ThrottleEvery.Load(); every > 0 && n%every == 0 {
+		w.Header().Set("Ratelimit-Reset", strconv.FormatInt(time.Now().Add(time.Second).Unix(), 10))
+		http.Error(w, `{"error":"Too Many Requests","status":429}`, http.StatusTooManyRequests)
+		return
+	}
 	if r.Header.Get("Client-Id") == "" || !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 		http.Error(w, `{"error":"Unauthorized","status":401}`, http.StatusUnauthorized)
 		return

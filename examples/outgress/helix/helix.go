@@ -200,7 +200,7 @@ func (h *Helix) send(req *http.Request, deadline time.Time, drain bool) error {
 		return nil
 	case Status429:
 		return bus.RetryOrDrop(bus.NackThrottled, resetDelay(resp.Header.Get("Ratelimit-Reset"), now), deadline.Sub(now))
-	case Status4xx:
+	case Status4xx, StatusAuth:
 		return &bus.Dropped{Reason: bus.DropRejected, Err: fmt.Errorf("Helix answered %d", resp.StatusCode)}
 	default:
 		return fmt.Errorf("outgress: Helix answered %d", resp.StatusCode)
@@ -241,10 +241,11 @@ const (
 	Status429
 	Status5xx
 	StatusError // no response: transport error or cancellation
+	StatusAuth  // 401 or 403: an authorization failure
 	NumStatus
 )
 
-var statusNames = [NumStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error"}
+var statusNames = [NumStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error", "auth"}
 
 // String is the class's metric label.
 func (s StatusClass) String() string {
@@ -259,6 +260,8 @@ func ClassOf(code int) StatusClass {
 	switch {
 	case code == http.StatusTooManyRequests:
 		return Status429
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		return StatusAuth
 	case code >= 200 && code < 300:
 		return Status2xx
 	case code >= 300 && code < 400:

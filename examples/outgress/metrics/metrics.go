@@ -102,6 +102,9 @@ const (
 	MetricHelix    = "outgress_helix_responses_total"
 	MetricConns    = "outgress_helix_sampled_connections_total"
 	MetricDeliver  = "outgress_deliveries_total"
+	MetricTokens   = "outgress_limiter_tokens_total"
+	MetricRollout  = "outgress_rollout_step"
+	MetricPropag   = "outgress_pause_propagation_seconds"
 	MetricWarm     = "outgress_warm_messages_total"
 	MetricWarmCall = "outgress_warm_valkey_calls_total"
 )
@@ -124,6 +127,9 @@ type Metrics struct {
 	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
 	redecide [limits.NumLanes]prometheus.Counter
 	warm     [limits.NumLanes]prometheus.Counter
+	tokens   [limits.NumLanes][limits.NumClasses]prometheus.Counter
+	rollout  [len(RolloutSteps)]prometheus.Gauge
+	propag   prometheus.Histogram
 	warmCall [limits.NumLanes]prometheus.Counter
 	commands [limits.NumLanes][command.NumKinds]prometheus.Counter
 	cache    [channels.NumCacheUses]prometheus.Counter
@@ -165,9 +171,15 @@ func New() *Metrics {
 		Help: "Messages decided by the limiter with a warm channel cache (or none needed), by lane."}, []string{"lane"})
 	warmCall := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWarmCall,
 		Help: "Valkey round trips of the messages in outgress_warm_messages_total, as the worker counts them: its limiter calls and pause lookups, by lane."}, []string{"lane"})
+	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricTokens,
+		Help: "Tokens the limiter charged for the lane's decisions, by lane and class of the bucket charged (replays charge nothing). The standard and system lanes' charges to the shared (chat) or general (Helix) bucket beyond their own share's are the premium reserve they took."}, []string{"lane", "class"})
+	rollout := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricRollout,
+		Help: "1 for each rollout step the replica's worker runs, 0 for a step switched off (worker.Steps)."}, []string{"step"})
+	propag := prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricPropag,
+		Help: "Time from a pause change's write (its writer's clock) to when this replica acted on it, once per change.", Buckets: latencyBuckets})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, tokens, rollout, propag, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -184,8 +196,15 @@ func New() *Metrics {
 		m.retries[lane][1] = retries.WithLabelValues(lane.String(), DecisionOutcomeUnknown.String())
 		m.redecide[lane] = redecide.WithLabelValues(lane.String())
 		m.warm[lane] = warm.WithLabelValues(lane.String())
+		for c := range limits.NumClasses {
+			m.tokens[lane][c] = tokens.WithLabelValues(lane.String(), c.String())
+		}
 		m.warmCall[lane] = warmCall.WithLabelValues(lane.String())
 	}
+	for i, name := range RolloutSteps {
+		m.rollout[i] = rollout.WithLabelValues(name)
+	}
+	m.propag = propag
 	for op := range numOps {
 		m.callTime[op] = hist(callTime.WithLabelValues(opName(op)))
 		for o := range NumCallOutcomes {
@@ -356,6 +375,39 @@ func (m *Metrics) Warm(lane limits.Lane, warm bool, calls int) {
 func (m *Metrics) WarmCalls(lane limits.Lane) (messages, calls int64) {
 	return counterValue(m.warm[lane%limits.NumLanes]), counterValue(m.warmCall[lane%limits.NumLanes])
 }
+
+// RolloutSteps names the rollout's six steps, in order (worker.Steps).
+var RolloutSteps = [...]string{"metrics", "transport", "ordered_script", "pause_snapshot", "nack_suppression", "precomputed"}
+
+// Rollout sets the rollout step gauges: on[i] for RolloutSteps[i]. The
+// replica's worker sets them when it is built.
+func (m *Metrics) Rollout(on [len(RolloutSteps)]bool) {
+	for i, g := range m.rollout {
+		if on[i] {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+	}
+}
+
+// Charged counts n tokens charged for a decision of lane to a bucket of
+// class.
+func (m *Metrics) Charged(lane limits.Lane, class limits.BucketClass, n int) {
+	if lane < limits.NumLanes && class < limits.NumClasses && n > 0 {
+		m.tokens[lane][class].Add(float64(n))
+	}
+}
+
+// Tokens returns the tokens charged for lane's decisions to buckets of
+// class.
+func (m *Metrics) Tokens(lane limits.Lane, class limits.BucketClass) int64 {
+	return counterValue(m.tokens[lane%limits.NumLanes][class%limits.NumClasses])
+}
+
+// PausePropagation records one pause change's propagation to the replica:
+// pass it as pause.Config.OnPropagation.
+func (m *Metrics) PausePropagation(d time.Duration) { m.propag.Observe(d.Seconds()) }
 
 // LimiterRedecisions returns the deliveries of lane that decided again
 // after a replayed denial.

@@ -36,6 +36,8 @@ func allowedLabels() map[string][]string {
 			vals(int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })...),
 		"replica": {"A"},
 		"after":   {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
+		"step":    metrics.RolloutSteps[:],
+		"class":   vals(int(limits.NumClasses), func(i int) string { return limits.BucketClass(i).String() }),
 		"op":      {"invalid", "take", "once", "peek", "refund", "wait-attempt"},
 		"answer":  vals(int(metrics.NumCallOutcomes), func(i int) string { return metrics.CallOutcome(i).String() }),
 	}

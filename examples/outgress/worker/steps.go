@@ -3,6 +3,8 @@ package worker
 import (
 	"fmt"
 	"strings"
+
+	"github.com/admitkit/admit/examples/outgress/metrics"
 )
 
 // Steps is a set of the rollout's six steps (the plan's "six independently
@@ -50,7 +52,7 @@ const (
 	NumSteps = 6
 )
 
-var stepNames = [NumSteps]string{"metrics", "transport", "ordered_script", "pause_snapshot", "nack_suppression", "precomputed"}
+var stepNames = metrics.RolloutSteps
 
 // StepList is the six steps in order.
 var StepList = [NumSteps]Steps{StepMetrics, StepTransport, StepOrderedScript, StepPauseSnapshot, StepNackSuppression, StepPrecomputed}

@@ -144,6 +144,12 @@ func TestMixedFleet(t *testing.T) {
 	if a, p := adm(limits.LaneStandard), adm(limits.LanePremium); a != 10 || p != 10 {
 		t.Errorf("admitted %d standard, %d premium across both replicas; want 10 and 10", a, p)
 	}
+	tok := func(lane limits.Lane, c limits.BucketClass) int64 {
+		return fresh.metrics.Tokens(lane, c) + old.metrics.Tokens(lane, c)
+	}
+	if a, b, c := tok(limits.LaneStandard, limits.ClassStandard), tok(limits.LaneStandard, limits.ClassShared), tok(limits.LanePremium, limits.ClassShared); a != 10 || b != 10 || c != 10 {
+		t.Errorf("tokens counted: standard lane %d to its share, %d to the shared bucket; premium %d; want 10, 10, 10", a, b, c)
+	}
 	if a, c := fresh.tokens(t, std), fresh.tokens(t, shared); a != "0" || c != "0" {
 		t.Errorf("%s and %s tokens, want 0 and 0: each admission charged once, on the same keys", a, c)
 	}

@@ -47,6 +47,11 @@ type Config struct {
 	DecisionBackoff time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// DoubleChargeShared is a deliberate bug, for the canary's tests and
+	// demo: the standard and system lanes charge their second bucket (the
+	// shared or general one) 2 tokens instead of 1, eating the premium
+	// reserve. Never set it in production.
+	DoubleChargeShared bool
 	// Off is the set of rollout steps switched off (see Steps): zero, the
 	// default, runs every step. A step switched off runs the shape it
 	// replaced, on the same keys, so replicas with different Off share one
@@ -97,6 +102,11 @@ func New(lim *admit.Limiter, p *pause.Pause, cc *channels.Cache, hx *helix.Helix
 	legacy := *w
 	legacy.steps = 0
 	w.legacy = &legacy
+	var on [NumSteps]bool
+	for i, x := range StepList {
+		on[i] = w.steps.Has(x)
+	}
+	m.Rollout(on)
 	return w
 }
 
@@ -259,6 +269,17 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	return req, path, nil
 }
 
+// charged counts the tokens a decision charged: the first bucket's when it
+// admitted, the second's when both did.
+func (w *Worker) charged(lane limits.Lane, p *limits.Plan, first, second bool) {
+	if first {
+		w.metrics.Charged(lane, p.FirstClass, max(p.First.Cost, 1))
+	}
+	if second && p.HasSecond {
+		w.metrics.Charged(lane, p.SecondClass, max(p.Second.Cost, 1))
+	}
+}
+
 // decideInSequence is the limiter decision with StepOrderedScript off, the
 // shape before it: AllowOrdered on the first bucket, then, only when it
 // admitted, on the second (Denied 2 when the second refuses), on the same
@@ -266,13 +287,15 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 func (w *Worker) decideInSequence(ctx context.Context, lane limits.Lane, p *limits.Plan, path *Path) (admit.Decision, error) {
 	d, err := w.lim.AllowOrdered(ctx, p.First, nil)
 	path.LimiterCalls++
-	if err == nil && d.Allowed() && p.HasSecond {
+	first := err == nil && d.Allowed()
+	if first && p.HasSecond {
 		d, err = w.lim.AllowOrdered(ctx, p.Second, nil)
 		path.LimiterCalls++
 		if err == nil && !d.Allowed() {
 			d.Denied = 2
 		}
 	}
+	w.charged(lane, p, first, first && p.HasSecond && err == nil && d.Allowed())
 	w.metrics.LimiterCall(lane, decisionOf(p, d, err))
 	if err != nil {
 		return d, fmt.Errorf("outgress: limiter: %w", err)
@@ -286,6 +309,17 @@ func (w *Worker) decideInSequence(ctx context.Context, lane limits.Lane, p *limi
 // With StepPrecomputed off, the shape before it: the channel's keys and the
 // Helix plans are built again for every message.
 func (w *Worker) plan(lane limits.Lane, k command.Kind, ch *channels.Channel) *limits.Plan {
+	if w.cfg.DoubleChargeShared {
+		p := *w.plan1(lane, k, ch)
+		if p.HasSecond {
+			p.Second.Cost = 2
+		}
+		return &p
+	}
+	return w.plan1(lane, k, ch)
+}
+
+func (w *Worker) plan1(lane limits.Lane, k command.Kind, ch *channels.Channel) *limits.Plan {
 	if !w.steps.Has(StepPrecomputed) {
 		if k == command.KindChat {
 			c := *ch
@@ -366,6 +400,9 @@ func (w *Worker) decideOnce(ctx context.Context, lane limits.Lane, p *limits.Pla
 		label := decisionOf(p, d, err)
 		w.metrics.LimiterCall(lane, label) // timed by the Limiter's observer (metrics.ObserveLimiter)
 		if err == nil {
+			if !d.Replayed() { // a replay charged nothing
+				w.charged(lane, p, d.Denied != 1, d.Allowed())
+			}
 			return d, nil
 		}
 		switch {
