@@ -105,6 +105,7 @@ const (
 	MetricTokens   = "outgress_limiter_tokens_total"
 	MetricRollout  = "outgress_rollout_step"
 	MetricPropag   = "outgress_pause_propagation_seconds"
+	MetricFinished = "outgress_messages_finished_total"
 	MetricWarm     = "outgress_warm_messages_total"
 	MetricWarmCall = "outgress_warm_valkey_calls_total"
 )
@@ -127,6 +128,7 @@ type Metrics struct {
 	retries  [limits.NumLanes][2]prometheus.Counter // after not_executed, outcome_unknown
 	redecide [limits.NumLanes]prometheus.Counter
 	warm     [limits.NumLanes]prometheus.Counter
+	finished [2][2]prometheus.Counter // [dropped][redelivered]
 	tokens   [limits.NumLanes][limits.NumClasses]prometheus.Counter
 	rollout  [len(RolloutSteps)]prometheus.Gauge
 	propag   prometheus.Histogram
@@ -168,7 +170,7 @@ func New() *Metrics {
 	redecide := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRedecide,
 		Help: "Deliveries whose message id returned a second-bucket denial recorded by an earlier delivery, and which decided again under a delivery id, by lane."}, []string{"lane"})
 	warm := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWarm,
-		Help: "Messages decided by the limiter with a warm channel cache (or none needed), by lane."}, []string{"lane"})
+		Help: "Messages admitted by the limiter with a warm channel cache (or none needed), by lane: the plan's table of commands per message."}, []string{"lane"})
 	warmCall := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricWarmCall,
 		Help: "Valkey round trips of the messages in outgress_warm_messages_total, as the worker counts them: its limiter calls and pause lookups, by lane."}, []string{"lane"})
 	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricTokens,
@@ -177,9 +179,11 @@ func New() *Metrics {
 		Help: "1 for each rollout step the replica's worker runs, 0 for a step switched off (worker.Steps)."}, []string{"step"})
 	propag := prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricPropag,
 		Help: "Time from a pause change's write (its writer's clock) to when this replica acted on it, once per change.", Buckets: latencyBuckets})
+	finished := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricFinished,
+		Help: "Messages finished (acked or dropped) by this replica, by whether they were dropped and whether they had been delivered more than once: each message counted once."}, []string{"dropped", "redelivered"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, tokens, rollout, propag, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, finished, tokens, rollout, propag, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -205,6 +209,11 @@ func New() *Metrics {
 		m.rollout[i] = rollout.WithLabelValues(name)
 	}
 	m.propag = propag
+	for d, dv := range []string{"false", "true"} {
+		for r, rv := range []string{"false", "true"} {
+			m.finished[d][r] = finished.WithLabelValues(dv, rv)
+		}
+	}
 	for op := range numOps {
 		m.callTime[op] = hist(callTime.WithLabelValues(opName(op)))
 		for o := range NumCallOutcomes {
@@ -361,7 +370,7 @@ func (m *Metrics) LimiterRedecision(lane limits.Lane) {
 	}
 }
 
-// Warm counts a message of lane that the limiter decided, with the Valkey
+// Warm counts a message of lane that the limiter admitted, with the Valkey
 // round trips it cost (limiter calls and pause lookups), when its channel
 // cache was warm (warm false: not counted).
 func (m *Metrics) Warm(lane limits.Lane, warm bool, calls int) {
@@ -457,8 +466,19 @@ func (m *Metrics) SampledConn(reused bool) {
 
 // Delivery records what became of one delivery; reason is a NackReason or
 // DropReason for those outcomes and ignored otherwise. Its signature fits
-// bus.Config.Observe (with the message ignored).
-func (m *Metrics) Delivery(_ *bus.Message, o bus.Outcome, reason uint8) {
+// bus.Config.Observe; the message (which may be nil) tells a redelivered
+// message's end from a first delivery's.
+func (m *Metrics) Delivery(msg *bus.Message, o bus.Outcome, reason uint8) {
+	if o.Final() {
+		d, r := 0, 0
+		if o == bus.OutcomeDropped {
+			d = 1
+		}
+		if msg != nil && msg.Attempt > 1 {
+			r = 1
+		}
+		m.finished[d][r].Inc()
+	}
 	switch o {
 	case bus.OutcomeAcked:
 		m.acked.Inc()

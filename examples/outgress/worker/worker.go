@@ -52,6 +52,10 @@ type Config struct {
 	// shared or general one) 2 tokens instead of 1, eating the premium
 	// reserve. Never set it in production.
 	DoubleChargeShared bool
+	// ExtraPauseLookup is another deliberate bug: with the pause snapshot
+	// on, the flag is also read from Valkey on every message (one more
+	// round trip). Never set it in production.
+	ExtraPauseLookup bool
 	// Off is the set of rollout steps switched off (see Steps): zero, the
 	// default, runs every step. A step switched off runs the shape it
 	// replaced, on the same keys, so replicas with different Off share one
@@ -200,6 +204,10 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 
 	if w.steps.Has(StepPauseSnapshot) {
 		err = w.pause.Check()
+		if err == nil && w.cfg.ExtraPauseLookup {
+			_, err = w.pause.Lookup(ctx)
+			path.PauseLookups++
+		}
 	} else {
 		var paused bool
 		paused, err = w.pause.Lookup(ctx) // the shape before the snapshot: a GET per message
@@ -254,11 +262,11 @@ func (w *Worker) Prepare(ctx context.Context, lane limits.Lane, m *bus.Message) 
 		return nil, path, err
 	}
 	path.Decided, path.Admitted = true, d.Allowed()
-	w.metrics.Warm(lane, path.Cache == channels.CacheHit || path.Cache == channels.CacheNone, path.LimiterCalls+path.PauseLookups)
 	if !d.Allowed() {
 		return nil, path, bus.RetryOrDrop(bus.NackLimited, d.RetryAfter, deadline.Sub(t))
 	}
 
+	w.metrics.Warm(lane, path.Cache == channels.CacheHit || path.Cache == channels.CacheNone, path.LimiterCalls+path.PauseLookups)
 	req, err := w.helix.NewRequest(ctx, &cmd, ch)
 	t0, t = t, w.cfg.Now()
 	observe(metrics.StageBuild, t0, t)

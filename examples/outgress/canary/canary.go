@@ -1,0 +1,586 @@
+// Package canary is the rollout's gates as a program: it reads the
+// Prometheus metrics of a baseline replica and a canary replica over a
+// window (scraping their /metrics endpoints), computes each gate of the
+// plan from what the window added, and gives each a verdict.
+//
+// The gates (the plan's, with how each is measured):
+//
+//   - 429s: Helix 429 responses per response; the canary's may exceed the
+//     baseline's by Bounds.RateSlack plus three standard errors of the
+//     difference (the two replicas split one stream's traffic, so their
+//     rates differ by chance alone; three standard errors is what chance
+//     exceeds about once in 700 windows) at most.
+//   - auth failures: Helix 401 and 403 responses per response, the same.
+//   - premium reserve: the premium reservation invariant as a measured
+//     quantity: the tokens the standard and system lanes took from the
+//     shared (chat) or general (Helix) bucket beyond the tokens their own
+//     shares charged (outgress_limiter_tokens_total). Ordered charging makes
+//     it at most 0: every shared token a standard message takes is matched
+//     by one of its share's. Above 0, standard traffic took tokens the
+//     premium reserve holds. Premium's refusals by those buckets are shown
+//     beside it.
+//   - dropped, redelivered: messages the replica finished (acked or
+//     dropped) that were dropped, and that had been delivered more than
+//     once, per message finished (each message counted once, by the replica
+//     that finished it); Bounds.RateSlack and three standard errors again.
+//   - commands per warm message, standard and premium: the worker's own
+//     count of Valkey round trips (limiter calls and pause lookups) per
+//     message admitted with a warm channel cache, which must equal what the
+//     canary's steps imply: 1 for both lanes with every step on, one more
+//     on standard without the ordered script, one more on both without the
+//     pause snapshot. The workers' counters are checked against the
+//     server: the script runs both replicas' Limiters report
+//     (outgress_limiter_calls_total, admit.WithObserver) must equal the
+//     server's (INFO commandstats) over the window, when a Server is given,
+//     within the calls in flight at the window's edges (Bounds.InFlight).
+//   - pre-HTTP p95 and p99: from the pre_http histogram; the canary's
+//     bucket may be at most Bounds.LatencyBuckets above the baseline's.
+//   - connection churn: newly dialled connections per sampled Helix request;
+//     Bounds.RateSlack again.
+//   - pause: the canary's propagation of pause changes (p99, from
+//     outgress_pause_propagation_seconds) within Bounds.Propagation, and its
+//     snapshot age, sampled through the window, within Bounds.MaxAge.
+package canary
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// A Sample is one scrape of a replica's /metrics: every counter, gauge and
+// histogram bucket by name and labels.
+type Sample struct {
+	series map[string][]series
+}
+
+type series struct {
+	labels map[string]string
+	value  float64
+}
+
+// Parse reads the Prometheus text exposition format.
+func Parse(r io.Reader) (Sample, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return Sample{}, fmt.Errorf("canary: parsing metrics: %w", err)
+	}
+	s := Sample{series: map[string][]series{}}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				s.add(name, labels, m.GetCounter().GetValue())
+			case dto.MetricType_GAUGE:
+				s.add(name, labels, m.GetGauge().GetValue())
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				s.add(name+"_count", labels, float64(h.GetSampleCount()))
+				for _, b := range h.GetBucket() {
+					bl := map[string]string{"le": strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)}
+					for k, v := range labels {
+						bl[k] = v
+					}
+					s.add(name+"_bucket", bl, float64(b.GetCumulativeCount()))
+				}
+			}
+		}
+	}
+	return s, nil
+}
+
+func (s Sample) add(name string, labels map[string]string, v float64) {
+	s.series[name] = append(s.series[name], series{labels, v})
+}
+
+// Get sums the series of name whose labels include the given pairs
+// ("lane", "standard", ...).
+func (s Sample) Get(name string, kv ...string) float64 {
+	var sum float64
+	for _, se := range s.series[name] {
+		ok := true
+		for i := 0; i+1 < len(kv); i += 2 {
+			if se.labels[kv[i]] != kv[i+1] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			sum += se.value
+		}
+	}
+	return sum
+}
+
+// Scrape reads url, a /metrics endpoint, as Prometheus would.
+func Scrape(ctx context.Context, url string) (Sample, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Sample{}, fmt.Errorf("canary: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Sample{}, fmt.Errorf("canary: scraping %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Sample{}, fmt.Errorf("canary: scraping %s: %s", url, resp.Status)
+	}
+	return Parse(io.LimitReader(resp.Body, 16<<20))
+}
+
+// Replica is what a window saw of one replica: its metrics at the start and
+// at the end, and the largest pause snapshot age sampled in between.
+type Replica struct {
+	Start, End Sample
+	MaxAge     float64 // seconds
+}
+
+// delta is what the window added to the series of name with those labels.
+func (r *Replica) delta(name string, kv ...string) float64 {
+	return r.End.Get(name, kv...) - r.Start.Get(name, kv...)
+}
+
+// Window is one observation of both replicas, and of the server's script
+// runs when a Server was given.
+type Window struct {
+	Baseline, Canary Replica
+	Duration         time.Duration
+	// ServerScripts is the script runs the server counted in the window;
+	// -1 when not measured.
+	ServerScripts int64
+	ServerNote    string // why not, or where from
+}
+
+// A Server counts the script runs the Valkey server executed (INFO
+// commandstats: EVALSHA calls less failed ones, plus EVAL).
+type Server interface {
+	ScriptRuns(ctx context.Context) (int64, error)
+}
+
+// Watch observes the two replicas for window: it scrapes both, samples
+// their pause snapshot age every sampleEvery, and scrapes both again. srv
+// may be nil.
+func Watch(ctx context.Context, baselineURL, canaryURL string, window, sampleEvery time.Duration, srv Server) (*Window, error) {
+	w := &Window{ServerScripts: -1}
+	var err error
+	var s0 int64
+	if srv != nil {
+		if s0, err = srv.ScriptRuns(ctx); err != nil {
+			w.ServerNote = err.Error()
+			srv = nil
+		}
+	} else {
+		w.ServerNote = "no server given"
+	}
+	if w.Baseline.Start, err = Scrape(ctx, baselineURL); err != nil {
+		return nil, err
+	}
+	if w.Canary.Start, err = Scrape(ctx, canaryURL); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	end := start.Add(window)
+	for time.Now().Before(end) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(sampleEvery, time.Until(end))):
+		}
+		for _, r := range []struct {
+			url string
+			rep *Replica
+		}{{baselineURL, &w.Baseline}, {canaryURL, &w.Canary}} {
+			if s, err := Scrape(ctx, r.url); err == nil {
+				r.rep.MaxAge = max(r.rep.MaxAge, s.Get(MetricAge))
+			}
+		}
+	}
+	if w.Baseline.End, err = Scrape(ctx, baselineURL); err != nil {
+		return nil, err
+	}
+	if w.Canary.End, err = Scrape(ctx, canaryURL); err != nil {
+		return nil, err
+	}
+	w.Duration = time.Since(start)
+	if srv != nil {
+		s1, err := srv.ScriptRuns(ctx)
+		if err != nil {
+			w.ServerNote = err.Error()
+		} else {
+			w.ServerScripts = s1 - s0
+		}
+	}
+	for _, r := range []*Replica{&w.Baseline, &w.Canary} {
+		r.MaxAge = max(r.MaxAge, r.End.Get(MetricAge))
+	}
+	return w, nil
+}
+
+// Bounds are the gates' declared limits.
+type Bounds struct {
+	// RateSlack is how much a canary's rate (429s, auth failures, drops,
+	// redeliveries, connection churn, each per response, delivery or
+	// sampled request) may exceed the baseline's. Default 0.03 (3
+	// percentage points).
+	RateSlack float64
+	// Propagation bounds the canary's pause propagation p99. Default
+	// 1.5 s: a lost event is repaired by a reconcile within 1.2 s (1 s
+	// ± 20%).
+	Propagation time.Duration
+	// MaxAge bounds the canary's pause snapshot age. Default 5 s, where a
+	// replica fails closed.
+	MaxAge time.Duration
+	// CommandSlack is how far commands per warm message may stray from
+	// what the canary's steps imply (retries and re-decisions add a few).
+	// Default 0.05.
+	CommandSlack float64
+	// LatencyBuckets is how many histogram buckets (each about 42% wider
+	// than the one below) the canary's pre-HTTP p95 and p99 may sit above
+	// the baseline's: a short window's p99 is a handful of messages, and a
+	// shared machine's scheduling moves it by a bucket or two. Default 2
+	// (about 2x).
+	LatencyBuckets int
+	// InFlight is how many script runs the workers' and the server's
+	// counts may differ by: the calls in flight at the window's two edges
+	// (the server counts a call before its replica's observer does), at
+	// most the replicas' workers. Default 0.
+	InFlight int
+}
+
+func (b *Bounds) defaults() {
+	if b.RateSlack == 0 {
+		b.RateSlack = 0.03
+	}
+	if b.Propagation == 0 {
+		b.Propagation = 1500 * time.Millisecond
+	}
+	if b.MaxAge == 0 {
+		b.MaxAge = 5 * time.Second
+	}
+	if b.LatencyBuckets == 0 {
+		b.LatencyBuckets = 2
+	}
+	if b.CommandSlack == 0 {
+		b.CommandSlack = 0.05
+	}
+}
+
+// The metric names the gates read (package metrics').
+const (
+	MetricAge      = "outgress_pause_snapshot_age_seconds"
+	metricHelix    = "outgress_helix_responses_total"
+	metricTokens   = "outgress_limiter_tokens_total"
+	metricDecision = "outgress_limiter_decisions_total"
+	metricFinished = "outgress_messages_finished_total"
+	metricWarm     = "outgress_warm_messages_total"
+	metricWarmCall = "outgress_warm_valkey_calls_total"
+	metricCalls    = "outgress_limiter_calls_total"
+	metricStage    = "outgress_stage_duration_seconds"
+	metricConns    = "outgress_helix_sampled_connections_total"
+	metricPropag   = "outgress_pause_propagation_seconds"
+	metricRollout  = "outgress_rollout_step"
+)
+
+// A Gate is one line of the table.
+type Gate struct {
+	Name             string
+	Baseline, Canary string
+	Pass             bool
+	Rule             string // what passes
+}
+
+// Report is every gate of one window.
+type Report struct {
+	Gates []Gate
+	// Pass is every gate's.
+	Pass bool
+	// Steps is the canary's rollout steps, from its outgress_rollout_step.
+	Steps string
+}
+
+// Gate returns the gate named name, and whether there is one.
+func (r *Report) Gate(name string) (Gate, bool) {
+	i := slices.IndexFunc(r.Gates, func(g Gate) bool { return g.Name == name })
+	if i < 0 {
+		return Gate{}, false
+	}
+	return r.Gates[i], true
+}
+
+// The gates' names.
+const (
+	Gate429         = "429s per response"
+	GateAuth        = "auth failures per response"
+	GateReserve     = "premium reserve taken"
+	GateDropped     = "dropped per message"
+	GateRedelivered = "redelivered per message"
+	GateCmdStandard = "commands/warm msg, standard"
+	GateCmdPremium  = "commands/warm msg, premium"
+	GateCmdServer   = "script runs: workers = server"
+	GateP95         = "pre-HTTP p95"
+	GateP99         = "pre-HTTP p99"
+	GateChurn       = "new conns per sampled request"
+	GatePropagation = "pause propagation p99"
+	GatePauseAge    = "pause snapshot age, max"
+)
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// stdErr is the standard error of the difference of two rates p1 of n1
+// and p2 of n2, pooled: what chance alone moves one replica's rate by when
+// both see the same traffic.
+func stdErr(p1, p2, n1, n2 float64) float64 {
+	if n1 == 0 || n2 == 0 {
+		return 0
+	}
+	p := (p1*n1 + p2*n2) / (n1 + n2)
+	return math.Sqrt(p * (1 - p) * (1/n1 + 1/n2))
+}
+
+func pct(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" }
+
+// Evaluate computes every gate of w.
+func Evaluate(w *Window, b Bounds) *Report {
+	b.defaults()
+	rep := &Report{Pass: true}
+	add := func(g Gate) {
+		rep.Gates = append(rep.Gates, g)
+		rep.Pass = rep.Pass && g.Pass
+	}
+	base, can := &w.Baseline, &w.Canary
+
+	rate := func(name string, num func(*Replica) float64, den func(*Replica) float64) Gate {
+		bn, cn := den(base), den(can)
+		bv, cv := ratio(num(base), bn), ratio(num(can), cn)
+		allowed := bv + b.RateSlack + 3*stdErr(bv, cv, bn, cn)
+		return Gate{Name: name, Baseline: fmt.Sprintf("%s of %.0f", pct(bv), bn), Canary: fmt.Sprintf("%s of %.0f", pct(cv), cn),
+			Pass: cv <= allowed, Rule: "canary <= baseline + " + pct(b.RateSlack) + " + 3 SE (" + pct(allowed) + ")"}
+	}
+	responses := func(r *Replica) float64 { return r.delta(metricHelix) }
+	add(rate(Gate429, func(r *Replica) float64 { return r.delta(metricHelix, "status_class", "429") }, responses))
+	add(rate(GateAuth, func(r *Replica) float64 { return r.delta(metricHelix, "status_class", "auth") }, responses))
+
+	reserve := func(r *Replica) (excess, premiumRefused float64) {
+		tok := func(lane, class string) float64 { return r.delta(metricTokens, "lane", lane, "class", class) }
+		excess = tok("standard", "shared") + tok("standard", "general") + tok("system", "general") -
+			tok("standard", "standard") - tok("system", "system")
+		premiumRefused = r.delta(metricDecision, "lane", "premium", "decision", "denied_shared") +
+			r.delta(metricDecision, "lane", "premium", "decision", "denied_general")
+		return max(excess, 0), premiumRefused
+	}
+	be, bp := reserve(base)
+	ce, cp := reserve(can)
+	add(Gate{Name: GateReserve, Rule: "canary takes 0 tokens of the reserve",
+		Baseline: fmt.Sprintf("%.0f (premium refused %.0f)", be, bp), Canary: fmt.Sprintf("%.0f (premium refused %.0f)", ce, cp), Pass: ce == 0})
+
+	messages := func(r *Replica) float64 { return r.delta(metricFinished) }
+	add(rate(GateDropped, func(r *Replica) float64 { return r.delta(metricFinished, "dropped", "true") }, messages))
+	add(rate(GateRedelivered, func(r *Replica) float64 { return r.delta(metricFinished, "redelivered", "true") }, messages))
+
+	on := func(step string) bool { return can.End.Get(metricRollout, "step", step) == 1 }
+	var steps []string
+	for _, s := range []string{"metrics", "transport", "ordered_script", "pause_snapshot", "nack_suppression", "precomputed"} {
+		if on(s) {
+			steps = append(steps, s)
+		}
+	}
+	rep.Steps = strings.Join(steps, ",")
+	if rep.Steps == "" {
+		rep.Steps = "none"
+	}
+	extraPause := 0.0
+	if !on("pause_snapshot") {
+		extraPause = 1
+	}
+	expect := map[string]float64{"standard": 1 + extraPause, "premium": 1 + extraPause}
+	if !on("ordered_script") {
+		expect["standard"]++
+	}
+	for _, c := range []struct{ name, lane string }{{GateCmdStandard, "standard"}, {GateCmdPremium, "premium"}} {
+		per := func(r *Replica) (float64, float64) {
+			n := r.delta(metricWarm, "lane", c.lane)
+			return ratio(r.delta(metricWarmCall, "lane", c.lane), n), n
+		}
+		bv, _ := per(base)
+		cv, n := per(can)
+		want := expect[c.lane]
+		add(Gate{Name: c.name, Baseline: fmt.Sprintf("%.2f", bv), Canary: fmt.Sprintf("%.2f (%.0f msgs)", cv, n),
+			Rule: fmt.Sprintf("canary = %.0f (its steps) ± %.2f", want, b.CommandSlack), Pass: n > 0 && math.Abs(cv-want) <= b.CommandSlack})
+	}
+	scripts := func(r *Replica) float64 {
+		var n float64
+		for _, a := range []string{"allowed", "denied", "replayed", "outcome_unknown"} {
+			n += r.delta(metricCalls, "answer", a)
+		}
+		return n
+	}
+	workers := scripts(base) + scripts(can)
+	if w.ServerScripts < 0 {
+		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: "server n/a: " + w.ServerNote,
+			Rule: "equal, when the server counts", Pass: true})
+	} else {
+		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: fmt.Sprintf("server %d", w.ServerScripts),
+			Rule: fmt.Sprintf("equal ± %d (calls in flight)", b.InFlight), Pass: math.Abs(workers-float64(w.ServerScripts)) <= float64(b.InFlight)})
+	}
+
+	for _, q := range []struct {
+		name string
+		q    float64
+	}{{GateP95, 0.95}, {GateP99, 0.99}} {
+		bv, bi := quantile(base, metricStage, q.q, "stage", "pre_http")
+		cv, ci := quantile(can, metricStage, q.q, "stage", "pre_http")
+		add(Gate{Name: q.name, Baseline: dur(bv), Canary: dur(cv), Rule: fmt.Sprintf("canary at most %d buckets above baseline", b.LatencyBuckets), Pass: ci <= bi+b.LatencyBuckets})
+	}
+	add(rate(GateChurn, func(r *Replica) float64 { return r.delta(metricConns, "reused", "false") },
+		func(r *Replica) float64 { return r.delta(metricConns) }))
+
+	bp99, _ := quantile(base, metricPropag, 0.99)
+	cp99, _ := quantile(can, metricPropag, 0.99)
+	changes := can.delta(metricPropag + "_count")
+	add(Gate{Name: GatePropagation, Baseline: dur(bp99), Canary: fmt.Sprintf("%s (%.0f changes)", dur(cp99), changes),
+		Rule: "canary <= " + b.Propagation.String(), Pass: cp99 <= b.Propagation.Seconds()})
+	add(Gate{Name: GatePauseAge, Baseline: dur(base.MaxAge), Canary: dur(can.MaxAge),
+		Rule: "canary <= " + b.MaxAge.String(), Pass: can.MaxAge <= b.MaxAge.Seconds()})
+	return rep
+}
+
+// quantile is the upper bound of the histogram bucket holding quantile q of
+// what the window added to name's histogram (series matching kv merged),
+// and that bucket's index; 0 and -1 when the window added nothing.
+func quantile(r *Replica, name string, q float64, kv ...string) (float64, int) {
+	cum := map[float64]float64{}
+	for _, s := range []struct {
+		sample Sample
+		sign   float64
+	}{{r.End, 1}, {r.Start, -1}} {
+		for _, se := range s.sample.series[name+"_bucket"] {
+			ok := true
+			for i := 0; i+1 < len(kv); i += 2 {
+				if se.labels[kv[i]] != kv[i+1] {
+					ok = false
+				}
+			}
+			if !ok {
+				continue
+			}
+			le, err := strconv.ParseFloat(se.labels["le"], 64)
+			if err == nil {
+				cum[le] += s.sign * se.value
+			}
+		}
+	}
+	bounds := make([]float64, 0, len(cum))
+	for le := range cum {
+		bounds = append(bounds, le)
+	}
+	sort.Float64s(bounds)
+	if len(bounds) == 0 || cum[bounds[len(bounds)-1]] <= 0 {
+		return 0, -1
+	}
+	total := cum[bounds[len(bounds)-1]]
+	rank := math.Ceil(q * total)
+	for i, le := range bounds {
+		if cum[le] >= rank {
+			return le, i
+		}
+	}
+	return math.Inf(1), len(bounds)
+}
+
+func dur(sec float64) string {
+	switch {
+	case math.IsInf(sec, 1):
+		return "+Inf"
+	case sec == 0:
+		return "-"
+	}
+	return time.Duration(sec * float64(time.Second)).Round(time.Microsecond).String()
+}
+
+// Print writes the gate table and the verdict.
+func (r *Report) Print(out io.Writer) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "   gate\tbaseline\tcanary\tpasses when\tverdict\t")
+	for _, g := range r.Gates {
+		v := "pass"
+		if !g.Pass {
+			v = "FAIL"
+		}
+		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t\n", g.Name, g.Baseline, g.Canary, g.Rule, v)
+	}
+	w.Flush()
+	if r.Pass {
+		fmt.Fprintln(out, "   verdict: PASS (canary steps: "+r.Steps+")")
+	} else {
+		var failed []string
+		for _, g := range r.Gates {
+			if !g.Pass {
+				failed = append(failed, g.Name)
+			}
+		}
+		fmt.Fprintln(out, "   verdict: FAIL ("+strings.Join(failed, "; ")+"; canary steps: "+r.Steps+")")
+	}
+}
+
+// CommandStats reads script runs from a Valkey server's INFO commandstats:
+// pass a function that returns the section's text.
+type CommandStats func(ctx context.Context) (string, error)
+
+// ScriptRuns implements Server: EVALSHA calls less failed ones (NOSCRIPT),
+// plus EVAL.
+func (f CommandStats) ScriptRuns(ctx context.Context) (int64, error) {
+	info, err := f(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var evalsha, failed, eval int64
+	found := false
+	for line := range strings.SplitSeq(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		found = true
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch {
+			case name == "cmdstat_evalsha" && k == "calls":
+				evalsha = n
+			case name == "cmdstat_evalsha" && k == "failed_calls":
+				failed = n
+			case name == "cmdstat_eval" && k == "calls":
+				eval = n
+			}
+		}
+	}
+	if !found && !strings.Contains(info, "# Commandstats") {
+		return 0, fmt.Errorf("the server has no INFO commandstats")
+	}
+	return evalsha - failed + eval, nil
+}

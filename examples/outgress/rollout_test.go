@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/canary"
+	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/examples/outgress/worker"
+	"github.com/admitkit/admit/internal/testserver"
+)
+
+// TestRolloutDemo runs the rollout on the real server: a baseline with
+// every step off, a canary turning the steps on one by one; every gate
+// passes at every step, and the server's script runs match the workers'.
+func TestRolloutDemo(t *testing.T) {
+	t.Setenv("VALKEY_ADDR", testserver.Shared(t).Addr)
+	var out strings.Builder
+	res, err := runRollout(testenv.Ctx(t), 300, 700*time.Millisecond, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if testing.Verbose() {
+		os.Stdout.WriteString(out.String())
+	}
+	for i, rep := range res.reports {
+		if !rep.Pass {
+			t.Errorf("step %d (%s): the gates failed:\n%s", i+1, res.steps[i], out.String())
+			break
+		}
+	}
+}
+
+// TestCanaryGatesFail makes each gate fail on purpose, with a canary that
+// has every step on beside a baseline that has every step on too, and
+// asserts the verdict: a canary that double-charges the shared bucket
+// fails the premium reserve gate, one that adds a round trip fails the
+// commands-per-warm-message gates, one with 429s up fails the 429 gate, and
+// one whose pause events are lost (so a change reaches it only at its next
+// reconcile, 1.6 to 2.4 s later) fails the propagation gate. The same
+// window with no fault passes each of those gates first.
+func TestCanaryGatesFail(t *testing.T) {
+	srv := testserver.Shared(t)
+	t.Setenv("VALKEY_ADDR", srv.Addr)
+	dial, _, stop, err := demo.Valkey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	ctx := testenv.Ctx(t)
+	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: testenv.NATSURL(t),
+		Prefix: fmt.Sprintf("outgress-gates:%x:", time.Now().UnixNano()), Channels: 20,
+		CanaryPause: pause.Config{ReconcileEvery: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	if err := f.deploy(f.baseline, 0, worker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	srvCount := valkeyServer(f.admin)
+	seed := uint64(100)
+	window := func(t *testing.T, wc windowConfig) *canary.Report {
+		t.Helper()
+		seed++
+		wc.Rate, wc.Seed, wc.Server = 300, seed, srvCount
+		if wc.Duration == 0 {
+			wc.Duration = time.Second
+		}
+		wc.Tail = 300 * time.Millisecond
+		wc.Bounds.InFlight = 2 * fleetWorkers()
+		rep, err := f.window(ctx, wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	gate := func(t *testing.T, rep *canary.Report, name string, pass bool) {
+		t.Helper()
+		g, ok := rep.Gate(name)
+		var out strings.Builder
+		rep.Print(&out)
+		if !ok || g.Pass != pass || (!pass && rep.Pass) {
+			t.Errorf("gate %q: pass %v, want %v (verdict pass %v):\n%s", name, g.Pass, pass, rep.Pass, out.String())
+		} else if testing.Verbose() {
+			t.Logf("gate %q as expected:\n%s", name, out.String())
+		}
+	}
+
+	if err := f.deploy(f.canary, 0, worker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	rep := window(t, windowConfig{})
+	for _, name := range []string{canary.GateReserve, canary.GateCmdStandard, canary.GateCmdPremium, canary.Gate429, canary.GateCmdServer} {
+		gate(t, rep, name, true)
+	}
+
+	t.Run("double charge", func(t *testing.T) {
+		if err := f.deploy(f.canary, 0, worker.Config{DoubleChargeShared: true}); err != nil {
+			t.Fatal(err)
+		}
+		gate(t, window(t, windowConfig{}), canary.GateReserve, false)
+	})
+	t.Run("extra round trip", func(t *testing.T) {
+		if err := f.deploy(f.canary, 0, worker.Config{ExtraPauseLookup: true}); err != nil {
+			t.Fatal(err)
+		}
+		rep := window(t, windowConfig{})
+		gate(t, rep, canary.GateCmdStandard, false)
+		gate(t, rep, canary.GateCmdPremium, false)
+	})
+	t.Run("429s up", func(t *testing.T) {
+		if err := f.deploy(f.canary, 0, worker.Config{}); err != nil {
+			t.Fatal(err)
+		}
+		f.canary.fake.ThrottleEvery.Store(3)
+		defer f.canary.fake.ThrottleEvery.Store(0)
+		gate(t, window(t, windowConfig{}), canary.Gate429, false)
+	})
+	t.Run("pause propagation", func(t *testing.T) {
+		if err := f.deploy(f.canary, 0, worker.Config{}); err != nil {
+			t.Fatal(err)
+		}
+		rep := window(t, windowConfig{PauseAt: 100 * time.Millisecond})
+		gate(t, rep, canary.GatePropagation, true) // events arrive: milliseconds
+
+		f.canary.drop.Store(true)
+		defer f.canary.drop.Store(false)
+		rep = window(t, windowConfig{Duration: 5 * time.Second, PauseAt: 100 * time.Millisecond, BeforePause: func() {
+			// Right after a canary reconcile, so its next one is 1.6-2.4 s away.
+			n := f.canary.pause.Stats().Reconciles
+			testenv.WaitFor(func() bool { return f.canary.pause.Stats().Reconciles > n })
+		}})
+		gate(t, rep, canary.GatePropagation, false)
+	})
+}
