@@ -34,12 +34,14 @@ func allowedLabels() map[string][]string {
 		"reason": append(append([]string{""},
 			vals(int(bus.NumNackReasons), func(i int) string { return bus.NackReason(i).String() })...),
 			vals(int(bus.NumDropReasons), func(i int) string { return bus.DropReason(i).String() })...),
-		"replica": {"A"},
-		"after":   {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
-		"step":    metrics.RolloutSteps[:],
-		"class":   vals(int(limits.NumClasses), func(i int) string { return limits.BucketClass(i).String() }),
-		"op":      {"invalid", "take", "once", "peek", "refund", "wait-attempt"},
-		"answer":  vals(int(metrics.NumCallOutcomes), func(i int) string { return metrics.CallOutcome(i).String() }),
+		"replica":     {"A"},
+		"after":       {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
+		"step":        metrics.RolloutSteps[:],
+		"dropped":     {"false", "true"},
+		"redelivered": {"false", "true"},
+		"class":       vals(int(limits.NumClasses), func(i int) string { return limits.BucketClass(i).String() }),
+		"op":          {"invalid", "take", "once", "peek", "refund", "wait-attempt"},
+		"answer":      vals(int(metrics.NumCallOutcomes), func(i int) string { return metrics.CallOutcome(i).String() }),
 	}
 }
 
