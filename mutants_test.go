@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/suitehook"
+	"github.com/admitkit/admit/admittest"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -168,19 +168,14 @@ func TestMutants(t *testing.T) {
 		t.Skip("tests the conformance suite itself; set ADMIT_MUTANTS=1 to run it")
 	}
 	c, opts := openTarget(t)
-	var anyOpts []any
-	for _, o := range opts {
-		anyOpts = append(anyOpts, o)
-	}
-	suite := suitehook.Open(t, c, anyOpts...)
 	type row struct{ mutant, caught, evidence string }
 	var table []row
 
 	// A mutant "caught" by a rule that the shipped script fails too would
 	// prove nothing.
-	for _, r := range suite.Rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
+	for _, r := range admittest.Rules(t, c, nil, opts...) {
 		if err := runRule(r); err != nil {
-			if _, skip := suitehook.IsSkip(err); !skip {
+			if _, skip := admittest.IsSkip(err); !skip {
 				t.Fatalf("the shipped script fails %s; fix that first:\n%v", r.Name, err)
 			}
 		}
@@ -199,9 +194,9 @@ func TestMutants(t *testing.T) {
 			}
 			var caught []string
 			evidence := ""
-			for _, r := range suite.Rules(newLimiter) {
+			for _, r := range admittest.Rules(t, c, newLimiter, opts...) {
 				err := runRule(r)
-				if _, skip := suitehook.IsSkip(err); err == nil || skip {
+				if _, skip := admittest.IsSkip(err); err == nil || skip {
 					continue
 				}
 				caught = append(caught, r.Name)
@@ -220,7 +215,7 @@ func TestMutants(t *testing.T) {
 		table = append(table, row{"spec: " + r[0], r[1], ""})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "mutant → rules that caught it (%s)\n", suite.Target())
+	b.WriteString("mutant → rules that caught it\n")
 	for _, r := range table {
 		caught := r.caught
 		if caught == "" {
@@ -231,7 +226,7 @@ func TestMutants(t *testing.T) {
 	t.Log(b.String())
 }
 
-func runRule(r suitehook.Rule) error {
+func runRule(r admittest.Rule) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ruleTimeout)
 	defer cancel()
 	return r.Run(ctx)

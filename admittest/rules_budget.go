@@ -18,18 +18,6 @@ import (
 	"github.com/admitkit/admit/internal/model"
 )
 
-// budgetRules run after the rules listed in allRules.
-var budgetRules = []rule{
-	{"cost-transitions", checkCostTransitions},
-	{"remaining-reported", checkRemainingReported},
-	{"peek-writes-nothing", checkPeekWritesNothing},
-	{"peek-read-only-user", checkPeekReadOnlyUser},
-	{"refund-capped-at-burst", checkRefundCapped},
-	{"wait-honours-deadline", checkWaitDeadline},
-}
-
-func init() { allRules = append(allRules, budgetRules...) }
-
 // costCase builds a case's requests under prefix p, a std and a shared
 // bucket (no second with oneBucket), and the seeds of those present.
 func costCase(p string, spec1, spec2 admit.Spec, c1, c2 int, oneBucket bool, s1, s2 *seedAt) (admit.Request, *admit.Request, map[string]seedAt) {

@@ -13,16 +13,6 @@ import (
 	"github.com/admitkit/admit"
 )
 
-var onceRules = []rule{
-	{"once-survives-a-lost-reply", checkOnceLostReply},
-	{"once-replay-is-marked", checkOnceReplayMarked},
-	{"once-first-denial-writes-nothing", checkOnceFirstDenial},
-	{"once-id-reuse-refused", checkOnceReuse},
-	{"once-records-never-collide", checkOnceNoCollision},
-}
-
-func init() { allRules = append(allRules, onceRules...) }
-
 // checkOnceLostReply: the reply of an AllowOrderedOnce is lost after the
 // script ran (admit.ErrOutcomeUnknown); the retry with the same id returns
 // the Decision the lost run made, and the buckets were charged once. Another
