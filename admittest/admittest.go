@@ -20,6 +20,9 @@
 // expected and what the server did. Rules that cannot be checked on the
 // deployment (the cluster rules on a standalone server, say) skip and say
 // why. Run it under the race detector: some rules race 64 goroutines.
+// The rules form one ordered table (decisions, budget, once, errors, wire,
+// concurrency, trust, cluster); tools that need each rule's verdict, such as
+// a mutation tester, get the same table from [Rules].
 //
 // # What the suite does to the server
 //
@@ -27,7 +30,9 @@
 // [WithPrefix] says otherwise); each rule's keys share one hash tag, so they
 // stay in one cluster slot. At the end it deletes those keys and nothing else
 // (SCAN MATCH on every node, then DEL). It reads TIME, INFO, CLUSTER SLOTS
-// and CLUSTER KEYSLOT, and the DUMP and PEXPIRETIME of its own keys. It opens
+// and CLUSTER KEYSLOT, and the DUMP and PEXPIRETIME of its own keys (on a
+// server that does not DUMP a hash, which it finds by dumping one of its
+// own, their TYPE and contents instead). It opens
 // short-lived connections to the server through a TCP proxy it runs on
 // 127.0.0.1, which loses replies on purpose and records what the client
 // sends. Without [Owned] it never runs FLUSHALL, FLUSHDB, SCRIPT FLUSH,
@@ -37,8 +42,10 @@
 //
 // With [Owned], which declares the server the suite's alone, it also runs
 // SCRIPT FLUSH on the node that holds a rule's keys (emptying that node's
-// whole script cache) and requires INFO commandstats to move exactly by its
-// own commands.
+// whole script cache), requires INFO commandstats to move exactly by its
+// own commands (where the server reports them), and the rule
+// only-declared-keys compares every key outside the prefix before and after
+// its calls.
 //
 // With [Owned] or [WithAdmin], the rule peek-read-only-user also creates a
 // short-lived ACL user ("admittest-peek-" and random hex digits, allowed
@@ -178,9 +185,10 @@ func (f optionFunc) apply(c *config) { f(c) }
 func Owned() Option { return optionFunc(func(c *config) { c.owned = true }) }
 
 // WithAdmin gives the client the suite prepares and inspects buckets with
-// (DEL, HSET, PEXPIREAT, SET, RPUSH, DUMP, PEXPIRETIME, HGETALL, EXISTS, SCAN,
-// TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL SETUSER and ACL DELUSER,
-// and SCRIPT FLUSH with [Owned]),
+// (DEL, HSET, PEXPIREAT, PEXPIRE, SET, RPUSH, DUMP, PEXPIRETIME, PTTL,
+// HGETALL, EXISTS, SCAN, TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL
+// SETUSER and ACL DELUSER, and SCRIPT FLUSH with [Owned]; TYPE, GET and
+// LRANGE on a server that does not DUMP a hash),
 // for when the client under test may run only what admit needs, as a
 // least-privilege ACL user does. Default: the client under test.
 func WithAdmin(admin valkey.Client) Option { return optionFunc(func(c *config) { c.admin = admin }) }

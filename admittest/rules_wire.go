@@ -79,16 +79,16 @@ func checkDeclaredKeys(ctx context.Context, e *env) error {
 		return err
 	}
 	// others returns every key of the node outside the suite's base, with
-	// its DUMP, on a quiet server.
-	others := func() (map[string]string, error) {
-		if !e.quiet() {
+	// its snapshot, on a server that is the suite's alone.
+	others := func() (map[string]snapshot, error) {
+		if !e.owned {
 			return nil, nil
 		}
 		keys, err := scanKeys(ctx, n, "*")
 		if err != nil {
 			return nil, err
 		}
-		m := map[string]string{}
+		m := map[string]snapshot{}
 		for _, k := range keys {
 			if strings.HasPrefix(k, e.base) {
 				continue
@@ -96,9 +96,9 @@ func checkDeclaredKeys(ctx context.Context, e *env) error {
 			if len(m) == 10_000 {
 				return nil, errors.New("over 10000 keys outside the suite's prefix on a server declared the suite's alone")
 			}
-			v, err := n.Do(ctx, n.B().Dump().Key(k).Build()).ToString()
-			if err != nil && !valkey.IsValkeyNil(err) {
-				return nil, fmt.Errorf("DUMP %q: %w", k, err)
+			v, err := e.snap(ctx, k)
+			if err != nil {
+				return nil, err
 			}
 			m[k] = v
 		}
