@@ -23,6 +23,14 @@ import (
 // EVALSHA instead, in the same read-only mode, which writes nothing; the
 // Limiter remembers that and goes straight there afterwards.
 func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
+	start := l.observeStart()
+	d, err := l.peekUnobserved(ctx, first, second)
+	l.observed(OpPeek, first, start, false, d, err)
+	return d, err
+}
+
+// peekUnobserved is Peek without its observation.
+func (l *Limiter) peekUnobserved(ctx context.Context, first Request, second *Request) (Decision, error) {
 	d, err := l.run(ctx, modePeek, first, second)
 	if err == nil || !errors.Is(err, ErrOutcomeUnknown) {
 		return d, err
@@ -51,7 +59,17 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // happened: refunding could hand out tokens that were never taken, so do
 // not refund (let the bucket refill on its own). Refund is not idempotent:
 // after ErrOutcomeUnknown from Refund itself, do not repeat it.
+//
+// With [WithDenialCache], once the refund has returned, whatever its outcome
+// (one whose outcome is unknown may have run), the Limiter holds no cached
+// denial of either key, and does not cache the denial of a call sent before
+// that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
+	start := l.observeStart()
 	_, err := l.run(ctx, modeRefund, first, second)
+	if l != nil && l.denials != nil {
+		l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
+	}
+	l.observed(OpRefund, first, start, false, Decision{}, err)
 	return err
 }
