@@ -70,6 +70,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // Run runs every conformance rule against client, each as a subtest of t
@@ -232,6 +233,6 @@ func open(t *testing.T, client valkey.Client, opts []Option) *deployment {
 	if err != nil {
 		t.Fatalf("admittest: %v", err)
 	}
-	t.Cleanup(func() { deleteWithPrefix(d.admin, d.base) })
+	t.Cleanup(func() { serverinfo.DeleteWithPrefix(d.admin, d.base) })
 	return d
 }

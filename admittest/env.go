@@ -17,6 +17,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/model"
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // deployment is the server or cluster under test: the client under test, the
@@ -58,7 +59,7 @@ func newDeployment(client valkey.Client, cfg config) (*deployment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	info, err := d.admin.Do(ctx, d.admin.B().Info().Section("server").Build()).ToString()
-	switch f := infoFields(info); {
+	switch f := serverinfo.Fields(info); {
 	case isRefusal(err):
 		d.version = "a server that refuses INFO server"
 	case err != nil:
@@ -100,7 +101,7 @@ func (d *deployment) probeCounts(ctx context.Context) (bool, error) {
 	if !d.owned {
 		return false, nil
 	}
-	_, err := readCommandStats(ctx, d.admin)
+	_, err := serverinfo.CommandStats(ctx, d.admin)
 	if isRefusal(err) {
 		return false, nil
 	}
@@ -293,7 +294,7 @@ type cmdStat struct{ calls, failed int64 }
 
 // stats returns INFO commandstats of the node that holds key, by
 // lower-case command name, on a quiet server; nil otherwise.
-func (e *env) stats(ctx context.Context, key string) (map[string]cmdStat, error) {
+func (e *env) stats(ctx context.Context, key string) (serverinfo.Stats, error) {
 	if !e.quiet() {
 		return nil, nil
 	}
@@ -301,73 +302,7 @@ func (e *env) stats(ctx context.Context, key string) (map[string]cmdStat, error)
 	if err != nil {
 		return nil, err
 	}
-	return readCommandStats(ctx, n)
-}
-
-func readCommandStats(ctx context.Context, c valkey.Client) (map[string]cmdStat, error) {
-	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-	if err != nil {
-		return nil, fmt.Errorf("INFO commandstats: %w", err)
-	}
-	stats := map[string]cmdStat{}
-	for k, v := range infoFields(info) {
-		name, ok := strings.CutPrefix(k, "cmdstat_")
-		if !ok {
-			continue
-		}
-		var s cmdStat
-		for kv := range strings.SplitSeq(v, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(val, 10, 64)
-			switch key {
-			case "calls":
-				s.calls = n
-			case "failed_calls":
-				s.failed = n
-			}
-		}
-		stats[name] = s
-	}
-	return stats, nil
-}
-
-// scriptCalls is the number of EVALSHA and EVAL calls between two stats.
-func scriptCalls(s0, s1 map[string]cmdStat) int64 {
-	return s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls
-}
-
-// infoFields parses the "name:value" lines of an INFO reply.
-func infoFields(info string) map[string]string {
-	info = strings.TrimPrefix(info, "txt:") // a RESP3 verbatim string
-	m := map[string]string{}
-	for line := range strings.Lines(info) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
-			m[k] = v
-		}
-	}
-	return m
-}
-
-// deleteWithPrefix deletes every key that starts with prefix, on every
-// node of c, and nothing else. prefix holds no glob characters.
-func deleteWithPrefix(c valkey.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, node := range c.Nodes() {
-		var cursor uint64
-		for range 10000 {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
-			if err != nil {
-				break
-			}
-			for _, k := range e.Elements {
-				node.Do(ctx, node.B().Del().Key(k).Build())
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
-			}
-		}
-	}
+	return serverinfo.CommandStats(ctx, n)
 }
 
 // snapshot is a key's state byte for byte: its DUMP payload (or, on a

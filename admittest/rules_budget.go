@@ -527,7 +527,7 @@ func checkWaitDeadline(ctx context.Context, e *env) error {
 			w.attempts++
 		}
 		if e.quiet() {
-			if n := scriptCalls(s0, s1); n != int64(w.attempts) {
+			if n := s1.ScriptCalls(s0); n != int64(w.attempts) {
 				return w, fmt.Errorf("the proxy saw %d script commands, the server counted %d", w.attempts, n)
 			}
 		}

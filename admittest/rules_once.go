@@ -79,7 +79,7 @@ func checkOnceLostReply(ctx context.Context, e *env) error {
 			return err
 		}
 		// The lost run, the retry, the third call, the other id.
-		if n := s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls; n != 4 {
+		if n := s1.ScriptCalls(s0); n != 4 {
 			errs = append(errs, fmt.Errorf("the server ran %d script commands, want 4", n))
 		}
 	}
