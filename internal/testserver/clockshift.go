@@ -51,7 +51,7 @@ func (c *Clock) Set(tb testing.TB, offset time.Duration) {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		last = at.Sub(time.Now())
+		last = time.Until(at)
 		if d := last - offset; d > -time.Minute && d < time.Minute {
 			return
 		}
