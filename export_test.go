@@ -19,3 +19,9 @@ func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 // LeastPrivilegeACL is the README's least-privilege ACL rules for admit's
 // user, without the key pattern.
 const LeastPrivilegeACL = leastPrivilege
+
+// newLimiter returns a Limiter that runs script for every mode, peek
+// included (through EVALSHA, not EVALSHA_RO).
+func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
+	return &Limiter{client: client, script: script, peek: script}
+}

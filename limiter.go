@@ -146,6 +146,7 @@ type Limiter struct {
 	// (miniredis does): peeks then run through script, in mode p.
 	peekRW  atomic.Bool
 	denials *denialCache // nil unless WithDenialCache
+	waits   waitLines    // Wait's lines, one a pair of keys waited on
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
@@ -166,10 +167,6 @@ func New(client valkey.Client, opts ...Option) *Limiter {
 		}
 	}
 	return l
-}
-
-func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
-	return &Limiter{client: client, script: script, peek: script}
 }
 
 // Script modes, sent after the buckets' arguments; a take sends none.

@@ -101,11 +101,28 @@ var goMutants = []goMutant{
 	{name: "malformed-replay-as-bad-reply", file: "decode.go",
 		edits:   [][2]string{{`if err != nil && replayed {`, `if false {`}},
 		catcher: "TestReplayShapes"},
+	// Issue 17: the denial cache is O(1) and forgets what a refund gave back.
+	{name: "denial-cache-ring-not-advancing", file: "denialcache.go",
+		edits:   [][2]string{{`c.next = (i + 1) % c.size`, `c.next = i`}},
+		catcher: "TestDenialCacheFIFO"},
+	{name: "denial-cache-evicted-key-kept-in-index", file: "denialcache.go",
+		edits: [][2]string{{`delete(c.index, c.slots[i].key)
+		}`, `}`}},
+		catcher: "TestDenialCacheFIFO"},
+	{name: "refund-keeps-second-key's-denial", file: "denialcache.go",
+		edits:   [][2]string{{`c.invalidate(second.Key)`, `_ = second.Key`}},
+		catcher: "TestDenialCacheRefund"},
+	{name: "denial-sent-before-refund-cached", file: "denialcache.go",
+		edits:   [][2]string{{`if !sent.After(c.dropped) {`, `if false {`}},
+		catcher: "TestDenialCacheRefund"},
+	{name: "refund-keeps-cached-denials", file: "budget.go",
+		edits:   [][2]string{{`l.denials.refunded(first, second)`, `_ = second`}},
+		catcher: "TestDenialCacheRefund"},
 	{name: "peek-failure-kept-outcome-unknown", file: "budget.go",
 		edits:   [][2]string{{`if err == nil || !errors.Is(err, ErrOutcomeUnknown) {`, `if true {`}},
 		catcher: "TestPeekErrorsAreNotExecuted"},
 	{name: "peek-no-fallback-where-TIME-is-refused", file: "limiter.go",
-		edits:   [][2]string{{`strings.Contains(err.Error(), readOnlyTimeRefused)`, `false`}},
+		edits:   [][2]string{{`strings.Contains(err.Error(), readOnlyTimeRefused)`, `strings.Contains(err.Error(), "no such error")`}},
 		catcher: "TestPeekOnMiniredis"},
 	{name: "once-id-unbounded", file: "once.go",
 		edits:   [][2]string{{`case len(id) > MaxOnceIDLen:`, `case len(id) > 1<<30:`}},
@@ -142,7 +159,7 @@ var goMutants = []goMutant{
 }
 
 // goMutantTests are the tests run on every mutant.
-const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce|TestReplayShapes|TestPeekErrorsAreNotExecuted|TestPeekOnMiniredis)"
+const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce|TestReplayShapes|TestPeekErrorsAreNotExecuted|TestPeekOnMiniredis|TestDenialCache)"
 
 func (m goMutant) apply(src string) (string, error) {
 	for _, ed := range m.edits {
@@ -229,7 +246,7 @@ func goMutantRows(t *testing.T) [][2]string {
 		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
 	}
 	sources := map[string]string{}
-	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go"} {
+	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

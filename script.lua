@@ -63,18 +63,30 @@
 -- redis.call as numbers where the server formats them cheaply, and the
 -- decision's path builds no closure and no table (each costs an allocation
 -- and the garbage collector's work): one function, refusal, serves every
--- error.
+-- error; the others are inline.
+--
+-- It runs in six steps, numbered below: 1 check the arguments, 2 read
+-- (TIME, the record, each bucket: read, validate, refill), 3 decide,
+-- 4 check the writes against the ACL, 5 write, 6 reply. Nothing is
+-- written before step 5, so every error before it leaves every key as it
+-- was. Lines that the mutation tests break carry a marker, "--@name"
+-- (internal/mutate).
+
+-- Constants, folded by the compiler: each costs nothing at run time.
+local EXACT = 2 ^ 53        -- Lua numbers are exact integers below it
+local MAX_REFILL = 2 ^ 50   -- per * burst, the Spec bound: sums stay below EXACT
+local V7_2_0 = 0x070200     -- redis.REDIS_VERSION_NUM of 7.2.0
+local CORRUPT = ' hash fields tokens and ts must both be decimal integers'
 
 local argv, keys = ARGV, KEYS
 local find = string.find
 local na = #argv --@nargs
-local n = (na - na % 3) / 3
+local n = (na - na % 3) / 3 -- a mode, and a window, follow the buckets' 3 each
 local mode = argv[3 * n + 1] or 't'
 local record
 
--- The arguments' shape is checked before anything is read (see the
--- header); the buckets' numbers where they are parsed, below, still before
--- any write. ADMITARGS errors are inline: a closure costs every call.
+-- 1. Check the arguments' shape, before anything is read (see the
+-- header); the buckets' numbers are checked where step 2 parses them.
 if n ~= 1 and n ~= 2 then
   return redis.error_reply('ADMITARGS admit: want the arguments of 1 or 2 buckets, got ' .. na .. ' arguments')
 end
@@ -112,6 +124,7 @@ local function refusal(err, cmd, i)
     ' (README, "Least-privilege ACL")')
 end
 
+-- 2. Read. TIME once: the one clock of the decision.
 local t = redis.pcall('TIME')
 if t.err then
   -- miniredis, say, refuses TIME in a read-only script: not an ACL refusal
@@ -144,9 +157,11 @@ if record then
   end
 end
 
--- Read, validate and refill every bucket before any write. Bucket i has
--- max tokens at most and gains one every per µs; c is what the call takes
--- (most often "1", compared rather than parsed).
+-- Read, validate and refill every bucket. Bucket i has max tokens at most
+-- and gains one every per µs; c is what the call takes (most often "1",
+-- compared rather than parsed). per, max and c are checked here, as
+-- plain decimal integers (so that "nan", "0x10" or " 5" never reach
+-- arithmetic) within the Spec's bounds.
 --
 -- A field is valid as the schema stores it: a decimal integer of at most
 -- 16 digits below 2^53, the largest range in which Lua numbers are exact.
@@ -165,13 +180,12 @@ local tk1, ts1, new1, pulled1, per1, max1, c1
 local tk2, ts2, new2, pulled2, per2, max2, c2
 for i = 1, n do
   local per, max, c = argv[3 * i - 2], argv[3 * i - 1], argv[3 * i]
-  if not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$') then --@argv-digits
+  if not (find(per, '^%d+$') and find(max, '^%d+$') and (c == '1' or find(c, '^%d+$'))) then --@argv-digits
     return redis.error_reply('ADMITARGS admit: bucket ' .. i .. ': per, burst and cost must be decimal integers')
   end
-  per, max = per + 0, max + 0
-  c = c == '1' and 1 or c + 0
-  -- 2^50: the Spec bound, under which every sum below is an exact number
-  if per < 1 or max < 1 or per * max > 1125899906842624 or c < 1 or c > max then --@argv-range
+  per, max = per + 0, max + 0 -- s + 0 parses a checked string, cheaper than tonumber
+  c = c == '1' and 1 or c + 0 -- the usual cost: a comparison, no parse
+  if per < 1 or max < 1 or per * max > MAX_REFILL or c < 1 or c > max then --@argv-range
     return redis.error_reply('ADMITARGS admit: bucket ' .. i ..
       ': want per >= 1, burst >= 1, per * burst <= 2^50 and 1 <= cost <= burst')
   end
@@ -183,11 +197,11 @@ for i = 1, n do
   local new, pulled = false, false
   if tk and ts then
     if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then --@field-digits
-      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
     end
     tk, ts = tk + 0, ts + 0 --@fields-parse
-    if tk >= 9007199254740992 or ts >= 9007199254740992 then --@field-range
-      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    if tk >= EXACT or ts >= EXACT then --@field-range
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
     end
     if tk > max then --@cap
       tk = max
@@ -198,7 +212,7 @@ for i = 1, n do
     end
     if now > ts then --@refill
       local q = (now - ts) / per
-      local gained = q - q % 1
+      local gained = q - q % 1 -- floor(q)
       if gained * per > now - ts then
         gained = gained - 1
       end
@@ -209,7 +223,7 @@ for i = 1, n do
       end
     end
   elseif tk or ts then
-    return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
   else
     local e = redis.pcall('EXISTS', keys[i])
     if type(e) == 'table' then
@@ -228,7 +242,7 @@ for i = 1, n do
   end
 end
 
--- Decide, and plan each bucket's write: STORE its fields and expiry (HSET
+-- 3. Decide, and plan each bucket's write: STORE its fields and expiry (HSET
 -- and PEXPIREAT), KEEP a denied bucket as it is but for its expiry
 -- (PEXPIREAT GT), or nil, nothing. The reply is string.format(fmt, x, y,
 -- z). Bucket 2 is evaluated only when bucket 1 admits.
@@ -265,14 +279,14 @@ else
 end
 
 if mode == 't' or mode == 'o' or mode == 'r' then --@writes
-  -- The ACL precheck: when the call writes more than one command, every
-  -- write after the first is checked before the first. A user may read a
-  -- key and not write it (%R~), or lack HSET or PEXPIREAT: without the
-  -- check the script would fail between two writes and leave a bucket
-  -- charged, or a key with no expiry. The first write needs no check: it
-  -- runs under pcall and succeeds or fails whole, so a denial's one
-  -- PEXPIREAT GT needs none at all. redis.acl_check_cmd exists on Valkey
-  -- 7.2+ and Redis 7.0+.
+  -- 4. Check the writes against the ACL: when the call writes more than
+  -- one command, every write after the first is checked before the first.
+  -- A user may read a key and not write it (%R~), or lack HSET or
+  -- PEXPIREAT: without the check the script would fail between two writes
+  -- and leave a bucket charged, or a key with no expiry. The first write
+  -- needs no check: it runs under pcall and succeeds or fails whole, so a
+  -- denial's one PEXPIREAT GT needs none at all. redis.acl_check_cmd
+  -- exists on Valkey 7.2+ and Redis 7.0+.
   local acl = redis.acl_check_cmd --@acl
   if acl and (how1 == STORE or how2 or record) then
     local first = true
@@ -300,7 +314,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then --@writes
       return refusal(nil, 'SET')
     end
   end
-  -- The writes, bucket 1's first. STORE's expiry is absolute (PEXPIREAT,
+  -- 5. Write, bucket 1 first. STORE's expiry is absolute (PEXPIREAT,
   -- ms on the server's clock, rounded up), so that a denial's expiry and
   -- the last write's compare exactly: the later of now and ts, plus the
   -- time to refill from empty to full, max * per. Never shorter than the
@@ -317,7 +331,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then --@writes
   -- what string.format costs. Older servers format every number argument
   -- with %.17g, which costs more than string.format('%d') does here. Both
   -- write the same bytes, a plain decimal integer.
-  local plain = (redis.REDIS_VERSION_NUM or 0) >= 459264 -- 7.2.0
+  local plain = (redis.REDIS_VERSION_NUM or 0) >= V7_2_0
   for i = 1, n do
     local how, tk, ts, per, max = how1, tk1, ts1, per1, max1
     if i == 2 then
@@ -328,7 +342,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then --@writes
       if now > ts then --@store-later
         at = now / 1000
       end
-      at = (at + (-at) % 1) + (ttl + (-ttl) % 1) --@store-at
+      at = (at + (-at) % 1) + (ttl + (-ttl) % 1) -- ceil(at) + ceil(ttl) --@store-at
       if not plain then
         tk, ts, at = string.format('%d', tk), string.format('%d', ts), string.format('%d', at)
       end
@@ -339,7 +353,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then --@writes
       redis.call('PEXPIREAT', keys[i], at) --@store-expire
     elseif how == KEEP then
       local full = (ts + (max - tk) * per) / 1000
-      full = full + (-full) % 1
+      full = full + (-full) % 1 -- ceil(full)
       if not plain then
         full = string.format('%d', full)
       end
@@ -351,6 +365,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then --@writes
   end
 end
 
+-- 6. Reply, and record it when the call charged something (mode 'o').
 local reply = string.format(fmt, x, y, z)
 if record then
   redis.call('SET', record, reply .. '|' .. fp, 'PX', argv[na]) --@record-write

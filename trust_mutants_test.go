@@ -46,9 +46,9 @@ var trustMutants = []struct {
 	{"acl-read-refusal-as-server-error", edits(at("acl-words", "string.find(err, 'ACL', 1, true) or", "false and")), "^TestIntegrationACL$"},
 	// Issue 17: arguments admit never sends, sent directly, must be refused
 	// before the first write.
-	{"argv-digits-unchecked", edits(at("argv-digits", "not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$')", "false")), "^TestIntegrationScriptRefusesBadArgv$"},
-	{"argv-range-unchecked", edits(at("argv-range", "per < 1 or max < 1 or per * max > 1125899906842624 or c < 1 or c > max", "false")), "^TestIntegrationScriptRefusesBadArgv$"},
-	{"argv-burst-times-per-unbounded", edits(at("argv-range", "per * max > 1125899906842624 or ", "")), "^TestIntegrationScriptRefusesBadArgv$"},
+	{"argv-digits-unchecked", edits(at("argv-digits", "not (find(per, '^%d+$') and find(max, '^%d+$') and (c == '1' or find(c, '^%d+$')))", "false")), "^TestIntegrationScriptRefusesBadArgv$"},
+	{"argv-range-unchecked", edits(at("argv-range", "per < 1 or max < 1 or per * max > MAX_REFILL or c < 1 or c > max", "false")), "^TestIntegrationScriptRefusesBadArgv$"},
+	{"argv-burst-times-per-unbounded", edits(at("argv-range", "per * max > MAX_REFILL or ", "")), "^TestIntegrationScriptRefusesBadArgv$"},
 	{"argv-shape-unchecked", edits(at("argv-shape", "na ~= 3 * n + (argv[3 * n + 1] and 1 or 0) or #keys ~= n or", "false or")), "^TestIntegrationScriptRefusesBadArgv$"},
 	{"argv-window-unchecked", edits(at("argv-window", "not find(w, '^%d+$') or #w > 15 or w + 0 < 1", "false")), "^TestIntegrationScriptRefusesBadArgv$"},
 }
@@ -94,5 +94,18 @@ func TestTrustMutants(t *testing.T) {
 			continue
 		}
 		t.Logf("caught: %-34s by %s", m.name, m.caughtBy)
+	}
+}
+
+// TestTrustMutantsApply: every trust mutant still finds its markers and
+// changes the shipped script, on every test run.
+func TestTrustMutantsApply(t *testing.T) {
+	for _, m := range trustMutants {
+		src, err := mutate.Apply(scriptSource, "--", m.edits...)
+		if err != nil {
+			t.Errorf("mutant %s: %v", m.name, err)
+		} else if src == scriptSource {
+			t.Errorf("mutant %s changes nothing", m.name)
+		}
 	}
 }
