@@ -91,6 +91,10 @@ var goMutants = []goMutant{
 	{name: "once-record-in-another-slot", file: "once.go",
 		edits:   [][2]string{{`if _, tagged := slotPart(key); tagged {`, `if false {`}},
 		catcher: "TestOnceKeySlot"},
+	// Issue 19: a server without its Lua engine ran nothing.
+	{name: "no-lua-engine-outcome-unknown", file: "exec.go",
+		edits:   [][2]string{{`case strings.Contains(msg, noScriptingEngine):`, `case false:`}},
+		catcher: "TestErrClassTable/no-scripting-engine"},
 	// Issue 17: the record's name without the key's length collides.
 	{name: "once-record-not-injective", file: "once.go",
 		edits:   [][2]string{{`n := strconv.Itoa(len(key))`, `n := ""`}},
