@@ -35,6 +35,11 @@ var (
 	// it wrote is not newer than the one this replica holds: Valkey lost the
 	// version key, and no replica will apply the write.
 	ErrVersionBehind = errors.New("outgress: pause version in Valkey is behind the replicas'")
+	// ErrOvertaken is returned (wrapped) by SetPaused when another writer's
+	// change landed after this one, before this replica could apply its
+	// own: the fleet follows the other writer's state, which the error
+	// names. Nothing of this call is applied or published.
+	ErrOvertaken = errors.New("outgress: another SetPaused won")
 )
 
 // Config configures a Pause. Zero fields take the defaults named.
@@ -297,7 +302,9 @@ func (p *Pause) Stats() Stats {
 // If the version written is not newer than the one this replica holds,
 // Valkey has lost the version key (or a concurrent write overtook this
 // one): no replica would apply it. SetPaused then applies and publishes
-// nothing and returns an error wrapping ErrVersionBehind. From then on the
+// nothing and returns an error wrapping ErrOvertaken when Valkey's version
+// has moved past this write's since (another writer won the race: the fleet
+// follows it), or ErrVersionBehind when it has not. In that second case the
 // replicas' reconciles read an older version, which confirms nothing, so
 // the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
 // operator sets the version key above the replicas' (the error names the
@@ -330,6 +337,19 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
 	if held, ok := p.confirm(paused, version, true); !ok {
+		// Either another writer's change overtook this one (Valkey's
+		// version has moved past ours), or Valkey lost the keys (it has not).
+		vals, err := p.c.Do(ctx, b.Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+		if err == nil && len(vals) == 2 {
+			if stored, err := vals[1].AsInt64(); err == nil && stored > version {
+				state := "resumed"
+				if !vals[0].IsNil() {
+					state = "paused"
+				}
+				return version, fmt.Errorf("%w: this call wrote version %d, another writer then wrote version %d (%s), which this replica "+
+					"already holds (%d) and the fleet follows; to make this call's state stick, call SetPaused again", ErrOvertaken, version, stored, state, held)
+			}
+		}
 		return version, fmt.Errorf("%w: wrote version %d but this replica holds %d, so no replica applies it; "+
 			"replicas fail closed within %v unless %s is set above %d", ErrVersionBehind, version, held, p.maxAge, p.versionKey, held)
 	}

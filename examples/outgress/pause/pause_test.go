@@ -579,3 +579,40 @@ func TestPausePropagationMeasured(t *testing.T) {
 		t.Errorf("%d measurements, want 2 (one per change)", n)
 	}
 }
+
+// TestPauseLosingWriterToldItLost: two writers race; the one whose change
+// is overtaken (its replica already holds the other's newer version when
+// its own transaction returns) is told that another writer won, with the
+// winning version and state, not that Valkey lost its keys. The race is
+// staged: the other writer's event reaches this replica first ("0:2"), and
+// its INCR lands while this writer checks Valkey.
+func TestPauseLosingWriterToldItLost(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	publish(t, raw, prefix, "0:2") // the other writer's event, ahead of its INCR
+	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
+		t.Fatal("the event was not applied")
+	}
+	var once sync.Once
+	c.Gate = func(cmd valkey.Completed) {
+		once.Do(func() { // the other writer's transaction lands: resumed, version 2
+			b := raw.B()
+			for _, r := range raw.DoMulti(testenv.Ctx(t), b.Del().Key(prefix+"pause:{pause}:flag").Build(),
+				b.Set().Key(prefix+"pause:{pause}:version").Value("2").Build()) {
+				if err := r.Error(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	v, err := p.SetPaused(testenv.Ctx(t), true) // INCR: version 1, behind the snapshot's 2
+	if !errors.Is(err, ErrOvertaken) || errors.Is(err, ErrVersionBehind) || v != 1 ||
+		!strings.Contains(err.Error(), "another writer then wrote version 2 (resumed)") {
+		t.Errorf("SetPaused: version %d, %v; want ErrOvertaken naming version 2 (resumed)", v, err)
+	}
+	if s := snapshotOf(t, p); s.Paused || s.Version != 2 {
+		t.Errorf("snapshot %+v: want the winner's state, resumed at version 2", s)
+	}
+}
