@@ -175,7 +175,7 @@ func (r *demoResult) Print(out io.Writer) {
 	if r.restartErr != nil {
 		fmt.Fprintf(out, "   Replica B's restart failed: %v\n", r.restartErr)
 	}
-	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_to_retry).")
+	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_<cause>: limited, paused, throttled or error).")
 	fmt.Fprintln(out)
 
 	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")

@@ -53,7 +53,7 @@ type Config struct {
 	Subjects []string
 	// Lifetime is how long a command is worth sending after it was
 	// published. A delivery past it is dropped (DropExpired), and a nack
-	// whose delay reaches past it is a Term (DropNoTimeToRetry). Default 5s.
+	// whose delay reaches past it is a Term (DropNoTimeLimited and the rest, by cause). Default 5s.
 	Lifetime time.Duration
 	// AckWait is how long the server waits for a delivery's ack before it
 	// redelivers the message to any replica: it only acts when a replica
@@ -326,7 +326,11 @@ func (b *Bus) deliver(msg jetstream.Msg, h Handler) {
 func (b *Bus) retry(msg jetstream.Msg, m *Message, o Outcome, reason uint8, delay time.Duration, deadline time.Time) {
 	switch {
 	case delay >= deadline.Sub(b.cfg.Now()):
-		b.settle(msg, m, OutcomeDropped, uint8(DropNoTimeToRetry))
+		why := DropNoTimeError
+		if o == OutcomeNacked {
+			why = NoTimeToRetry(NackReason(reason))
+		}
+		b.settle(msg, m, OutcomeDropped, uint8(why))
 	case m.Attempt >= b.cfg.MaxDeliver:
 		b.settle(msg, m, OutcomeDropped, uint8(DropMaxAttempts))
 	default:

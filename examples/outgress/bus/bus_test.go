@@ -181,7 +181,7 @@ func TestContract(t *testing.T) {
 		{"throttled-twice", want{ev(OutcomeNacked, uint8(NackThrottled), 1), ev(OutcomeNacked, uint8(NackThrottled), 2), ev(OutcomeAcked, 0, 3)}},
 		{"error-then-ack", want{ev(OutcomeError, 0, 1), ev(OutcomeAcked, 0, 2)}},
 		{"drop", want{ev(OutcomeDropped, uint8(DropRejected), 1)}},
-		{"too-late", want{ev(OutcomeDropped, uint8(DropNoTimeToRetry), 1)}},
+		{"too-late", want{ev(OutcomeDropped, uint8(DropNoTimePaused), 1)}},
 		{"always-nack", want{ev(OutcomeNacked, uint8(NackLimited), 1), ev(OutcomeNacked, uint8(NackLimited), 2), ev(OutcomeDropped, uint8(DropMaxAttempts), 3)}},
 	}
 	seqs := make([]uint64, len(cases))

@@ -9,10 +9,12 @@ import (
 //	nil              Ack (confirmed by the server)
 //	*ExpectedNack    NakWithDelay(RetryAfter); count by reason; no error
 //	                 report, no log (expected backpressure). Term instead,
-//	                 counted as DropNoTimeToRetry, when RetryAfter reaches
-//	                 past the message's lifetime
+//	                 counted as NoTimeToRetry(reason), when RetryAfter
+//	                 reaches past the message's lifetime
 //	*Dropped         Term: never redelivered; count by reason
-//	any other error  NakWithDelay(Config.ErrorDelay); report it
+//	any other error  NakWithDelay(Config.ErrorDelay); report it (Term,
+//	                 DropNoTimeError, when the delay reaches past the
+//	                 message's lifetime)
 //
 // Expected nacks and drops are values of a fixed set of reasons, so metrics
 // labelled by reason stay bounded.
@@ -57,13 +59,32 @@ const (
 	DropMalformed      DropReason = iota // the body can never be valid
 	DropUnknownChannel                   // Valkey has no such channel
 	DropRejected                         // Helix refused it (4xx other than 429)
-	DropNoTimeToRetry                    // the retry delay reaches past the message's lifetime
-	DropExpired                          // the bus found it past its lifetime
-	DropMaxAttempts                      // the bus gave up redelivering it
+	// DropNoTimeLimited and the three after it: the retry delay reaches
+	// past the message's lifetime, by the cause of the retry: a limiter
+	// denial, the pause, a Helix 429, a dependency failure (an error).
+	DropNoTimeLimited
+	DropNoTimePaused
+	DropNoTimeThrottled
+	DropNoTimeError
+	DropExpired     // the bus found it past its lifetime
+	DropMaxAttempts // the bus gave up redelivering it
 	NumDropReasons
 )
 
-var dropNames = [NumDropReasons]string{"malformed", "unknown_channel", "rejected", "no_time_to_retry", "expired", "max_attempts"}
+var dropNames = [NumDropReasons]string{"malformed", "unknown_channel", "rejected",
+	"no_time_limited", "no_time_paused", "no_time_throttled", "no_time_error", "expired", "max_attempts"}
+
+// NoTimeToRetry is the drop reason of a retry for reason that would come
+// past the message's lifetime.
+func NoTimeToRetry(reason NackReason) DropReason {
+	switch reason {
+	case NackPaused:
+		return DropNoTimePaused
+	case NackThrottled:
+		return DropNoTimeThrottled
+	}
+	return DropNoTimeLimited
+}
 
 // String is the reason's metric label.
 func (r DropReason) String() string {
@@ -95,7 +116,7 @@ func (d *Dropped) Unwrap() error { return d.Err }
 // redelivering it then would only expire it later, at a cost.
 func RetryOrDrop(reason NackReason, retryAfter, remaining time.Duration) error {
 	if retryAfter >= remaining {
-		return &Dropped{Reason: DropNoTimeToRetry}
+		return &Dropped{Reason: NoTimeToRetry(reason)}
 	}
 	return &ExpectedNack{Reason: reason, RetryAfter: retryAfter}
 }

@@ -286,7 +286,7 @@ func TestHelixSendOutcomes(t *testing.T) {
 		}},
 		{"status=429&size=50&reset=" + strconv.FormatInt(reset, 10), short, func(err error) bool {
 			var d *bus.Dropped
-			return errors.As(err, &d) && d.Reason == bus.DropNoTimeToRetry
+			return errors.As(err, &d) && d.Reason == bus.DropNoTimeThrottled
 		}},
 		{"status=400&size=50", long, func(err error) bool {
 			var d *bus.Dropped

@@ -46,10 +46,14 @@ const (
 	StageBuild         // building the Helix request
 	StagePreHTTP       // decode through build
 	StageHTTP          // the Helix request, through draining the body
+	// StagePublishToSent is from the message's storage in the stream (the
+	// bus server's clock) to the end of its successful Helix request (the
+	// worker's): the whole delay a user sees, redeliveries included.
+	StagePublishToSent
 	NumStages
 )
 
-var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http"}
+var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http", "publish_to_sent"}
 
 // String is the stage's metric label.
 func (s Stage) String() string {

@@ -79,7 +79,7 @@ func TestMetricsScrape(t *testing.T) {
 	m.Delivery(nil, bus.OutcomeAcked, 0)
 	m.Delivery(nil, bus.OutcomeAcked, 0)
 	m.Delivery(nil, bus.OutcomeNacked, uint8(bus.NackPaused))
-	m.Delivery(nil, bus.OutcomeDropped, uint8(bus.DropNoTimeToRetry))
+	m.Delivery(nil, bus.OutcomeDropped, uint8(bus.DropNoTimeError))
 	m.Delivery(nil, bus.OutcomeError, 0)
 	m.CacheLookup(channels.CacheHit)
 	m.CacheLookup(channels.CacheMiss)
@@ -99,7 +99,10 @@ outgress_deliveries_total{outcome="acked",reason=""} 2
 outgress_deliveries_total{outcome="dropped",reason="expired"} 0
 outgress_deliveries_total{outcome="dropped",reason="malformed"} 0
 outgress_deliveries_total{outcome="dropped",reason="max_attempts"} 0
-outgress_deliveries_total{outcome="dropped",reason="no_time_to_retry"} 1
+outgress_deliveries_total{outcome="dropped",reason="no_time_error"} 1
+outgress_deliveries_total{outcome="dropped",reason="no_time_limited"} 0
+outgress_deliveries_total{outcome="dropped",reason="no_time_paused"} 0
+outgress_deliveries_total{outcome="dropped",reason="no_time_throttled"} 0
 outgress_deliveries_total{outcome="dropped",reason="rejected"} 0
 outgress_deliveries_total{outcome="dropped",reason="unknown_channel"} 0
 outgress_deliveries_total{outcome="error",reason=""} 1

@@ -59,7 +59,7 @@ func TestHelixRoutesShareOneHelper(t *testing.T) {
 		switch {
 		case s.allowed && (err != nil || !path.Admitted):
 			t.Errorf("step %d (%v %s): %+v, %v; want admitted and sent", i, s.lane, s.body, path, err)
-		case !s.allowed && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry || !path.Decided || path.Admitted):
+		case !s.allowed && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeLimited || !path.Decided || path.Admitted):
 			t.Errorf("step %d (%v %s): %+v, %v; want denied", i, s.lane, s.body, path, err)
 		}
 		if !s.allowed {

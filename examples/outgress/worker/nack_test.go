@@ -32,7 +32,7 @@ func TestRetryOrDrop(t *testing.T) {
 		switch {
 		case c.nack && (!errors.As(err, &nack) || nack.RetryAfter != c.retry || nack.Reason != bus.NackLimited):
 			t.Errorf("retry %v, remaining %v: %v, want a limited nack after %v", c.retry, c.remaining, err, c.retry)
-		case !c.nack && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry):
+		case !c.nack && (!errors.As(err, &drop) || drop.Reason != bus.DropNoTimeLimited):
 			t.Errorf("retry %v, remaining %v: %v, want dropped (no time to retry)", c.retry, c.remaining, err)
 		}
 	}
@@ -111,7 +111,7 @@ func TestDenialBeyondLifetimeDropped(t *testing.T) {
 	old := &bus.Message{Data: []byte(chat("42")), Published: time.Now().Add(-4 * time.Second)}
 	path, err := e.worker.Process(testenv.Ctx(t), limits.LaneStandard, old)
 	var drop *bus.Dropped
-	if !errors.As(err, &drop) || drop.Reason != bus.DropNoTimeToRetry || !path.Decided || path.Admitted {
+	if !errors.As(err, &drop) || drop.Reason != bus.DropNoTimeLimited || !path.Decided || path.Admitted {
 		t.Errorf("path %+v, err %v: want denied and dropped (no time to retry)", path, err)
 	}
 	// The same denial with the whole lifetime left is a nack.
@@ -164,7 +164,7 @@ func TestValkeyDownIsRealError(t *testing.T) {
 		return err
 	})
 	b.Publish(testenv.Ctx(t), subject, []byte(chat("42")))
-	if !testenv.WaitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeToRetry] == 1 }) {
+	if !testenv.WaitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeError] == 1 }) {
 		t.Fatalf("stats %+v: want the error, then a drop (no time to retry)", b.Stats())
 	}
 	if s := b.Stats(); reports.Load() != 1 || s.Errors != 0 || s.Acked != 0 || s.Nacked != [bus.NumNackReasons]int64{} {

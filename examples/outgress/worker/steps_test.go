@@ -10,6 +10,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/internal/testserver"
 )
 
@@ -72,8 +73,11 @@ func TestStepsEachSwitch(t *testing.T) {
 			if n, want := e.metrics.StageLatency(0).Count, uint64(2); c.off.Has(StepMetrics) != (n == 0) || (n != 0 && n != want) {
 				t.Errorf("%d decode timings; want %d with the metrics step on, 0 off", n, want)
 			}
-			if got := e.metrics.StageLatency(5).Count; got != 2 { // pre_http: recorded either way
+			if got := e.metrics.StageLatency(metrics.StagePreHTTP).Count; got != 2 { // recorded either way
 				t.Errorf("%d pre_http timings, want 2", got)
+			}
+			if got := e.metrics.StageLatency(metrics.StagePublishToSent).Count; got != 2 { // both sent
+				t.Errorf("%d publish_to_sent timings, want 2", got)
 			}
 			// A denial: an expected nack, or with the step off a plain error.
 			for range 9 {
@@ -154,7 +158,7 @@ func TestMixedFleet(t *testing.T) {
 		t.Errorf("%s and %s tokens, want 0 and 0: each admission charged once, on the same keys", a, c)
 	}
 	s := b.Stats()
-	if s.Acked != 20 || s.Dropped[bus.DropNoTimeToRetry] != 7 {
+	if s.Acked != 20 || s.Dropped[bus.DropNoTimeLimited] != 7 {
 		t.Errorf("stats %+v; want 20 acked, 7 dropped (no time to retry: the refill is an hour)", s)
 	}
 

@@ -160,6 +160,9 @@ func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) 
 		} else {
 			err = w.helix.SendUndrained(req, deadline)
 		}
+		if err == nil {
+			w.metrics.Observe(metrics.StagePublishToSent, w.cfg.Now().Sub(m.Published))
+		}
 	}
 	return path, w.outcome(err)
 }
