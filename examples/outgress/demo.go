@@ -154,6 +154,10 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			firstErr.CompareAndSwap(nil, &msg)
 		},
 	}
+	// Refuse a timing configuration that breaks the delivery contract.
+	if err := worker.CheckTiming(worker.Config{Prefix: prefix}, busCfg, pause.Config{Prefix: prefix}); err != nil {
+		return nil, err
+	}
 	publisher, err := bus.Connect(ctx, natsURL, "outgress-demo-publisher", busCfg)
 	if err != nil {
 		return nil, err

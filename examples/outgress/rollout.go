@@ -93,6 +93,11 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 			}
 		},
 	}
+	for _, p := range []pause.Config{{}, cfg.CanaryPause} {
+		if err := worker.CheckTiming(worker.Config{}, f.busCfg, p); err != nil {
+			return nil, err
+		}
+	}
 	if f.publisher, err = bus.Connect(ctx, cfg.NATSURL, "outgress-rollout-publisher", f.busCfg); err != nil {
 		return nil, err
 	}

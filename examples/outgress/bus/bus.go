@@ -84,6 +84,13 @@ type Config struct {
 	Now func() time.Time
 }
 
+// WithDefaults returns c with every zero field set to its default: the
+// values the bus runs with.
+func (c Config) WithDefaults() Config {
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	if c.Stream == "" {
 		c.Stream = "OUTGRESS"

@@ -72,6 +72,21 @@ type Config struct {
 	OnPropagation func(time.Duration)
 }
 
+// WithDefaults returns cfg with ReconcileEvery, MaxAge and Timeout set to
+// their defaults where zero: the values a Pause runs with.
+func (cfg Config) WithDefaults() Config {
+	if cfg.ReconcileEvery <= 0 {
+		cfg.ReconcileEvery = time.Second
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 5 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	return cfg
+}
+
 // Snapshot is the state a replica acts on.
 type Snapshot struct {
 	Paused  bool
@@ -161,15 +176,7 @@ type Pause struct {
 // New returns a Pause on c. It is not ready, and Check fails, until
 // Start has loaded the state.
 func New(c valkey.Client, cfg Config) *Pause {
-	if cfg.ReconcileEvery <= 0 {
-		cfg.ReconcileEvery = time.Second
-	}
-	if cfg.MaxAge <= 0 {
-		cfg.MaxAge = 5 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = time.Second
-	}
+	cfg = cfg.WithDefaults()
 	if cfg.Elapsed == nil {
 		origin := time.Now()
 		cfg.Elapsed = func() time.Duration { return time.Since(origin) }

@@ -64,6 +64,30 @@ type Config struct {
 	Off Steps
 }
 
+// WithDefaults returns cfg with every zero field set to its default: the
+// values a Worker runs with.
+func (cfg Config) WithDefaults() Config {
+	if cfg.Limits == nil {
+		cfg.Limits = &limits.DefaultLimits
+	}
+	if cfg.Lifetime <= 0 {
+		cfg.Lifetime = 5 * time.Second
+	}
+	if cfg.PausedRetry <= 0 {
+		cfg.PausedRetry = 500 * time.Millisecond
+	}
+	if cfg.DecisionAttempts <= 0 {
+		cfg.DecisionAttempts = 3
+	}
+	if cfg.DecisionBackoff <= 0 {
+		cfg.DecisionBackoff = 5 * time.Millisecond
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return cfg
+}
+
 // Worker is the egress hot path: decode, pause snapshot, channel cache, one
 // limiter script, build the Helix request, send it over a reused connection.
 // A warm message costs one Valkey round trip (the script); a cold one adds
@@ -83,24 +107,7 @@ type Worker struct {
 
 // New assembles a worker from its parts.
 func New(lim *admit.Limiter, p *pause.Pause, cc *channels.Cache, hx *helix.Helix, m *metrics.Metrics, cfg Config) *Worker {
-	if cfg.Limits == nil {
-		cfg.Limits = &limits.DefaultLimits
-	}
-	if cfg.Lifetime <= 0 {
-		cfg.Lifetime = 5 * time.Second
-	}
-	if cfg.PausedRetry <= 0 {
-		cfg.PausedRetry = 500 * time.Millisecond
-	}
-	if cfg.DecisionAttempts <= 0 {
-		cfg.DecisionAttempts = 3
-	}
-	if cfg.DecisionBackoff <= 0 {
-		cfg.DecisionBackoff = 5 * time.Millisecond
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.WithDefaults()
 	w := &Worker{cfg: cfg, limits: *cfg.Limits, lim: lim, pause: p, channels: cc, helix: hx, metrics: m, steps: AllSteps &^ cfg.Off}
 	w.helixBy = limits.HelixPlans(&w.limits, cfg.Prefix)
 	legacy := *w
