@@ -138,8 +138,9 @@ func (r *demoResult) Print(out io.Writer) {
 			r.metrics.Denied(lane, limits.ClassStandard), r.metrics.Denied(lane, limits.ClassShared), r.metrics.Denied(lane, limits.ClassGeneral), r.metrics.Denied(lane, limits.ClassSystem))
 	}
 	w.Flush()
-	fmt.Fprintln(out, "   Standard chat is refused by its own share first, so its refusals never spend the shared")
-	fmt.Fprintln(out, "   limit: premium chat, which uses the shared limit alone, keeps getting through.")
+	for _, line := range r.premiumSentence() {
+		fmt.Fprintln(out, "   "+line)
+	}
 	fmt.Fprintln(out, "   admit's error contract, on three premium messages whose script calls fail:")
 	for _, c := range r.contract {
 		outcome := "admitted"
@@ -191,6 +192,9 @@ func (r *demoResult) Print(out io.Writer) {
 	}
 	w.Flush()
 	fmt.Fprintln(out, "   pre_http is decode through build: the worker's own latency before calling Helix.")
+	fmt.Fprintln(out, "   Caveat: measured on "+r.where+", a loopback fake Helix and a shared machine:")
+	fmt.Fprintln(out, "   these latencies show the shape (round trips), not what production will see; miniredis runs")
+	fmt.Fprintln(out, "   the script in Go, slower than Valkey. BenchmarkPreHTTP (README) measures a real server.")
 	fmt.Fprintln(out)
 
 	reused, fresh := r.metrics.Conns()
@@ -265,4 +269,22 @@ func round(d time.Duration) time.Duration {
 		return d.Round(100 * time.Nanosecond)
 	}
 	return d
+}
+
+// premiumSentence says what the run measured of the premium reserve: the
+// chat tokens the standard lane took from the shared limit against its
+// share's, and premium chat's admissions and refusals by the shared limit.
+func (r *demoResult) premiumSentence() []string {
+	m := r.metrics
+	stdShare, stdShared := m.Tokens(limits.LaneStandard, limits.ClassStandard), m.Tokens(limits.LaneStandard, limits.ClassShared)
+	refused := m.Denied(limits.LanePremium, limits.ClassShared)
+	lines := []string{fmt.Sprintf("The standard lane took %d tokens of the shared chat limits, never one without its share's "+
+		"(%d share tokens, chat and Helix): premium reserve taken by standard traffic: %d.", stdShared, stdShare, max(stdShared-stdShare, 0))}
+	if refused == 0 {
+		lines = append(lines, fmt.Sprintf("Premium (%d admitted in all) was never refused by a shared chat limit.", m.Admitted(limits.LanePremium)))
+	} else {
+		lines = append(lines, fmt.Sprintf("Premium (%d admitted in all) was refused %d times by a shared chat limit: on hot channels its own", m.Admitted(limits.LanePremium), refused),
+			"traffic went past the reserve, not standard traffic (which cannot take it, above).")
+	}
+	return lines
 }
