@@ -199,10 +199,12 @@ func (r *demoResult) Print(out io.Writer) {
 
 	reused, fresh := r.metrics.Conns()
 	fmt.Fprintln(out, "6. HTTP to Helix")
-	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(helix.Status2xx),
-		r.metrics.Status(helix.Status4xx), r.metrics.Status(helix.Status429), r.metrics.Status(helix.Status5xx), r.metrics.Status(helix.StatusError))
-	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled\n",
+	fmt.Fprintf(out, "   responses: 2xx %d, 4xx %d, 401/403 %d, 429 %d, 5xx %d, no response %d\n", r.metrics.Status(helix.Status2xx),
+		r.metrics.Status(helix.Status4xx), r.metrics.Status(helix.StatusAuth), r.metrics.Status(helix.Status429), r.metrics.Status(helix.Status5xx), r.metrics.Status(helix.StatusError))
+	fmt.Fprintf(out, "   %d requests over %d TCP connections; sampled requests (1 in 16): %d reused a connection, %d dialled;\n",
 		r.helixRequests, r.helixConns, reused, fresh)
+	fmt.Fprintf(out, "   their responses came over HTTP/1 %d, HTTP/2 %d, other %d times (the fake serves HTTP/1.1 only)\n",
+		r.metrics.Protos(helix.ProtoHTTP1), r.metrics.Protos(helix.ProtoHTTP2), r.metrics.Protos(helix.ProtoOther))
 	fmt.Fprintln(out)
 
 	fmt.Fprintf(out, "7. Prometheus: served on %s during the run; an excerpt of the last scrape\n", r.metricsURL)

@@ -174,7 +174,8 @@ func (h *Helix) SendUndrained(req *http.Request, deadline time.Time) error {
 }
 
 func (h *Helix) send(req *http.Request, deadline time.Time, drain bool) error {
-	if h.n.Add(1)%h.every == 0 {
+	sampled := h.n.Add(1)%h.every == 0
+	if sampled {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), h.trace))
 	}
 	start := h.now()
@@ -182,6 +183,9 @@ func (h *Helix) send(req *http.Request, deadline time.Time, drain bool) error {
 	if err != nil {
 		h.rec.Response(StatusError, h.now().Sub(start))
 		return fmt.Errorf("outgress: Helix %s: %w", req.Method, err)
+	}
+	if sampled {
+		h.rec.SampledProto(ProtoOf(resp.ProtoMajor))
 	}
 	// Deferred so that no return path can skip it: the connection goes back
 	// to the pool only once the body is read to EOF.
@@ -228,6 +232,41 @@ type Recorder interface {
 	Response(c StatusClass, took time.Duration)
 	// SampledConn records whether a sampled request reused a connection.
 	SampledConn(reused bool)
+	// SampledProto records the HTTP protocol a sampled request's response
+	// came over.
+	SampledProto(p Proto)
+}
+
+// Proto is the fixed label of an HTTP protocol version.
+type Proto uint8
+
+// The protocols.
+const (
+	ProtoHTTP1 Proto = iota // HTTP/1.x
+	ProtoHTTP2
+	ProtoOther
+	NumProtos
+)
+
+var protoNames = [NumProtos]string{"HTTP/1", "HTTP/2", "other"}
+
+// String is the protocol's metric label.
+func (p Proto) String() string {
+	if p < NumProtos {
+		return protoNames[p]
+	}
+	return "invalid"
+}
+
+// ProtoOf is the protocol of a response with that major version.
+func ProtoOf(major int) Proto {
+	switch major {
+	case 1:
+		return ProtoHTTP1
+	case 2:
+		return ProtoHTTP2
+	}
+	return ProtoOther
 }
 
 // StatusClass is the fixed label for an HTTP outcome.

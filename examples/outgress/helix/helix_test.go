@@ -342,7 +342,10 @@ func TestNewTransport(t *testing.T) {
 type recorder struct {
 	status         [NumStatus]atomic.Int64
 	reused, dialed atomic.Int64
+	protos         [NumProtos]atomic.Int64
 }
+
+func (r *recorder) SampledProto(p Proto) { r.protos[p%NumProtos].Add(1) }
 
 func (r *recorder) Response(c StatusClass, _ time.Duration) { r.status[c%NumStatus].Add(1) }
 

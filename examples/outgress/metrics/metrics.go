@@ -106,6 +106,7 @@ const (
 	MetricHelix    = "outgress_helix_responses_total"
 	MetricConns    = "outgress_helix_sampled_connections_total"
 	MetricDeliver  = "outgress_deliveries_total"
+	MetricProto    = "outgress_helix_sampled_protocol_total"
 	MetricTokens   = "outgress_limiter_tokens_total"
 	MetricRollout  = "outgress_rollout_step"
 	MetricPropag   = "outgress_pause_propagation_seconds"
@@ -141,6 +142,7 @@ type Metrics struct {
 	cache    [channels.NumCacheUses]prometheus.Counter
 	status   [helix.NumStatus]prometheus.Counter
 	conns    [2]prometheus.Counter // reused, new
+	protos   [helix.NumProtos]prometheus.Counter
 	acked    prometheus.Counter
 	errs     prometheus.Counter
 	released prometheus.Counter
@@ -185,9 +187,11 @@ func New() *Metrics {
 		Help: "Time from a pause change's write (its writer's clock) to when this replica acted on it, once per change.", Buckets: latencyBuckets})
 	finished := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricFinished,
 		Help: "Messages finished (acked or dropped) by this replica, by whether they were dropped and whether they had been delivered more than once: each message counted once."}, []string{"dropped", "redelivered"})
+	protos := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricProto,
+		Help: "Sampled Helix requests by the HTTP protocol of their response."}, []string{"proto"})
 	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDeliver,
 		Help: "Bus deliveries by outcome and reason (none for acked, error and released)."}, []string{"outcome", "reason"})
-	m.reg.MustRegister(stage, limiter, calls, callTime, retries, redecide, warm, warmCall, finished, tokens, rollout, propag, commands, cache, status, conns, deliveries)
+	m.reg.MustRegister(protos, stage, limiter, calls, callTime, retries, redecide, warm, warmCall, finished, tokens, rollout, propag, commands, cache, status, conns, deliveries)
 
 	hist := func(o prometheus.Observer) prometheus.Histogram { return o.(prometheus.Histogram) }
 	for s := range NumStages {
@@ -233,6 +237,9 @@ func New() *Metrics {
 		m.status[c] = status.WithLabelValues(c.String())
 	}
 	m.conns[0], m.conns[1] = conns.WithLabelValues("true"), conns.WithLabelValues("false")
+	for p := range helix.NumProtos {
+		m.protos[p] = protos.WithLabelValues(p.String())
+	}
 	m.acked = deliveries.WithLabelValues(bus.OutcomeAcked.String(), "")
 	m.errs = deliveries.WithLabelValues(bus.OutcomeError.String(), "")
 	m.released = deliveries.WithLabelValues(bus.OutcomeReleased.String(), "")
@@ -467,6 +474,12 @@ func (m *Metrics) SampledConn(reused bool) {
 		m.conns[1].Inc()
 	}
 }
+
+// SampledProto records the HTTP protocol of a sampled Helix response.
+func (m *Metrics) SampledProto(p helix.Proto) { m.protos[p%helix.NumProtos].Inc() }
+
+// Protos returns the sampled Helix responses of protocol p.
+func (m *Metrics) Protos(p helix.Proto) int64 { return counterValue(m.protos[p%helix.NumProtos]) }
 
 // Delivery records what became of one delivery; reason is a NackReason or
 // DropReason for those outcomes and ignored otherwise. Its signature fits

@@ -44,18 +44,22 @@ var benchLimits = func() limits.Limits {
 		HelixGeneral: huge, HelixStandard: huge, HelixSystem: huge}
 }()
 
-// BenchmarkPreHTTP times the worker's path before the third-party call, warm
-// channel cache, against a real server behind a delay proxy:
+// BenchmarkPreHTTP times the worker's path before the third-party call
+// against a real server behind a delay proxy, with a warm channel cache
+// (cache=warm) and with one that loads the channel for every message
+// (cache=cold, one HGETALL more):
 //
 //	shape=old  pause GET + one script per bucket, in sequence (Worker.LegacyPrepare)
 //	shape=new  atomic pause snapshot + one script (Worker.Prepare)
 //
-// It reports the p50 and p99 of one call, the Valkey round trips per call
+// It reports the p50, p95 and p99 of one call, the Valkey round trips per call
 // and the server's time per script run (INFO commandstats: the new shape's
 // script is AllowOrderedOnce's, which also reads and writes the id's
 // record). Run it with:
 //
-//	cd examples/outgress && go test -run '^$' -bench PreHTTP -benchtime 2000x ./worker
+//	cd examples/outgress && go test -run '^$' -bench PreHTTP -benchtime 2000x -benchmem -memprofile prehttp.mem.pprof ./worker
+//
+// and read the allocation profile with go tool pprof -sample_index=alloc_space.
 func BenchmarkPreHTTP(b *testing.B) {
 	srv := testserver.Shared(b)
 	delay := benchDelay(b)
@@ -89,52 +93,65 @@ func BenchmarkPreHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m,
-		Config{Prefix: prefix, Limits: &benchLimits})
-	data := []byte(chat("1001"))
-	legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
-		return w.LegacyPrepare(ctx, lane, m)
+	newWorker := func(ttl time.Duration) *Worker {
+		return New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix, TTL: ttl}), hx, m,
+			Config{Prefix: prefix, Limits: &benchLimits})
 	}
+	data := []byte(chat("1001"))
 
-	for _, lane := range []limits.Lane{limits.LaneStandard, limits.LanePremium} {
-		for _, shape := range []struct {
-			name    string
-			prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
-		}{{"old", legacy}, {"new", w.Prepare}} {
-			b.Run("lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
-				m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}
-				call := func(warm bool) time.Duration {
-					m.Seq++ // a new message: a decision under a new id
-					m.Published = time.Now()
-					t0 := time.Now()
-					_, path, err := shape.prepare(ctx, lane, m)
-					d := time.Since(t0)
-					if err != nil || !path.Admitted || (warm && path.Cache != channels.CacheHit) {
-						b.Fatalf("path %+v, err %v: want admitted (on a warm cache: %v)", path, err, warm)
+	for _, cache := range []string{"warm", "cold"} {
+		// Cold: a channel cache whose entries expire at once, so every
+		// message loads its channel (one HGETALL more).
+		ttl := time.Duration(0)
+		if cache == "cold" {
+			ttl = time.Nanosecond
+		}
+		w := newWorker(ttl)
+		legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
+			return w.LegacyPrepare(ctx, lane, m)
+		}
+		for _, lane := range []limits.Lane{limits.LaneStandard, limits.LanePremium} {
+			for _, shape := range []struct {
+				name    string
+				prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
+			}{{"old", legacy}, {"new", w.Prepare}} {
+				warm := cache == "warm"
+				b.Run("cache="+cache+"/lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
+					m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}
+					call := func(warm bool) time.Duration {
+						m.Seq++ // a new message: a decision under a new id
+						m.Published = time.Now()
+						t0 := time.Now()
+						_, path, err := shape.prepare(ctx, lane, m)
+						d := time.Since(t0)
+						if err != nil || !path.Admitted || (warm && path.Cache != channels.CacheHit) {
+							b.Fatalf("path %+v, err %v: want admitted (on a warm cache: %v)", path, err, warm)
+						}
+						return d
 					}
-					return d
-				}
-				call(false) // warms the channel cache, script cache and connection
-				lat := make([]time.Duration, 0, b.N)
-				_, rt0 := c.Totals()
-				st0 := testserver.CommandStats(b, direct)
-				b.ReportAllocs()
-				b.ResetTimer()
-				for range b.N {
-					lat = append(lat, call(true))
-				}
-				b.StopTimer()
-				_, rt1 := c.Totals()
-				st1 := testserver.CommandStats(b, direct)
-				if calls := st1["evalsha"].Calls - st0["evalsha"].Calls; calls > 0 {
-					// The server's own time per script run, TIME to reply.
-					b.ReportMetric(float64(st1["evalsha"].Usec-st0["evalsha"].Usec)/float64(calls), "server-µs/script")
-				}
-				slices.Sort(lat)
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds()), "p99-µs")
-				b.ReportMetric(float64(rt1-rt0)/float64(b.N), "valkey-rtt/op")
-			})
+					call(false) // warms the channel cache (when it keeps entries), script cache and connection
+					lat := make([]time.Duration, 0, b.N)
+					_, rt0 := c.Totals()
+					st0 := testserver.CommandStats(b, direct)
+					b.ReportAllocs()
+					b.ResetTimer()
+					for range b.N {
+						lat = append(lat, call(warm))
+					}
+					b.StopTimer()
+					_, rt1 := c.Totals()
+					st1 := testserver.CommandStats(b, direct)
+					if calls := st1["evalsha"].Calls - st0["evalsha"].Calls; calls > 0 {
+						// The server's own time per script run, TIME to reply.
+						b.ReportMetric(float64(st1["evalsha"].Usec-st0["evalsha"].Usec)/float64(calls), "server-µs/script")
+					}
+					slices.Sort(lat)
+					b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+					b.ReportMetric(float64(lat[(len(lat)*95)/100].Microseconds()), "p95-µs")
+					b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds()), "p99-µs")
+					b.ReportMetric(float64(rt1-rt0)/float64(b.N), "valkey-rtt/op")
+				})
+			}
 		}
 	}
 }

@@ -37,6 +37,7 @@ func allowedLabels() map[string][]string {
 		"replica":     {"A"},
 		"after":       {metrics.DecisionNotExecuted.String(), metrics.DecisionOutcomeUnknown.String()},
 		"step":        metrics.RolloutSteps[:],
+		"proto":       {"HTTP/1", "HTTP/2", "other"},
 		"dropped":     {"false", "true"},
 		"redelivered": {"false", "true"},
 		"class":       vals(int(limits.NumClasses), func(i int) string { return limits.BucketClass(i).String() }),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -78,6 +79,9 @@ func TestStepsEachSwitch(t *testing.T) {
 			}
 			if got := e.metrics.StageLatency(metrics.StagePublishToSent).Count; got != 2 { // both sent
 				t.Errorf("%d publish_to_sent timings, want 2", got)
+			}
+			if got := e.metrics.Protos(helix.ProtoHTTP1); got != 2 { // every request traced (TraceEvery 1); the fake is HTTP/1.1
+				t.Errorf("%d sampled HTTP/1 responses, want 2", got)
 			}
 			// A denial: an expected nack, or with the step off a plain error.
 			for range 9 {
