@@ -216,6 +216,9 @@ func Connect(ctx context.Context, url, name string, cfg Config) (*Bus, error) {
 // JetStream returns the bus's JetStream context, for Setup and inspection.
 func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 
+// Conn is the bus's NATS connection, for core NATS requests (package mgmt).
+func (b *Bus) Conn() *nats.Conn { return b.nc }
+
 // Publish stores data on subject and waits for the stream's
 // acknowledgement; it returns the message's stream sequence.
 func (b *Bus) Publish(ctx context.Context, subject string, data []byte) (uint64, error) {

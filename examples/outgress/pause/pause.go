@@ -232,6 +232,24 @@ func (p *Pause) Start(ctx context.Context) error {
 // FlagKey is the key of the stored pause flag ("1" when paused).
 func (p *Pause) FlagKey() string { return p.flagKey }
 
+// Stored reads the stored state from Valkey (one MGET of the flag and the
+// version): the strong answer, whatever this replica's snapshot holds.
+func (p *Pause) Stored(ctx context.Context) (paused bool, version int64, err error) {
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+	if err != nil {
+		return false, 0, fmt.Errorf("outgress: pause lookup: %w", err)
+	}
+	if len(vals) != 2 {
+		return false, 0, fmt.Errorf("outgress: pause lookup: MGET returned %d values, want 2", len(vals))
+	}
+	if !vals[1].IsNil() {
+		if version, err = vals[1].AsInt64(); err != nil {
+			return false, 0, fmt.Errorf("outgress: pause version is not a counter: %w", err)
+		}
+	}
+	return !vals[0].IsNil(), version, nil
+}
+
 // Lookup reads the stored flag from Valkey (one GET): the strong answer,
 // not the snapshot's. It is the message path of a worker whose versioned
 // snapshot step is off (worker.StepPauseSnapshot), and what a status

@@ -1,0 +1,159 @@
+// Package mgmt is the replicas' management interface on NATS, as the plan
+// asks: SetPaused is a queue-grouped request, so exactly one replica
+// executes it (its pause write and event then reach every replica), and
+// system.status answers from a strong lookup of Valkey (pause.Stored), not
+// from the answering replica's hot snapshot, which it reports beside it.
+package mgmt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/nats-io/nats.go"
+)
+
+// Config names the subjects. Zero fields take the defaults named.
+type Config struct {
+	// Prefix starts both subjects: <Prefix>.set_paused and
+	// <Prefix>.status. Default "outgress.mgmt".
+	Prefix string
+	// Queue is the queue group every replica serves in. Default
+	// "outgress-mgmt".
+	Queue string
+	// Timeout bounds the work of one request. Default 5s.
+	Timeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = "outgress.mgmt"
+	}
+	if c.Queue == "" {
+		c.Queue = "outgress-mgmt"
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 5 * time.Second
+	}
+	return c
+}
+
+// SetPausedReply is the answer to a set_paused request.
+type SetPausedReply struct {
+	Replica string `json:"replica"` // the one that executed it
+	Version int64  `json:"version"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Status is the answer to a status request.
+type Status struct {
+	Replica string `json:"replica"` // the one that answered
+	// Paused and Version are read from Valkey for this request.
+	Paused  bool  `json:"paused"`
+	Version int64 `json:"version"`
+	// Snapshot is the answering replica's hot snapshot, for comparison.
+	Snapshot struct {
+		Paused  bool    `json:"paused"`
+		Version int64   `json:"version"`
+		AgeSec  float64 `json:"age_seconds"`
+	} `json:"snapshot"`
+	Error string `json:"error,omitempty"`
+}
+
+// Serve answers both requests for replica on nc, in the queue group, until
+// the returned stop is called.
+func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (stop func(), err error) {
+	cfg = cfg.withDefaults()
+	reply := func(m *nats.Msg, v any) {
+		b, _ := json.Marshal(v)
+		m.Respond(b)
+	}
+	set, err := nc.QueueSubscribe(cfg.Prefix+".set_paused", cfg.Queue, func(m *nats.Msg) {
+		r := SetPausedReply{Replica: replica}
+		switch string(m.Data) {
+		case "1", "0":
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+			v, err := p.SetPaused(ctx, string(m.Data) == "1")
+			cancel()
+			r.Version = v
+			if err != nil {
+				r.Error = err.Error()
+			}
+		default:
+			r.Error = fmt.Sprintf("set_paused wants \"1\" (pause) or \"0\" (resume), got %q", m.Data)
+		}
+		reply(m, r)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outgress: serving set_paused: %w", err)
+	}
+	status, err := nc.QueueSubscribe(cfg.Prefix+".status", cfg.Queue, func(m *nats.Msg) {
+		s := Status{Replica: replica}
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+		paused, version, err := p.Stored(ctx)
+		cancel()
+		if err != nil {
+			s.Error = err.Error()
+		}
+		s.Paused, s.Version = paused, version
+		if snap, ok := p.Snapshot(); ok {
+			s.Snapshot.Paused, s.Snapshot.Version = snap.Paused, snap.Version
+		}
+		s.Snapshot.AgeSec = p.Age().Seconds()
+		reply(m, s)
+	})
+	if err != nil {
+		set.Unsubscribe()
+		return nil, fmt.Errorf("outgress: serving status: %w", err)
+	}
+	if err := nc.Flush(); err != nil { // the subscriptions are registered
+		set.Unsubscribe()
+		status.Unsubscribe()
+		return nil, err
+	}
+	return func() { set.Unsubscribe(); status.Unsubscribe() }, nil
+}
+
+// SetPaused asks the fleet to pause (or resume): one replica executes it.
+func SetPaused(ctx context.Context, nc *nats.Conn, cfg Config, paused bool) (SetPausedReply, error) {
+	cfg = cfg.withDefaults()
+	data := []byte("0")
+	if paused {
+		data = []byte("1")
+	}
+	var r SetPausedReply
+	if err := request(ctx, nc, cfg.Prefix+".set_paused", data, &r); err != nil {
+		return r, err
+	}
+	if r.Error != "" {
+		return r, errors.New("outgress: set_paused on replica " + r.Replica + ": " + r.Error)
+	}
+	return r, nil
+}
+
+// SystemStatus asks the fleet for the pause state, as Valkey holds it.
+func SystemStatus(ctx context.Context, nc *nats.Conn, cfg Config) (Status, error) {
+	cfg = cfg.withDefaults()
+	var s Status
+	if err := request(ctx, nc, cfg.Prefix+".status", nil, &s); err != nil {
+		return s, err
+	}
+	if s.Error != "" {
+		return s, errors.New("outgress: status on replica " + s.Replica + ": " + s.Error)
+	}
+	return s, nil
+}
+
+func request(ctx context.Context, nc *nats.Conn, subject string, data []byte, into any) error {
+	m, err := nc.RequestWithContext(ctx, subject, data)
+	if err != nil {
+		return fmt.Errorf("outgress: %s: %w", subject, err)
+	}
+	if err := json.Unmarshal(m.Data, into); err != nil {
+		return fmt.Errorf("outgress: %s: reply %q: %w", subject, m.Data, err)
+	}
+	return nil
+}
