@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -66,6 +67,7 @@ type replica struct {
 	worker   *worker.Worker
 	bus      *bus.Bus   // the current connection
 	buses    []*bus.Bus // every connection it had, for the counters
+	events   *nats.Conn // the pause events' connection (B's bus restarts; this does not)
 }
 
 // startBus connects the replica to the stream and starts its workers on
@@ -90,6 +92,9 @@ func (r *replica) close() {
 	}
 	if r.pause != nil {
 		r.pause.Close()
+	}
+	if r.events != nil {
+		r.events.Close()
 	}
 	if r.helix != nil {
 		r.helix.Close()
@@ -185,7 +190,11 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		}
 		r := &replica{name: name, raw: raw, client: &counting.Client{Client: raw}}
 		replicas = append(replicas, r)
-		r.pause = pause.New(r.client, pause.Config{Prefix: prefix})
+		if r.events, err = nats.Connect(natsURL, nats.Name("outgress-"+name+"-pause")); err != nil {
+			return nil, err
+		}
+		// Pause events on a dedicated NATS subject, as the plan asks.
+		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, Events: &pause.NATSEvents{Conn: r.events, Subject: "outgress-demo-" + run + ".pause"}})
 		if err := met.RegisterPause(name, r.pause); err != nil {
 			return nil, err
 		}

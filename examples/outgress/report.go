@@ -100,7 +100,7 @@ func (r *demoResult) Print(out io.Writer) {
 		fmt.Fprintf(out, "   which cost %d: the server had the script cached already.\n\n", r.warmupCommands)
 	}
 
-	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by pub/sub")
+	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by its event on a NATS subject")
 	for _, ev := range r.pauseLog {
 		if ev.Err != nil {
 			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Err)
@@ -112,7 +112,7 @@ func (r *demoResult) Print(out io.Writer) {
 			if d < 0 {
 				seen = append(seen, name+" not within 2s")
 			} else {
-				how := "pub/sub"
+				how := "NATS event"
 				if i == 0 {
 					how = "the writer"
 				}

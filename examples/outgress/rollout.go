@@ -20,6 +20,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
+	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -40,7 +41,23 @@ type fleetReplica struct {
 	helixes  []*helix.Helix
 	worker   atomic.Pointer[worker.Worker]
 	bus      *bus.Bus
-	drop     atomic.Bool // pub/sub events dropped
+	events   *nats.Conn  // the pause events' connection
+	drop     atomic.Bool // pause events dropped
+}
+
+// droppingEvents passes pause events through unless drop is set: a replica
+// that loses its events (the canary of the propagation gate's test).
+type droppingEvents struct {
+	pause.Events
+	drop *atomic.Bool
+}
+
+func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	d.Events.Listen(ctx, subscribed, func(m string) {
+		if !d.drop.Load() {
+			deliver(m)
+		}
+	})
 }
 
 // fleet is a baseline and a canary replica on one Valkey and one bus.
@@ -52,6 +69,8 @@ type fleet struct {
 	busCfg    bus.Config
 	operator  *pause.Pause // the operator's pause writer
 	opClient  valkey.Client
+	opEvents  *nats.Conn
+	subject   string // the pause events' NATS subject
 	admin     valkey.Client
 	finals    atomic.Int64
 }
@@ -107,7 +126,11 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 	if f.opClient, err = cfg.Dial(); err != nil {
 		return nil, err
 	}
-	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix})
+	f.subject = "outgress-rollout-" + run + ".pause"
+	if f.opEvents, err = nats.Connect(cfg.NATSURL, nats.Name("outgress-rollout-operator")); err != nil {
+		return nil, err
+	}
+	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, Events: &pause.NATSEvents{Conn: f.opEvents, Subject: f.subject}})
 	if err := f.operator.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -131,15 +154,16 @@ func (f *fleet) startReplica(ctx context.Context, name string) (*fleetReplica, e
 		return nil, err
 	}
 	r := &fleetReplica{name: name, raw: raw, client: &counting.Client{Client: raw}, met: metrics.New(), fake: helix.StartFake()}
-	if name == "canary" {
-		r.client.DropMessages = &r.drop
-		r.drop.Store(f.cfg.CanaryLosesEvents)
+	if r.events, err = nats.Connect(f.cfg.NATSURL, nats.Name("outgress-rollout-"+name+"-pause")); err != nil {
+		return r, err
 	}
 	pcfg := pause.Config{}
 	if name == "canary" {
 		pcfg = f.cfg.CanaryPause
+		r.drop.Store(f.cfg.CanaryLosesEvents)
 	}
 	pcfg.Prefix, pcfg.OnPropagation = f.cfg.Prefix, r.met.PausePropagation
+	pcfg.Events = droppingEvents{Events: &pause.NATSEvents{Conn: r.events, Subject: f.subject}, drop: &r.drop}
 	r.pause = pause.New(r.client, pcfg)
 	if err := r.met.RegisterPause(name, r.pause); err != nil {
 		return r, err
@@ -219,6 +243,9 @@ func (r *fleetReplica) close() {
 	for _, h := range r.helixes {
 		h.Close()
 	}
+	if r.events != nil {
+		r.events.Close()
+	}
 	r.fake.Close()
 	r.raw.Close()
 }
@@ -231,6 +258,9 @@ func (f *fleet) close() {
 	}
 	if f.opClient != nil {
 		f.opClient.Close()
+	}
+	if f.opEvents != nil {
+		f.opEvents.Close()
 	}
 	if f.publisher != nil {
 		f.publisher.JetStream().DeleteStream(context.Background(), f.busCfg.Stream)

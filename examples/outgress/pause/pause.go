@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -70,6 +71,21 @@ type Config struct {
 	// by a replica that stores no time is not measured. Writer and reader
 	// clocks differ by their skew.
 	OnPropagation func(time.Duration)
+	// Events carries the pause events between replicas. Default: Valkey
+	// pub/sub on the Pause's client, channel "<Prefix>pause:events".
+	// NATSEvents puts them on a dedicated NATS subject, as the plan asks.
+	Events Events
+}
+
+// Events carries pause events ("<0|1>:<version>") between replicas.
+type Events interface {
+	// Publish sends one event to every replica.
+	Publish(ctx context.Context, msg string) error
+	// Listen delivers every event received to deliver until ctx ends.
+	// It calls subscribed once the subscription is in place (the server
+	// will deliver every event published after that), and again after
+	// each resubscription, when events may have been missed meanwhile.
+	Listen(ctx context.Context, subscribed func(), deliver func(msg string))
 }
 
 // WithDefaults returns cfg with ReconcileEvery, MaxAge and Timeout set to
@@ -144,14 +160,15 @@ type snapshot struct {
 // Check, the message path's call, is safe for concurrent use and does one
 // atomic load: no lock, no allocation, no Valkey command.
 type Pause struct {
-	c                           valkey.Client
-	flagKey, versionKey, events string
-	changedKey                  string // the writer's wall time of the last change, Unix ms
-	onPropagation               func(time.Duration)
-	measured                    atomic.Int64 // the last version whose propagation was measured
-	every, maxAge, timeout      time.Duration
-	elapsed                     func() time.Duration
-	now                         func() time.Time
+	c                      valkey.Client
+	flagKey, versionKey    string
+	events                 Events
+	changedKey             string // the writer's wall time of the last change, Unix ms
+	onPropagation          func(time.Duration)
+	measured               atomic.Int64 // the last version whose propagation was measured
+	every, maxAge, timeout time.Duration
+	elapsed                func() time.Duration
+	now                    func() time.Time
 
 	snap atomic.Pointer[snapshot]
 
@@ -184,6 +201,9 @@ func New(c valkey.Client, cfg Config) *Pause {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Events == nil {
+		cfg.Events = &valkeyEvents{c: c, channel: cfg.Prefix + "pause:events"}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pause{
 		c:             c,
@@ -191,7 +211,7 @@ func New(c valkey.Client, cfg Config) *Pause {
 		versionKey:    cfg.Prefix + "pause:{pause}:version",
 		changedKey:    cfg.Prefix + "pause:{pause}:changed",
 		onPropagation: cfg.OnPropagation,
-		events:        cfg.Prefix + "pause:events",
+		events:        cfg.Events,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
@@ -379,7 +399,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 			"replicas fail closed within %v unless %s is set above %d", ErrVersionBehind, version, held, p.maxAge, p.versionKey, held)
 	}
 	msg := encodePauseEvent(paused, version)
-	if err := p.c.Do(ctx, b.Publish().Channel(p.events).Message(msg).Build()).Error(); err != nil {
+	if err := p.events.Publish(ctx, msg); err != nil {
 		return version, fmt.Errorf("%w (version %d; other replicas reconcile within %v): %w", ErrNotPublished, version, p.every, err)
 	}
 	return version, nil
@@ -394,15 +414,12 @@ func (p *Pause) Close() {
 	})
 }
 
-// listen keeps one subscription open until Close, resubscribing with a
-// capped backoff. After every resubscribe it asks for a reconcile, because
-// events published while it was away are lost.
+// listen runs the event subscription until Close. After every
+// resubscription it asks for a reconcile, because events published while
+// it was away are lost.
 func (p *Pause) listen() {
 	defer p.wg.Done()
-	onSub := func(s valkey.PubSubSubscription) {
-		if s.Kind != "subscribe" || s.Channel != p.events {
-			return
-		}
+	p.events.Listen(p.ctx, func() {
 		if p.subs.Add(1) == 1 {
 			p.subOnce.Do(func() { close(p.subscribed) })
 			return
@@ -411,18 +428,39 @@ func (p *Pause) listen() {
 		case p.kick <- struct{}{}:
 		default:
 		}
-	}
-	ctx := valkey.WithOnSubscriptionHook(p.ctx, onSub)
+	}, p.onEvent)
+}
+
+// valkeyEvents are pause events on Valkey pub/sub.
+type valkeyEvents struct {
+	c       valkey.Client
+	channel string
+}
+
+func (e *valkeyEvents) Publish(ctx context.Context, msg string) error {
+	return e.c.Do(ctx, e.c.B().Publish().Channel(e.channel).Message(msg).Build()).Error()
+}
+
+// Listen keeps one subscription open until ctx ends, resubscribing with a
+// capped backoff.
+func (e *valkeyEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	var subs atomic.Int64
+	hooked := valkey.WithOnSubscriptionHook(ctx, func(s valkey.PubSubSubscription) {
+		if s.Kind == "subscribe" && s.Channel == e.channel {
+			subs.Add(1)
+			subscribed()
+		}
+	})
 	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
-	for p.ctx.Err() == nil {
-		subs := p.subs.Load()
-		p.c.Receive(ctx, p.c.B().Subscribe().Channel(p.events).Build(), p.onMessage)
-		if p.subs.Load() > subs { // it was subscribed: start the backoff over
+	for ctx.Err() == nil {
+		before := subs.Load()
+		e.c.Receive(hooked, e.c.B().Subscribe().Channel(e.channel).Build(), func(m valkey.PubSubMessage) { deliver(m.Message) })
+		if subs.Load() > before { // it was subscribed: start the backoff over
 			backoff = minBackoff
 		}
 		select {
-		case <-p.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
@@ -430,8 +468,8 @@ func (p *Pause) listen() {
 	}
 }
 
-func (p *Pause) onMessage(m valkey.PubSubMessage) {
-	paused, version, ok := decodePauseEvent(m.Message)
+func (p *Pause) onEvent(msg string) {
+	paused, version, ok := decodePauseEvent(msg)
 	if !ok {
 		p.malformedEvents.Add(1)
 		return
@@ -607,4 +645,49 @@ func decodePauseEvent(s string) (paused bool, version int64, ok bool) {
 		return false, 0, false
 	}
 	return flag == "1", version, true
+}
+
+// NATSEvents are pause events on a dedicated NATS subject (core NATS, not
+// the stream): the plan's invalidation channel. A NATS connection keeps its
+// subscriptions across reconnects; events published while it was away are
+// repaired by the next reconcile (within ReconcileEvery + 20%).
+type NATSEvents struct {
+	Conn    *nats.Conn
+	Subject string // for example "outgress.pause"
+}
+
+// Publish sends one event and flushes it to the server.
+func (e *NATSEvents) Publish(ctx context.Context, msg string) error {
+	if err := e.Conn.Publish(e.Subject, []byte(msg)); err != nil {
+		return err
+	}
+	return e.Conn.FlushWithContext(ctx)
+}
+
+// Listen subscribes, confirms the subscription with the server (a flush),
+// reports it, and delivers events until ctx ends.
+func (e *NATSEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		sub, err := e.Conn.Subscribe(e.Subject, func(m *nats.Msg) { deliver(string(m.Data)) })
+		if err == nil {
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = e.Conn.FlushWithContext(fctx)
+			cancel()
+			if err == nil {
+				subscribed()
+				<-ctx.Done()
+				sub.Unsubscribe()
+				return
+			}
+			sub.Unsubscribe()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
 }

@@ -1,10 +1,14 @@
 package pause
 
 import (
+	"fmt"
+	"math/rand/v2"
+
 	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/nats-io/nats.go"
 	"os"
 	"slices"
 	"strconv"
@@ -123,11 +127,30 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 // TestPauseEveryReplicaSeesPause has one of three replicas pause and
 // resume; the others learn by pub/sub alone (they reconcile once an hour).
 func TestPauseEveryReplicaSeesPause(t *testing.T) {
+	for _, events := range []string{"valkey", "nats"} {
+		t.Run(events, func(t *testing.T) { everyReplicaSeesPause(t, events) })
+	}
+}
+
+// everyReplicaSeesPause is TestPauseEveryReplicaSeesPause with the events on
+// Valkey pub/sub or on a NATS subject of the test's own (each replica its
+// own connection).
+func everyReplicaSeesPause(t *testing.T, events string) {
 	srv := testserver.Shared(t)
 	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	subject := fmt.Sprintf("pause-test.%x", rand.Uint64())
 	var replicas []*Pause
 	for range 3 {
-		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+		cfg := Config{ReconcileEvery: time.Hour}
+		if events == "nats" {
+			nc, err := nats.Connect(testenv.NATSURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			cfg.Events = &NATSEvents{Conn: nc, Subject: subject}
+		}
+		p, _ := replicaPause(t, srv, prefix, cfg)
 		replicas = append(replicas, p)
 	}
 	for _, paused := range []bool{true, false} {
@@ -520,6 +543,7 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testserver.StopShared()
+	testenv.StopNATS()
 	os.Exit(code)
 }
 
