@@ -19,3 +19,10 @@ func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 // LeastPrivilegeACL is the README's least-privilege ACL rules for admit's
 // user, without the key pattern.
 const LeastPrivilegeACL = leastPrivilege
+
+// OnceKey is onceKey: the name of the record of (key, id), or the refusal
+// of the pair.
+var OnceKey = onceKey
+
+// KeySlot is keySlot: a key's cluster hash slot.
+var KeySlot = keySlot

@@ -79,3 +79,10 @@ func (c *Cache) Check(first admit.Request, at time.Time, got Outcome) error {
 	}
 	return nil
 }
+
+// Holds reports whether the cache may deny r without the server at at: a
+// denial of r is in force.
+func (c *Cache) Holds(r admit.Request, at time.Time) bool {
+	e, ok := c.entries[cacheKey{r.Key, r.Spec, cost(r)}]
+	return ok && at.Before(e.until)
+}
