@@ -1125,11 +1125,12 @@ func (r *propRun) compareState(m *model.Server, s propSnap) []string {
 		if admit.KeySlot(name) != admit.KeySlot(rid.Key) {
 			d = append(d, fmt.Sprintf("the record of (%q, %q), %q, is in slot %d, its key in %d", rid.Key, propShort(rid.ID), propShort(name), admit.KeySlot(name), admit.KeySlot(rid.Key)))
 		}
-		if o, ok := owner[name]; ok {
+		o, shared := owner[name]
+		if shared {
 			category = "collision"
 			d = append(d, fmt.Sprintf("the records of (%q, %q) and (%q, %q) share the key %q", o.Key, propShort(o.ID), rid.Key, propShort(rid.ID), propShort(name)))
 		}
-		if _, ok := want[name]; ok {
+		if _, ok := want[name]; ok && !shared {
 			category = "collision"
 			d = append(d, fmt.Sprintf("the record of (%q, %q) is named %q, a bucket's key", rid.Key, propShort(rid.ID), propShort(name)))
 		}
