@@ -17,6 +17,13 @@ import (
 //go:embed testdata/script_0b7bc55.lua
 var baselineScript string
 
+// previousScript is script.lua as of 5550b58, the release before issue
+// 17's argument checks and once-record changes: it takes the same
+// arguments as the shipped script on a take.
+//
+//go:embed testdata/script_5550b58.lua
+var previousScript string
+
 // scriptPath is one path through the script: the Specs of its buckets
 // and the Decision.Denied it must give.
 type scriptPath struct {

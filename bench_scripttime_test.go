@@ -20,8 +20,9 @@ import (
 const scriptTimeCalls = 5000
 
 // BenchmarkScriptServerTime is issue 12's measure of what a decision costs
-// the server: one server with both scripts loaded, the 0b7bc55 baseline
-// and the shipped script, each driven in turn by valkey-benchmark (one
+// the server: one server with three scripts loaded, the 0b7bc55 baseline,
+// the previous release's (5550b58, before issue 17's argument checks) and
+// the shipped script, each driven in turn by valkey-benchmark (one
 // connection, so calls never queue) with the arguments its version takes,
 // on every path. Before each run CONFIG RESETSTAT, after it INFO
 // commandstats: usec_per_call of EVALSHA, the script's own commands
@@ -29,7 +30,8 @@ const scriptTimeCalls = 5000
 // and the rounds alternate which script goes first, so that whatever else
 // the machine does weighs on both alike. It reports each script's median
 // µs per call over the rounds, the median of the rounds' ratios
-// current/baseline, and the largest of them.
+// current/baseline, and the largest of them, and the median of the rounds'
+// ratios current/previous.
 //
 //	go test -run '^$' -bench ScriptServerTime -benchtime 40x .
 //	VALKEY_SERVER=$(command -v redis-server) go test -run '^$' -bench ScriptServerTime -benchtime 40x .
@@ -58,6 +60,13 @@ func BenchmarkScriptServerTime(b *testing.B) {
 		// denied reads Decision.Denied from the script's reply.
 		denied func(valkey.ValkeyResult) (int64, error)
 	}
+	deniedOfReply := func(r valkey.ValkeyResult) (int64, error) {
+		s, err := r.ToString() // "denied retry rem1 rem2"
+		if err != nil {
+			return 0, err
+		}
+		return int64(s[0] - '0'), nil
+	}
 	variants := []*variant{
 		{name: "baseline-0b7bc55", args: baselineArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
 			arr, err := r.AsIntSlice() // {denied, retry}
@@ -66,15 +75,10 @@ func BenchmarkScriptServerTime(b *testing.B) {
 			}
 			return arr[0], nil
 		}},
-		{name: "current", args: takeArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
-			s, err := r.ToString() // "denied retry rem1 rem2"
-			if err != nil {
-				return 0, err
-			}
-			return int64(s[0] - '0'), nil
-		}},
+		{name: "previous-5550b58", args: takeArgs, denied: deniedOfReply},
+		{name: "current", args: takeArgs, denied: deniedOfReply},
 	}
-	for i, src := range []string{baselineScript, scriptSource} {
+	for i, src := range []string{baselineScript, previousScript, scriptSource} {
 		if variants[i].sha, err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
 			b.Fatal(err)
 		}
@@ -108,7 +112,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				}
 			}
 			usec := make([][]float64, len(variants)) // by script, a value a round
-			var ratios []float64                     // current/baseline, a value a round
+			var ratios, sincePrevious []float64      // current/baseline, current/previous, a value a round
 			round := 0
 			for b.Loop() {
 				for k := range variants {
@@ -131,7 +135,8 @@ func BenchmarkScriptServerTime(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				ratios = append(ratios, usec[1][round]/usec[0][round])
+				ratios = append(ratios, usec[2][round]/usec[0][round])
+				sincePrevious = append(sincePrevious, usec[2][round]/usec[1][round])
 				round++
 			}
 			for i, s := range variants {
@@ -139,6 +144,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 			}
 			b.ReportMetric(median(ratios), "current/baseline")
 			b.ReportMetric(slices.Max(ratios), "current/baseline-max")
+			b.ReportMetric(median(sincePrevious), "current/previous")
 		})
 	}
 }

@@ -1,6 +1,10 @@
 package admit
 
-import "context"
+import (
+	"context"
+	"errors"
+	"strings"
+)
 
 // Peek returns the Decision that AllowOrdered would return now for the same
 // requests, Remaining included, and takes nothing: it writes no key and
@@ -10,11 +14,28 @@ import "context"
 // fresh as the replica.
 //
 // A Peek is advice, not a reservation: another caller may take the tokens
-// before a following AllowOrdered. Errors are classed as for AllowOrdered;
-// since a Peek writes nothing, retrying one after ErrOutcomeUnknown is
-// safe.
+// before a following AllowOrdered. Since a Peek writes nothing, every error
+// it returns is [ErrNotExecuted], even one whose reason is a lost reply or
+// [ErrBadReply]: nothing was taken, and a retry is safe.
+//
+// On a server that refuses TIME in a read-only script (miniredis, the
+// embedded server of unit tests), Peek runs the same script through
+// EVALSHA instead, in the same read-only mode, which writes nothing; the
+// Limiter remembers that and goes straight there afterwards.
 func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
-	return l.run(ctx, modePeek, first, second)
+	d, err := l.run(ctx, modePeek, first, second)
+	if err == nil || !errors.Is(err, ErrOutcomeUnknown) {
+		return d, err
+	}
+	e := &callError{msg: "admit: Peek failed; a Peek writes nothing, so nothing was taken and a retry is safe", class: ErrNotExecuted, cause: err}
+	var ce *callError
+	if errors.As(err, &ce) {
+		e.reason, e.cause = ce.reason, ce.cause
+		if e.cause == nil { // a bad reply: its message is the detail
+			e.msg += ": " + strings.TrimPrefix(ce.msg, "admit: ")
+		}
+	}
+	return Decision{}, e
 }
 
 // Refund gives each Request's Cost back to its bucket, capped at the

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 )
 
 // TestCostTransitions: the three transitions with "consume" meaning Cost
@@ -241,13 +243,48 @@ func TestWaitRefundsAfterSecondDenial(t *testing.T) {
 	}
 }
 
-// TestPeekOnMiniredis: miniredis does not count TIME as a read-only
-// command, so EVALSHA_RO fails there; the error must say so, not blame an
-// ACL. (Before the fix: "NOPERM … grant +time".)
+// TestPeekOnMiniredis: miniredis, the embedded server of the quickstart
+// and of users' unit tests, does not count TIME as a read-only command, so
+// EVALSHA_RO fails there; Peek falls back to the same script in its
+// read-only mode through EVALSHA, which writes nothing (the server's dump
+// and every TTL are unchanged). Before the fix Peek failed there, and said
+// "outcome unknown: tokens may have been consumed".
 func TestPeekOnMiniredis(t *testing.T) {
 	e := newUnitEnv(t)
-	_, err := New(e.c).Peek(context.Background(), Request{Key: "k", Spec: perSecond3}, nil)
-	if err != nil && strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("Peek on miniredis: %v; a server that refuses TIME in a read-only script is not an ACL refusal", err)
+	ctx := context.Background()
+	l := New(e.c)
+	r := Request{Key: "pk", Spec: perSecond3}
+	if d := e.allow(t, r, nil); !d.Allowed() {
+		t.Fatal(d)
+	}
+	for i := range 2 { // the second Peek goes straight to EVALSHA
+		before := e.snapshot()
+		d, err := l.Peek(ctx, r, nil)
+		if err != nil || !d.Allowed() || d.Remaining != [2]int{1, -1} {
+			t.Errorf("Peek %d on miniredis: %v %v, %v; want allowed with 1 left after the take", i+1, d, d.Remaining, err)
+		}
+		if after := e.snapshot(); after != before {
+			t.Errorf("Peek %d wrote:\nbefore %s\nafter  %s", i+1, before, after)
+		}
+	}
+}
+
+// TestPeekErrorsAreNotExecuted: a Peek writes nothing, so whatever happens
+// on the wire its failure is ErrNotExecuted, never "tokens may have been
+// consumed". Here the client is closed: for AllowOrdered that is outcome
+// unknown.
+func TestPeekErrorsAreNotExecuted(t *testing.T) {
+	e := newUnitEnv(t)
+	r := Request{Key: "pk", Spec: perSecond3}
+	e.c.Close()
+	if _, err := e.l.AllowOrdered(context.Background(), r, nil); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("AllowOrdered on a closed client: %v; the control expects ErrOutcomeUnknown", err)
+	}
+	d, err := e.l.Peek(context.Background(), r, nil)
+	if !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || d.Allowed() || strings.Contains(err.Error(), "consumed") {
+		t.Errorf("Peek on a closed client: %v, %v; want ErrNotExecuted, saying nothing was taken", d, err)
+	}
+	if !errors.Is(err, valkey.ErrClosing) {
+		t.Errorf("Peek on a closed client: %v; want valkey.ErrClosing kept in the chain", err)
 	}
 }

@@ -2,6 +2,7 @@ package admit
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -9,7 +10,9 @@ import (
 
 // decode reads the script's reply "denied retry_us rem1 rem2": one string,
 // so that valkey-go allocates one small buffer for it and decoding
-// allocates nothing more. Anything else is ErrBadReply.
+// allocates nothing more. A replay (AllowOrderedOnce's recorded decision)
+// is the same prefixed with "R ". Anything else is ErrBadReply, but for a
+// malformed replay, which ran nothing: ErrCorruptState.
 func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
 	s, err := resp.ToString()
 	if valkey.IsParseErr(err) {
@@ -18,12 +21,27 @@ func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
 	if err != nil {
 		return Decision{}, classify(err)
 	}
+	replayed := strings.HasPrefix(s, "R ")
+	if replayed {
+		s = s[2:]
+	}
+	d, err := decodeFields(s, buckets)
+	if err != nil && replayed {
+		return Decision{}, &callError{msg: "admit: corrupt once-record: it replays a decision AllowOrdered never makes: " + err.Error(),
+			reason: ErrCorruptState, class: ErrNotExecuted}
+	}
+	d.replayed = replayed
+	return d, err
+}
+
+// decodeFields reads "denied retry_us rem1 rem2".
+func decodeFields(s string, buckets uint8) (Decision, error) {
 	var f [4]int64
 	rest := s
 	for i := range f {
 		field := rest
 		if i < len(f)-1 {
-			sp := indexByte(rest, ' ')
+			sp := strings.IndexByte(rest, ' ')
 			if sp < 0 {
 				return Decision{}, badReply("want 4 fields, got " + strconv.Quote(s))
 			}
@@ -51,15 +69,6 @@ func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
 		Remaining:  [2]int{int(rem1), int(rem2)},
 		decided:    true,
 	}, nil
-}
-
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return -1
 }
 
 func badReply(detail string) error {

@@ -50,13 +50,17 @@ var (
 	// Class: not executed.
 	ErrOnceIDReused = fmt.Errorf("%w: once id reused for a different request", ErrInvalidRequest)
 
-	// ErrWrongType: a bucket key holds a value that is not a hash. The
-	// script read every key before writing, so no key changed.
+	// ErrWrongType: a bucket key holds a value that is not a hash (or
+	// AllowOrderedOnce's record key one that is not a string; the message
+	// says which). The script read every key before writing, so no key
+	// changed.
 	// Class: not executed.
 	ErrWrongType = errors.New("admit: bucket key holds a value that is not a hash")
 
 	// ErrCorruptState: a bucket hash has fields that are not the decimal
-	// integers of the key schema. No key changed. Class: not executed.
+	// integers of the key schema, or AllowOrderedOnce's record key holds a
+	// string admit did not write. No key changed, and a corrupt record is
+	// never taken for an admission. Class: not executed.
 	ErrCorruptState = errors.New("admit: corrupt bucket state")
 
 	// ErrBadReply: the server answered with something the script never
@@ -193,7 +197,20 @@ func classify(err error) error {
 		case code == "WRONGTYPE":
 			return &callError{msg: "admit: " + strings.TrimPrefix(msg, "WRONGTYPE admit: "), reason: ErrWrongType, class: ErrNotExecuted}
 		case code == "ADMITCORRUPT":
-			return &callError{msg: "admit: corrupt bucket state: " + strings.TrimPrefix(msg, "ADMITCORRUPT admit: "), reason: ErrCorruptState, class: ErrNotExecuted}
+			detail, what := strings.TrimPrefix(msg, "ADMITCORRUPT admit: "), "admit: corrupt bucket state: "
+			if strings.HasPrefix(detail, "the once-record") {
+				what = "admit: corrupt once-record: "
+			}
+			return &callError{msg: what + detail + "; nothing was written", reason: ErrCorruptState, class: ErrNotExecuted}
+		case code == "ADMITREUSE":
+			return &callError{msg: "admit: invalid request: AllowOrderedOnce: this id was recorded within OnceWindow for a different request " +
+				"(another bucket count, second key, Spec or Cost); nothing was taken; give each unit of work its own id",
+				reason: ErrOnceIDReused, class: ErrNotExecuted}
+		case code == "ADMITARGS":
+			// admit never sends such arguments: a direct EVALSHA, or a
+			// script of another release under a colliding call.
+			return &callError{msg: "admit: invalid request: the script refused its arguments before reading or writing anything: " +
+				strings.TrimPrefix(msg, "ADMITARGS admit: "), reason: ErrInvalidRequest, class: ErrNotExecuted}
 		case code == "WRONGPASS":
 			// Only AUTH and HELLO ... AUTH get WRONGPASS. admit sends
 			// neither; valkey-go sends them in the setup of a new

@@ -49,6 +49,8 @@ package admit
 import (
 	"context"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -137,9 +139,12 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client  valkey.Client
-	script  *valkey.Lua  // EVALSHA: take and refund
-	peek    *valkey.Lua  // EVALSHA_RO: the same script, read-only
+	client valkey.Client
+	script *valkey.Lua // EVALSHA: take and refund
+	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
+	// peekRW is set once the server refused TIME in a read-only script
+	// (miniredis does): peeks then run through script, in mode p.
+	peekRW  atomic.Bool
 	denials *denialCache // nil unless WithDenialCache
 }
 
@@ -258,11 +263,25 @@ func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, s
 		return Decision{}, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
 	}
 	script := l.script
-	if mode == modePeek {
+	if mode == modePeek && !l.peekRW.Load() {
 		script = l.peek
 	}
-	return decode(execScript(ctx, script, l.client, keys, args), buckets)
+	d, err := decode(execScript(ctx, script, l.client, keys, args), buckets)
+	if mode == modePeek && script == l.peek && err != nil && strings.Contains(err.Error(), readOnlyTimeRefused) {
+		// Nothing ran: the server refused the script's first command.
+		l.peekRW.Store(true)
+		d, err = decode(execScript(ctx, l.script, l.client, keys, args), buckets)
+	}
+	if d.replayed && record == "" {
+		return Decision{}, badReply("a replayed decision from a call that names no once-record")
+	}
+	return d, err
 }
+
+// readOnlyTimeRefused is what miniredis answers when a read-only script
+// calls TIME, which it does not count as a read-only command. Real
+// servers run TIME in read-only scripts.
+const readOnlyTimeRefused = "Write commands are not allowed in read-only scripts"
 
 // costArg encodes a cost; strconv.Itoa does not allocate below 100.
 func costArg(cost int) string {

@@ -48,8 +48,26 @@ func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request
 	return l.runRecorded(ctx, modeOnce, first, second, record)
 }
 
-// onceKey names the record of id for a call whose first key is key, in
-// key's cluster slot.
+// OnceRecordKey returns the key of the record that AllowOrderedOnce keeps
+// for id under the first key firstKey, in firstKey's cluster slot (see
+// onceKey's encoding in the README's key schema), or the ErrInvalidRequest
+// AllowOrderedOnce would refuse them with. For operators and tests: to
+// find, inspect or delete a record.
+func OnceRecordKey(firstKey, id string) (string, error) { return onceKey(firstKey, id) }
+
+// onceKey names the record of id for a call whose first key is key:
+//
+//	<key>:once:<id>:<len(key)>      when key has a hash tag
+//	{<key>}:once:<id>:<len(key)>    otherwise
+//
+// Either way the record's first hash tag is key's slot part, so it lives in
+// key's cluster slot, and a tagged key's record starts with the key, so an
+// ACL key pattern that covers the key ("~rl:*") covers its records. The
+// encoding is injective: the digits after the last ":" give key's length,
+// which says where key ends (at that length, a tagged key's record goes on
+// with ":once:", an untagged one's with "}:once:", never both), and the id
+// is what lies between. So distinct (key, id) pairs never share a record
+// (FuzzOnceKey), whatever braces, separators or bytes they hold.
 func onceKey(key, id string) (string, error) {
 	switch {
 	case id == "":
@@ -59,23 +77,12 @@ func onceKey(key, id string) (string, error) {
 	case key == "":
 		return "", invalidRequest("first request has an empty Key")
 	}
-	if hasHashTag(key) {
-		return key + ":once:" + id, nil
+	suffix := ":once:" + id + ":" + strconv.Itoa(len(key))
+	if _, tagged := slotPart(key); tagged {
+		return key + suffix, nil
 	}
-	if strings.IndexByte(key, '}') >= 0 {
+	if strings.Contains(key, "}") {
 		return "", invalidRequest("first key " + strconv.Quote(key) + " has no hash tag but holds a \"}\": its once-record could not share its cluster slot; give it a hash tag such as {chan:42}")
 	}
-	return "{" + key + "}:once:" + id, nil
-}
-
-// hasHashTag reports whether key has a non-empty hash tag: a "{" followed
-// later by a "}" with something between them; the cluster then hashes only
-// that part.
-func hasHashTag(key string) bool {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return false
-	}
-	close := strings.IndexByte(key[open+1:], '}')
-	return close > 0
+	return "{" + key + "}" + suffix, nil
 }

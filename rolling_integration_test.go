@@ -11,13 +11,6 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// previousScript is script.lua as of ea32952, the release before the
-// issue-12 rewrite. It took a mode first, then 4 arguments a bucket: µs per
-// token, burst, expiry in milliseconds and cost.
-//
-//go:embed testdata/script_ea32952.lua
-var previousScript string
-
 // TestIntegrationRollingDeploy: during a rolling deploy the previous
 // release's script and the shipped one decide on the same buckets. Calls
 // alternate between the two, in a mixed order, on one standard and one
@@ -39,11 +32,8 @@ func TestIntegrationRollingDeploy(t *testing.T) {
 			return decode(shipped.Exec(ctx, c, keys, []string{
 				std.intervalArg, std.burstArg, strconv.Itoa(cost), shared.intervalArg, shared.burstArg, strconv.Itoa(cost)}), 2)
 		}
-		args := []string{"t"}
-		for _, s := range []Spec{std, shared} {
-			args = append(args, s.intervalArg, s.burstArg, strconv.FormatInt(s.TTL().Milliseconds(), 10), strconv.Itoa(cost))
-		}
-		return decode(previous.Exec(ctx, c, keys, args), 2)
+		return decode(previous.Exec(ctx, c, keys, []string{
+			std.intervalArg, std.burstArg, strconv.Itoa(cost), shared.intervalArg, shared.burstArg, strconv.Itoa(cost)}), 2)
 	}
 	field := func(key, name string) int64 {
 		t.Helper()

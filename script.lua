@@ -8,9 +8,18 @@
 -- ARGV[3n+1]     the mode, absent for 't': 't' take (AllowOrdered), 'p' peek
 --                (what take would decide, with no write: runs as
 --                EVALSHA_RO), 'r' refund, 'o' take once (AllowOrderedOnce):
---                a recorded decision is returned as it is; otherwise take,
---                and record the reply. Any other mode writes nothing.
+--                a recorded decision is returned marked as a replay;
+--                otherwise take, and record the reply when it charged
+--                something (an admission, or a second-bucket denial).
 -- ARGV[3n+2]     mode 'o' only: the record's expiry in milliseconds
+--
+-- Every argument is checked before anything is read or written: n is 1 or
+-- 2, the keys are exactly the buckets (and the record in mode 'o'), each
+-- number is a plain decimal integer with per >= 1, burst >= 1,
+-- per * burst <= 2^50 (the Spec bound, so every sum below stays an exact
+-- Lua number) and 1 <= cost <= burst, and the window is >= 1 ms. Anything
+-- else is an ADMITARGS error with nothing written: admit never sends such
+-- arguments, but any user allowed EVALSHA can.
 --
 -- So a take, the call nearly every decision makes, sends 3 arguments a
 -- bucket and nothing else: every argument costs the server about 1,200
@@ -26,7 +35,15 @@
 -- 0 when every bucket admitted, else the index of the bucket that refused;
 -- retry_us is 0 when admitted, else the exact wait until the refusing bucket
 -- holds its cost; remI is the tokens bucket I holds after the call, -1 for a
--- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2".
+-- bucket the call did not evaluate. A refund replies "0 0 rem1 rem2". A
+-- replay (mode 'o', the id already recorded) replies "R " and the recorded
+-- reply.
+--
+-- The record (mode 'o') is a string, "<reply>|<request>", where request is
+-- this call's arguments, space-separated, then the second key: the same id
+-- with another request (bucket count, Spec, Cost, second key) is refused
+-- with ADMITREUSE, and a value of any other shape is ADMITCORRUPT; neither
+-- writes anything.
 --
 -- A denied bucket is not rewritten: its refill is a pure function of its
 -- stored fields and the server's time, so the next call recomputes the same
@@ -49,12 +66,28 @@
 -- error.
 
 local argv, keys = ARGV, KEYS
+local find = string.find
 local na = #argv
 local n = (na - na % 3) / 3
 local mode = argv[3 * n + 1] or 't'
 local record
+
+-- The arguments' shape is checked before anything is read (see the
+-- header); the buckets' numbers where they are parsed, below, still before
+-- any write. ADMITARGS errors are inline: a closure costs every call.
+if n ~= 1 and n ~= 2 then
+  return redis.error_reply('ADMITARGS admit: want the arguments of 1 or 2 buckets, got ' .. na .. ' arguments')
+end
 if mode == 'o' then
   record = keys[n + 1]
+  local w = argv[na]
+  if na ~= 3 * n + 2 or #keys ~= n + 1 or not find(w, '^%d+$') or #w > 15 or w + 0 < 1 then
+    return redis.error_reply('ADMITARGS admit: mode o wants ' .. n ..
+      ' bucket keys and a record key, then a window of whole ms >= 1')
+  end
+elseif na ~= 3 * n + (argv[3 * n + 1] and 1 or 0) or #keys ~= n or
+    not (mode == 't' or mode == 'p' or mode == 'r') then
+  return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, p, r or o')
 end
 
 -- refusal turns what the server refused into the script's error reply:
@@ -87,14 +120,27 @@ end
 local now = t[1] * 1000000 + t[2]
 
 -- A decision already recorded under this id is returned as it was made,
--- and nothing is taken.
+-- marked as a replay, and nothing is taken; provided it was made for this
+-- very request (fp: the arguments, then the second key).
+local fp
 if record then
+  fp = argv[1] .. ' ' .. argv[2] .. ' ' .. argv[3]
+  if n == 2 then
+    fp = fp .. ' ' .. argv[4] .. ' ' .. argv[5] .. ' ' .. argv[6] .. ' ' .. keys[2]
+  end
   local r = redis.pcall('GET', record)
   if type(r) == 'table' and r.err then
     return refusal(r.err, 'GET')
   end
   if r then
-    return r
+    local bar = find(r, '|', 1, true)
+    if not bar or not find(r, '^[012] %d+ %d+ %-?%d+|%d+ %d+ %d+') then
+      return redis.error_reply('ADMITCORRUPT admit: the once-record key holds a value that admit did not write')
+    end
+    if string.sub(r, bar + 1) ~= fp then
+      return redis.error_reply('ADMITREUSE admit: this id was recorded for a different request')
+    end
+    return 'R ' .. string.sub(r, 1, bar - 1)
   end
 end
 
@@ -115,12 +161,20 @@ end
 -- empty bucket's next token comes at most max * per from now, whatever ts
 -- a lagging node or a bad write left. x % 1 is x's fraction: x - x % 1 is
 -- math.floor(x), x + (-x) % 1 is math.ceil(x), without a function call.
-local find = string.find
 local tk1, ts1, new1, pulled1, per1, max1, c1
 local tk2, ts2, new2, pulled2, per2, max2, c2
 for i = 1, n do
-  local per, max, c = argv[3 * i - 2] + 0, argv[3 * i - 1] + 0, argv[3 * i]
+  local per, max, c = argv[3 * i - 2], argv[3 * i - 1], argv[3 * i]
+  if not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$') then
+    return redis.error_reply('ADMITARGS admit: bucket ' .. i .. ': per, burst and cost must be decimal integers')
+  end
+  per, max = per + 0, max + 0
   c = c == '1' and 1 or c + 0
+  -- 2^50: the Spec bound, under which every sum below is an exact number
+  if per < 1 or max < 1 or per * max > 1125899906842624 or c < 1 or c > max then
+    return redis.error_reply('ADMITARGS admit: bucket ' .. i ..
+      ': want per >= 1, burst >= 1, per * burst <= 2^50 and 1 <= cost <= burst')
+  end
   local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')
   if v.err then
     return refusal(v.err, 'HMGET', i)
@@ -194,6 +248,7 @@ if mode == 'r' then
 elseif tk1 < c1 then
   how1 = pulled1 and STORE or KEEP
   fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1
+  record = nil -- charged nothing: not recorded, so the id decides again
 elseif n == 2 and tk2 < c2 then
   tk1 = tk1 - c1
   how1, how2 = STORE, pulled2 and STORE or KEEP
@@ -297,6 +352,6 @@ end
 
 local reply = string.format(fmt, x, y, z)
 if record then
-  redis.call('SET', record, reply, 'PX', argv[na])
+  redis.call('SET', record, reply .. '|' .. fp, 'PX', argv[na])
 end
 return reply

@@ -1,5 +1,7 @@
 package admit
 
+import "strings"
+
 // keySlot returns the Valkey Cluster hash slot of key: CRC16 (XMODEM) modulo
 // 16384, hashing only the hash tag when the key has one. A hash tag is the
 // part between the first "{" and the first "}" after it, when non-empty.
@@ -7,20 +9,22 @@ package admit
 // building a command whose keys are in different slots, so the slots are
 // checked here first.
 func keySlot(key string) uint16 {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			for j := i + 1; j < len(key); j++ {
-				if key[j] == '}' {
-					if j > i+1 {
-						key = key[i+1 : j]
-					}
-					return crc16(key) & 16383
-				}
-			}
-			break
-		}
+	part, _ := slotPart(key)
+	return crc16(part) & 16383
+}
+
+// slotPart returns the part of key that the cluster hashes: its hash tag
+// (tagged true), or the whole key when it has none.
+func slotPart(key string) (part string, tagged bool) {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key, false
 	}
-	return crc16(key) & 16383
+	close := strings.IndexByte(key[open+1:], '}')
+	if close <= 0 { // no "}", or an empty tag "{}"
+		return key, false
+	}
+	return key[open+1 : open+1+close], true
 }
 
 func crc16(s string) uint16 {
