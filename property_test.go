@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -407,6 +408,8 @@ type propBackend interface {
 	plain() *admit.Limiter
 	cached() *admit.Limiter
 	lossy() *admit.Limiter
+	// warmLossy makes sure the lossy Limiter's client is connected.
+	warmLossy(ctx context.Context) error
 	sentCached() int64 // scripts the cached Limiter sent so far
 	proxy() *delayproxy.Proxy
 	// advance moves the server's clock by d.
@@ -414,15 +417,18 @@ type propBackend interface {
 	// clock reads the server's clock, in µs.
 	clock(ctx context.Context) (int64, error)
 	snapshot(ctx context.Context) (propSnap, error)
+	// reap makes the server drop every key whose time has come.
+	reap(ctx context.Context) error
 	// setString SETs key to value with the absolute expiry atMs.
 	setString(ctx context.Context, key, value string, atMs int64) error
 	expiry() model.Expiry
 	// exact reports whether clock is the script's clock exactly (a server
 	// whose clock stands still between the test's steps).
 	exact() bool
-	// recordSlack is how far a once-record's expiry may fall short of the
-	// model's (a real server sets it from its clock in whole ms, read
-	// before the script's TIME).
+	// recordSlack is how far a once-record's expiry may be from the
+	// model's: a real server sets it from its clock in whole ms, read
+	// when the script starts (Valkey 8) or when it runs SET (Redis 7.0), not
+	// by the script's TIME.
 	recordSlack() time.Duration
 }
 
@@ -470,17 +476,14 @@ func (k propKey) describe(ok bool) string {
 	return fmt.Sprintf("%s %q expiring at %d", k.typ, k.val, k.exp)
 }
 
-func propSortedKeys(maps ...propSnap) []string {
-	var keys []string
-	for _, m := range maps {
+func propSortedKeys(snaps ...propSnap) []string {
+	set := map[string]bool{}
+	for _, m := range snaps {
 		for k := range m {
-			if !slices.Contains(keys, k) {
-				keys = append(keys, k)
-			}
+			set[k] = true
 		}
 	}
-	sort.Strings(keys)
-	return keys
+	return slices.Sorted(maps.Keys(set))
 }
 
 // propFailure is a broken property: the operation it broke at and what.
@@ -540,9 +543,13 @@ type propGot struct {
 // propRun is one run: the backend, the model, and the bookkeeping of the
 // invariants that do not need the model.
 type propRun struct {
-	b       propBackend
-	w       propWorld
-	m       *model.Server
+	b propBackend
+	w propWorld
+	// ms are the model's states that agree with everything seen so far:
+	// one, but for a call whose outcome the test did not see (a lost
+	// reply) on a server whose clock runs on, where each moment the call
+	// may have run at is a state until a later call tells them apart.
+	ms      []*model.Server
 	cache   *model.Cache
 	foreign map[string]string // values the run SET, by key
 
@@ -554,6 +561,9 @@ type propRun struct {
 	net       map[string]int64
 	netFrom   map[string]int64         // fwd when net[key] started counting
 	charged   map[model.RecordID]int64 // fwd of each id's last charge
+	snapAt    int64                    // the server's clock after the last snapshot
+	waited    time.Duration            // slept away from expiries and for commands in flight
+	maxStates int                      // the most states of the model at once
 }
 
 // propExec runs ops on b and returns the first broken property, or nil.
@@ -564,7 +574,7 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFail
 		tb.Fatalf("read the server clock: %v", err)
 	}
 	r := &propRun{
-		b: b, w: w, m: model.NewServer(now, b.expiry()), cache: model.NewCache(), foreign: map[string]string{},
+		b: b, w: w, ms: []*model.Server{model.NewServer(now, b.expiry())}, cache: model.NewCache(), foreign: map[string]string{},
 		clock: now, net: map[string]int64{}, netFrom: map[string]int64{}, charged: map[model.RecordID]int64{},
 	}
 	for i, op := range ops {
@@ -576,7 +586,9 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFail
 			f.step, f.history = i, r.history
 			return f
 		}
+		r.maxStates = max(r.maxStates, len(r.ms))
 	}
+	tb.Logf("slept %v (away from expiries, for commands in flight); at most %d states of the model at once", r.waited.Round(time.Millisecond), r.maxStates)
 	return nil
 }
 
@@ -614,15 +626,37 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		case 2:
 			d = max(r.lastRetry-time.Microsecond, 0)
 		}
+		if d < 0 && !r.b.exact() {
+			// Before the clock steps back, every key whose time has come
+			// must be gone, as the model has it: a real server drops an
+			// expired key when a command touches it (or its expiry cycle
+			// samples it), and after the step back one it left would live.
+			if err := r.awayFromExpiries(ctx); err != nil {
+				return r.fail("error", "%v", err)
+			}
+			if err := r.b.reap(ctx); err != nil {
+				return r.fail("error", "%v", err)
+			}
+			now, err := r.b.clock(ctx)
+			if err != nil {
+				return r.fail("error", "read the clock: %v", err)
+			}
+			for _, m := range r.ms {
+				m.SetNow(now)
+			}
+			r.observe(now)
+		}
 		if err := r.b.advance(ctx, d); err != nil {
 			return r.fail("error", "advance the clock: %v", err)
 		}
 		if r.b.exact() {
-			r.m.Advance(d)
+			for _, m := range r.ms {
+				m.Advance(d)
+			}
 			if d > 0 {
 				r.fwd += d.Microseconds()
 			}
-			r.clock = r.m.Now
+			r.clock = r.ms[0].Now
 		}
 		return nil
 	case "allow":
@@ -688,7 +722,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 // request: another Spec, Cost, second key, or number of buckets.
 func (r *propRun) reuse(op propOp) (propCall, bool) {
 	var live []model.RecordID
-	for rid, rec := range r.m.Records {
+	for rid, rec := range r.ms[0].Records {
 		if !rec.Foreign {
 			live = append(live, rid)
 		}
@@ -700,7 +734,7 @@ func (r *propRun) reuse(op propOp) (propCall, bool) {
 		return live[a].Key < live[b].Key || live[a].Key == live[b].Key && live[a].ID < live[b].ID
 	})
 	rid := live[op.pick%len(live)]
-	rec := r.m.Records[rid]
+	rec := r.ms[0].Records[rid]
 	fi := slices.Index(r.w.keys, rid.Key)
 	first := admit.Request{Key: rid.Key, Spec: rec.Request.FirstSpec, Cost: rec.Request.FirstCost}
 	var second *admit.Request
@@ -817,16 +851,21 @@ func (r *propRun) setForeign(ctx context.Context, op propOp) *propFailure {
 	if err := r.b.setString(ctx, key, value, atMs); err != nil {
 		return r.fail("error", "SET %q: %v", key, err)
 	}
-	if !r.b.exact() {
-		r.m.SetNow(now)
-	}
 	r.foreign[key] = value
+	for _, m := range r.ms {
+		if !r.b.exact() {
+			m.SetNow(now)
+		}
+		if op.pick%2 == 1 {
+			m.SetForeignRecord(rid, atMs*1000)
+		} else {
+			m.SetForeign(key, atMs*1000)
+		}
+	}
 	if op.pick%2 == 1 {
-		r.m.SetForeignRecord(rid, atMs*1000)
 		delete(r.charged, rid) // an operator overwrote the record
 		return nil
 	}
-	r.m.SetForeign(key, atMs*1000)
 	r.net[key], r.netFrom[key] = 0, r.fwd // an operator reset the bucket
 	return nil
 }
@@ -890,7 +929,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	if c.method == "Wait" && !r.b.exact() {
 		// The server's clock moves while Wait sleeps: only a Wait that the
 		// model decides at its first attempt is predictable.
-		o, err := expect(r.m.Clone(), c)
+		o, err := expect(r.ms[0].Clone(), c)
 		if err == nil && !o.Allowed && o.RetryAfter < 20*c.deadline {
 			return propGot{}, nil
 		}
@@ -907,6 +946,13 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	t0, err := r.b.clock(ctx)
 	if err != nil {
 		return propGot{}, r.fail("error", "read the clock: %v", err)
+	}
+	if c.via == viaLossy {
+		// Connect before the clock is read: the call's interval is then
+		// one round trip, not a dial.
+		if err := r.b.warmLossy(ctx); err != nil {
+			return propGot{}, r.fail("error", "%v", err)
+		}
 	}
 	sent0, lost0 := r.b.sentCached(), r.b.proxy().Lost()
 	local0 := time.Now()
@@ -929,6 +975,13 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	if err != nil {
 		return got, r.fail("error", "snapshot: %v", err)
 	}
+	r.snapAt = t1
+	if !r.b.exact() {
+		// A key may go between the call and the snapshot's reading of it.
+		if r.snapAt, err = r.b.clock(ctx); err != nil {
+			return got, r.fail("error", "read the clock: %v", err)
+		}
+	}
 	desc := c.String()
 	if got.err != nil {
 		desc += fmt.Sprintf(": error %v", got.err)
@@ -945,7 +998,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 		if ne == ou {
 			return got, r.fail("class", "%s: the error is classed not executed %v and outcome unknown %v: want exactly one", c, ne, ou)
 		}
-		if ne && !after.equal(before) {
+		if ne && !r.unchanged(before, after) {
 			return got, r.fail("class", "%s: classed not executed, but it changed %s", c, before.diff(after))
 		}
 	}
@@ -973,7 +1026,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 
 	// A call the cached Limiter answered without the server.
 	if c.via == viaCached && !got.sent {
-		if !after.equal(before) {
+		if !r.unchanged(before, after) {
 			return got, r.fail("state", "%s sent nothing, yet the state changed: %s", c, before.diff(after))
 		}
 		switch {
@@ -994,15 +1047,18 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	}
 
 	// The server answered: compare with the model at the script's clock.
-	want, werr, m, diffs := r.expectAt(c, got, after, t0, t1)
+	matches, diffs := r.expectAt(c, got, after, t0, t1)
 	if diffs != nil {
 		return got, r.fail(diffs[0], "%s:\n\t%s", c, strings.Join(diffs[1:], "\n\t"))
 	}
-	r.m = m
-	if t1 > r.clock && !r.b.exact() {
-		r.fwd += t1 - r.clock
+	r.ms = r.ms[:0]
+	for _, m := range matches {
+		r.ms = append(r.ms, m.m)
 	}
-	r.clock = max(r.clock, t1)
+	want, werr := matches[0].want, matches[0].werr
+	if !r.b.exact() {
+		r.observe(t1)
+	}
 	if werr != nil {
 		return got, nil
 	}
@@ -1010,44 +1066,82 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	return got, r.account(c, want, got, local1)
 }
 
-// expectAt finds a clock in [t0, t1] at which the model's answer to c is
-// what the server did: the call's outcome and the whole state. On a
-// server whose clock is exact, t0 = t1 is the model's clock. It returns
-// the model's answer and state, or the differences at t0, the first being
-// their category.
-func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64) (model.Outcome, error, *model.Server, []string) {
+// propMatch is a state of the model that agrees with a call: the model's
+// answer, and its state after the call.
+type propMatch struct {
+	want model.Outcome
+	werr error
+	m    *model.Server
+}
+
+// expectAt finds, for each of the model's states, the clocks in [t0, t1]
+// at which the model's answer to c is what the server did: the call's
+// outcome (as far as the test saw it) and the whole state. On a server
+// whose clock is exact, t0 = t1 is the model's clock. It returns every
+// distinct state that agrees (at most 4096), or the differences at the first
+// clock tried, the first being their category.
+func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64) ([]propMatch, []string) {
 	var first []string
-	for _, now := range r.candidates(c, got, after, t0, t1) {
-		m := r.m.Clone()
-		if r.b.exact() {
-			if now != m.Now {
-				return model.Outcome{}, nil, nil, []string{"error", fmt.Sprintf("the server's clock reads %d µs, the model's %d", now, m.Now)}
-			}
-		} else {
-			m.SetNow(now)
-		}
-		done := m.Clone()
-		want, werr := expect(done, c)
-		diffs := r.compare(c, got, want, werr, done, after)
-		if diffs == nil {
-			return want, werr, done, nil
-		}
-		if c.method == "Wait" && errors.Is(got.err, admit.ErrOutcomeUnknown) {
-			// The deadline came with an attempt in flight: it may not have
-			// run, or its refund may not have.
-			none, charged := m.Clone(), m.Clone()
-			if r.compareState(none, after) == nil {
-				return model.Outcome{}, nil, none, nil
-			}
-			if o, err := charged.AllowOrdered(c.first, c.second); err == nil && o.Denied == 2 && r.compareState(charged, after) == nil {
-				return model.Outcome{}, nil, charged, nil
+	var matches []propMatch
+	add := func(want model.Outcome, werr error, m *model.Server) {
+		for _, o := range matches {
+			if propSameState(o.m, m) {
+				return
 			}
 		}
-		if first == nil {
-			first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, the call ran within [%d, %d])", now, t0, t1))
+		if len(matches) < 4096 {
+			matches = append(matches, propMatch{want, werr, m})
 		}
 	}
-	return model.Outcome{}, nil, nil, first
+	for _, h := range r.ms {
+		for _, now := range r.candidates(h, c, got, after, t0, t1) {
+			m := h.Clone()
+			if r.b.exact() {
+				if now != m.Now {
+					return nil, []string{"error", fmt.Sprintf("the server's clock reads %d µs, the model's %d", now, m.Now)}
+				}
+			} else {
+				m.SetNow(now)
+			}
+			done := m.Clone()
+			want, werr := expect(done, c)
+			diffs := r.compare(c, got, want, werr, done, after)
+			if diffs == nil {
+				if !(c.via == viaLossy && got.lost) {
+					// The outcome was seen: two clocks that agree with it
+					// and with every key leave the same state.
+					return []propMatch{{want, werr, done}}, nil
+				}
+				add(want, werr, done)
+				continue
+			}
+			if c.method == "Wait" && errors.Is(got.err, admit.ErrOutcomeUnknown) {
+				// The deadline came with an attempt in flight: it may not
+				// have run, or its refund may not have.
+				none, charged := m.Clone(), m.Clone()
+				if r.compareState(none, after) == nil {
+					add(model.Outcome{}, nil, none)
+					continue
+				}
+				if o, err := charged.AllowOrdered(c.first, c.second); err == nil && o.Denied == 2 && r.compareState(charged, after) == nil {
+					add(model.Outcome{}, nil, charged)
+					continue
+				}
+			}
+			if first == nil {
+				first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, the call ran within [%d, %d]; %d state(s) of the model)", now, t0, t1, len(r.ms)))
+			}
+		}
+	}
+	if matches == nil {
+		return nil, first
+	}
+	return matches, nil
+}
+
+// propSameState reports whether two states of the model hold the same keys.
+func propSameState(a, b *model.Server) bool {
+	return maps.Equal(a.Buckets, b.Buckets) && maps.Equal(a.Records, b.Records) && maps.Equal(a.Foreign, b.Foreign)
 }
 
 // compare returns what differs between what the server did and the
@@ -1150,8 +1244,11 @@ func (r *propRun) compareState(m *model.Server, s propSnap) []string {
 		if wok && gok && w.val == "*" && g.typ == "string" {
 			w.val = g.val // a record's encoding is admit's own
 		}
-		if wok && gok && slack[k] && w.exp-g.exp >= 0 && w.exp-g.exp <= r.b.recordSlack().Microseconds() {
+		if wok && gok && slack[k] && max(w.exp-g.exp, g.exp-w.exp) <= r.b.recordSlack().Microseconds() {
 			w.exp = g.exp
+		}
+		if wok && !gok && !r.b.exact() && r.snapAt/1000 > w.exp/1000 {
+			continue // gone between the call and the snapshot
 		}
 		if w == g && wok == gok {
 			continue
@@ -1252,9 +1349,18 @@ func (r *propRun) account(c propCall, want model.Outcome, got propGot, local1 ti
 // is worth asking: the bounds, and every moment where the model's answer
 // changes (a millisecond, a token of a bucket the call names) or from which
 // the server's answer says it ran (a RetryAfter, a ts stored as now).
-func (r *propRun) candidates(c propCall, got propGot, after propSnap, t0, t1 int64) []int64 {
+func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after propSnap, t0, t1 int64) []int64 {
 	if r.b.exact() {
 		return []int64{t0}
+	}
+	if c.via == viaLossy && got.lost && t1-t0 <= 20000 {
+		// Nothing tells when the script ran: its outcome is known only
+		// by a later replay. Every µs is a state of the model until then.
+		var all []int64
+		for x := t0; x <= t1; x++ {
+			all = append(all, x)
+		}
+		return all
 	}
 	cands := []int64{t0, t1}
 	add := func(x int64) {
@@ -1271,7 +1377,7 @@ func (r *propRun) candidates(c propCall, got propGot, after propSnap, t0, t1 int
 			continue
 		}
 		iv, burst := req.Spec.Interval().Microseconds(), int64(req.Spec.Burst())
-		if b, ok := r.m.Buckets[req.Key]; ok {
+		if b, ok := h.Buckets[req.Key]; ok {
 			for _, base := range []int64{b.TS, b.TS - (burst-1)*iv} {
 				if base < t0 {
 					base += (t0 - base) / iv * iv
@@ -1294,13 +1400,38 @@ func (r *propRun) candidates(c propCall, got propGot, after propSnap, t0, t1 int
 		}
 	}
 	if got.err == nil && got.d.RetryAfter > 0 {
-		m := r.m.Clone()
+		m := h.Clone()
 		m.SetNow(t0)
 		if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
 			add(t0 + (o.RetryAfter - got.d.RetryAfter).Microseconds())
 		}
 	}
 	return cands
+}
+
+// unchanged reports whether after is before, but for keys whose time came
+// before the snapshot (on a server whose clock runs on).
+func (r *propRun) unchanged(before, after propSnap) bool {
+	for k, v := range before {
+		if w, ok := after[k]; ok && w != v || !ok && (r.b.exact() || r.snapAt/1000 <= v.exp/1000) {
+			return false
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// observe notes the server's clock read at t: the server time elapsed
+// forward since the last reading counts towards the rate bound.
+func (r *propRun) observe(t int64) {
+	if t > r.clock {
+		r.fwd += t - r.clock
+	}
+	r.clock = t
 }
 
 // quiesce waits (at most 200 ms) until the state stays the same for 20
@@ -1312,6 +1443,7 @@ func (r *propRun) quiesce(ctx context.Context) error {
 	}
 	for range 10 {
 		time.Sleep(20 * time.Millisecond)
+		r.waited += 20 * time.Millisecond
 		s, err := r.b.snapshot(ctx)
 		if err != nil {
 			return err
@@ -1339,19 +1471,22 @@ func (r *propRun) awayFromExpiries(ctx context.Context) error {
 				near = true
 			}
 		}
-		for _, b := range r.m.Buckets {
-			check(b.ExpireAt)
-		}
-		for _, rec := range r.m.Records {
-			check(rec.ExpireAt)
-		}
-		for _, at := range r.m.Foreign {
-			check(at)
+		for _, m := range r.ms {
+			for _, b := range m.Buckets {
+				check(b.ExpireAt)
+			}
+			for _, rec := range m.Records {
+				check(rec.ExpireAt)
+			}
+			for _, at := range m.Foreign {
+				check(at)
+			}
 		}
 		if !near {
 			return nil
 		}
 		time.Sleep(2 * time.Millisecond)
+		r.waited += 2 * time.Millisecond
 	}
 	return nil
 }
@@ -1362,6 +1497,7 @@ type miniBackend struct {
 	srv        *miniredis.Miniredis
 	now        time.Time
 	pl, ca, lo *admit.Limiter
+	lc         valkey.Client // the lossy Limiter's
 	sent       *atomic.Int64
 	px         *delayproxy.Proxy
 }
@@ -1394,8 +1530,13 @@ func newMiniBackend(tb testing.TB) *miniBackend {
 	b.px = px
 	b.pl = admit.New(c)
 	b.ca = admit.New(countingClient{c, b.sent}, admit.WithDenialCache(64))
-	b.lo = admit.New(dial(px.Addr()))
+	b.lc = dial(px.Addr())
+	b.lo = admit.New(b.lc)
 	return b
+}
+
+func (b *miniBackend) warmLossy(ctx context.Context) error {
+	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
 }
 
 // unitEpochExternal is the miniredis clock at the start of a property run:
@@ -1425,6 +1566,8 @@ func (b *miniBackend) advance(_ context.Context, d time.Duration) error {
 }
 
 func (b *miniBackend) clock(context.Context) (int64, error) { return b.now.UnixMicro(), nil }
+
+func (b *miniBackend) reap(context.Context) error { return nil } // TTLs are exact
 
 func (b *miniBackend) snapshot(context.Context) (propSnap, error) {
 	s := propSnap{}
