@@ -253,9 +253,16 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 
 	const workers = 8
 	type bucket struct {
-		req admit.Request
-		mu  sync.Mutex
-		net int64 // charged minus refunded, by the callers' account
+		req      admit.Request
+		mu       sync.Mutex
+		refunded int64 // tokens the callers settled
+	}
+	// What the callers saw of each id: a charge made once, replayed to all.
+	type observed struct {
+		first model.Outcome // Replayed cleared
+		calls int           // decisions that charged, fresh or replayed
+		fresh int           // of which not replayed: must be 1 at most
+		cost  int
 	}
 	slow := admit.MustSpec(admit.Every(time.Hour), 50)
 	fast := admit.MustSpec(admit.Every(2*time.Millisecond), 5)
@@ -264,7 +271,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	ids := []string{"x", "y", "x:once:y", "{", "}", "\x00\xff", "a", "b"}
 
 	var mu sync.Mutex
-	charged := map[model.RecordID]model.Outcome{} // each id's one charged decision
+	seen := map[model.RecordID]observed{}
 	var failures []string
 	fail := func(format string, args ...any) {
 		mu.Lock()
@@ -293,7 +300,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	}
 	deadline := time.Now().Add(budget)
 	var wg sync.WaitGroup
-	var calls, lost, retries atomic.Int64
+	var calls, retries atomic.Int64
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -334,7 +341,6 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 					if !errors.Is(err, admit.ErrOutcomeUnknown) {
 						break
 					}
-					lost.Add(1)
 					retries.Add(1)
 					l = direct
 				}
@@ -344,39 +350,41 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 				}
 				rid := model.RecordID{Key: req.Key, ID: id}
 				o := model.Of(d)
-				mu.Lock()
-				first, seen := charged[rid]
-				switch {
-				case !seen && o.Charged():
-					charged[rid] = o
-				case seen && o.Charged():
-					failures = append(failures, fmt.Sprintf("id %q on %q charged twice: %v, then %v", id, req.Key, first, o))
-				case seen && o.Replayed && (o.Denied != first.Denied || o.Remaining != first.Remaining || o.RetryAfter != first.RetryAfter):
-					failures = append(failures, fmt.Sprintf("id %q on %q replayed %v; its decision was %v", id, req.Key, o, first))
-				case !seen && o.Replayed:
-					// the first call's reply was lost: this replay is the
-					// caller's first sight of the charge
-					fo := o
-					fo.Replayed = false
-					charged[rid] = fo
-				}
-				mu.Unlock()
-				b.mu.Lock()
-				if o.Allowed && !o.Replayed {
-					b.net += int64(req.Cost)
-					if part > 0 {
-						unused := req
-						unused.Cost = part
-						if err := direct.Refund(ctx, unused, nil); err != nil {
-							fail("Refund: %v", err)
-						} else {
-							b.net -= int64(part)
-						}
+				if o.Charged() || o.Replayed {
+					mu.Lock()
+					ob := seen[rid]
+					if ob.calls == 0 {
+						ob.cost = req.Cost
 					}
-				} else if o.Allowed && o.Replayed && !seen {
-					b.net += int64(req.Cost) // charged by the lost call
+					ob.calls++
+					if o.Charged() {
+						ob.fresh++
+					}
+					plain := o
+					plain.Replayed = false
+					switch {
+					case ob.fresh > 1:
+						failures = append(failures, fmt.Sprintf("id %q on %q charged twice: %v, then %v", id, req.Key, ob.first, o))
+					case ob.calls > 1 && plain != ob.first:
+						failures = append(failures, fmt.Sprintf("id %q on %q: %v, and before %v: a replay must be the decision made", id, req.Key, o, ob.first))
+					}
+					if ob.calls == 1 {
+						ob.first = plain
+					}
+					seen[rid] = ob
+					mu.Unlock()
 				}
-				b.mu.Unlock()
+				if o.Allowed && !o.Replayed && part > 0 { // settle a fresh admission
+					unused := req
+					unused.Cost = part
+					if err := direct.Refund(ctx, unused, nil); err != nil {
+						fail("Refund: %v", err)
+					} else {
+						b.mu.Lock()
+						b.refunded += int64(part)
+						b.mu.Unlock()
+					}
+				}
 			}
 		}()
 	}
@@ -388,11 +396,28 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	for _, f := range failures {
 		t.Error(f)
 	}
-	t.Logf("%d calls by %d workers, %d lost replies retried, %d ids charged", calls.Load(), workers, retries.Load(), len(charged))
+	t.Logf("%d calls by %d workers, %d lost replies retried, %d ids charged", calls.Load(), workers, retries.Load(), len(seen))
 	if px.Lost() == 0 {
 		t.Error("the proxy lost no reply: the retries were not exercised")
 	}
-	// Every id charged once: each slow bucket holds exactly burst - net.
+	// Every id charged once: its record is there (OnceWindow is longer
+	// than the test), and each slow bucket holds exactly its burst minus
+	// the Costs of its records plus what the callers settled.
+	charges := map[string]int64{}
+	for rid, ob := range seen {
+		name, err := admit.OnceKey(rid.Key, rid.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := c.Do(ctx, c.B().Exists().Key(name).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("id %q on %q was charged (%v), but its record %q is gone", rid.ID, rid.Key, ob.first, name)
+		}
+		charges[rid.Key] += int64(ob.cost)
+	}
 	for _, b := range slowBuckets {
 		tk, err := c.Do(ctx, c.B().Hget().Key(b.req.Key).Field("tokens").Build()).ToString()
 		if valkey.IsValkeyNil(err) {
@@ -400,8 +425,8 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		if want := strconv.FormatInt(int64(b.req.Spec.Burst())-b.net, 10); tk != want {
-			t.Errorf("bucket %q holds %s tokens; the callers charged %d net of refunds, so want %s", b.req.Key, tk, b.net, want)
+		if want := strconv.FormatInt(int64(b.req.Spec.Burst())-charges[b.req.Key]+b.refunded, 10); tk != want {
+			t.Errorf("bucket %q holds %s tokens; its ids were charged %d and %d refunded, so want %s", b.req.Key, tk, charges[b.req.Key], b.refunded, want)
 		}
 	}
 	// The rate bound on the fast buckets.

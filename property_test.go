@@ -1399,7 +1399,7 @@ func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after pro
 			}
 		}
 	}
-	if got.err == nil && got.d.RetryAfter > 0 {
+	if got.d.RetryAfter > 0 { // Wait's error comes with its denial
 		m := h.Clone()
 		m.SetNow(t0)
 		if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
