@@ -51,7 +51,15 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // happened: refunding could hand out tokens that were never taken, so do
 // not refund (let the bucket refill on its own). Refund is not idempotent:
 // after ErrOutcomeUnknown from Refund itself, do not repeat it.
+//
+// With [WithDenialCache], once the refund has returned, whatever its outcome
+// (one whose outcome is unknown may have run), the Limiter holds no cached
+// denial of either key, and does not cache the denial of a call sent before
+// that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
 	_, err := l.run(ctx, modeRefund, first, second)
+	if l != nil && l.denials != nil {
+		l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
+	}
 	return err
 }

@@ -7,11 +7,28 @@ import (
 
 // denialCache remembers first-bucket denials until the refusing bucket can
 // hold the cost again, by the local monotonic clock.
+//
+// Every operation costs O(1): a map from key to slot, and a ring of slots
+// in insertion order, under one mutex. An add into a full cache evicts the
+// oldest slot; nothing is ever scanned. A lookup that meets an expired
+// entry drops it, leaving its slot empty until the ring comes round to it.
 type denialCache struct {
-	mu      sync.Mutex
-	size    int
-	entries map[string]denial
+	mu    sync.Mutex
+	size  int
+	index map[string]int // key -> its slot in slots
+	slots []denialSlot   // in insertion order: a ring from next once len(slots) == size
+	next  int            // once the ring is full, the oldest slot, the next to be reused
+	// dropped is when (local clock) an entry was last invalidated: the
+	// denial of a request sent no later is not cached, since the server may
+	// have answered it before the refund that invalidated.
+	dropped time.Time
 	now     func() time.Time // time.Now; tests move it
+}
+
+type denialSlot struct {
+	key  string
+	live bool // false: empty (never used, dropped or invalidated)
+	denial
 }
 
 type denial struct {
@@ -22,20 +39,32 @@ type denial struct {
 }
 
 func newDenialCache(size int) *denialCache {
-	return &denialCache{size: size, entries: make(map[string]denial, min(size, 1024)), now: time.Now}
+	return &denialCache{
+		size:  size,
+		index: make(map[string]int, min(size, 1024)),
+		slots: make([]denialSlot, 0, min(size, 1024)),
+		now:   time.Now,
+	}
 }
 
 // lookup returns the cached denial of r, if one is still in force.
 func (c *denialCache) lookup(r Request) (Decision, bool) {
 	now := c.now()
 	c.mu.Lock()
-	e, ok := c.entries[r.Key]
-	c.mu.Unlock()
-	if !ok || e.spec != r.Spec || e.cost != r.cost() {
+	i, ok := c.index[r.Key]
+	if !ok {
+		c.mu.Unlock()
 		return Decision{}, false
 	}
+	e := c.slots[i].denial
 	left := e.until.Sub(now)
 	if left <= 0 {
+		c.drop(i)
+		c.mu.Unlock()
+		return Decision{}, false
+	}
+	c.mu.Unlock()
+	if e.spec != r.Spec || e.cost != r.cost() {
 		return Decision{}, false
 	}
 	left = (left + time.Microsecond - 1).Truncate(time.Microsecond) // whole µs, never short
@@ -44,31 +73,61 @@ func (c *denialCache) lookup(r Request) (Decision, bool) {
 
 // add records the server's first-bucket denial d of r, a request sent at
 // sent (read before sending, so the entry never outlives the server's
-// RetryAfter).
+// RetryAfter). A key already cached is replaced in its slot; a new key in
+// a full cache takes the slot of the oldest entry. The denial of a request
+// sent no later than the last invalidate is not recorded.
 func (c *denialCache) add(r Request, sent time.Time, d Decision) {
 	e := denial{spec: r.Spec, cost: r.cost(), until: sent.Add(d.RetryAfter), remaining: d.Remaining[0]}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.entries[r.Key]; !ok && len(c.entries) >= c.size {
-		now := c.now()
-		for k, old := range c.entries {
-			if !old.until.After(now) {
-				delete(c.entries, k)
-			}
-		}
-		for k := range c.entries {
-			if len(c.entries) < c.size {
-				break
-			}
-			delete(c.entries, k) // arbitrary: map order
+	if !sent.After(c.dropped) {
+		return
+	}
+	if i, ok := c.index[r.Key]; ok {
+		c.slots[i].denial = e
+		return
+	}
+	i := len(c.slots)
+	if i < c.size {
+		c.slots = append(c.slots, denialSlot{})
+	} else {
+		i = c.next
+		c.next = (i + 1) % c.size
+		if c.slots[i].live {
+			delete(c.index, c.slots[i].key)
 		}
 	}
-	c.entries[r.Key] = e
+	c.slots[i] = denialSlot{key: r.Key, live: true, denial: e}
+	c.index[r.Key] = i
 }
 
-// len is the number of entries, for tests.
-func (c *denialCache) len() int {
+// invalidate drops key's entry, if any, and keeps out the denials of
+// requests sent until now: tokens may have come back to key's bucket (a
+// Refund), so an earlier denial no longer holds.
+func (c *denialCache) invalidate(key string) {
+	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.entries)
+	if i, ok := c.index[key]; ok {
+		c.drop(i)
+	}
+	if now.After(c.dropped) {
+		c.dropped = now
+	}
+}
+
+// refunded invalidates the keys that a refund of first and second gives
+// tokens back to. A denial is cached under the first key of its call,
+// which may be either key of the refund.
+func (c *denialCache) refunded(first Request, second *Request) {
+	c.invalidate(first.Key)
+	if second != nil {
+		c.invalidate(second.Key)
+	}
+}
+
+// drop empties slot i, which is live; c.mu is held.
+func (c *denialCache) drop(i int) {
+	delete(c.index, c.slots[i].key)
+	c.slots[i] = denialSlot{}
 }

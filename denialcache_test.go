@@ -3,6 +3,8 @@ package admit
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -77,8 +79,8 @@ func TestDenialCache(t *testing.T) {
 	}
 }
 
-// TestDenialCacheBounded: the cache holds at most its size, dropping
-// expired entries before evicting live ones.
+// TestDenialCacheBounded: the cache holds at most its size, and a key
+// already cached is replaced, not added.
 func TestDenialCacheBounded(t *testing.T) {
 	c := newDenialCache(2)
 	now := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -91,21 +93,203 @@ func TestDenialCacheBounded(t *testing.T) {
 	deny("b", time.Minute)
 	now = now.Add(2 * time.Second) // a has expired, b has not
 	deny("c", time.Minute)
-	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || c.len() != 2 {
-		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, c.len())
+	if _, ok := c.lookup(Request{Key: "b", Spec: spec}); !ok || cacheLen(t, c) != 2 {
+		t.Errorf("after adding c to a full cache holding expired a: b cached %v, %d entries; want b kept, 2 entries", ok, cacheLen(t, c))
 	}
 	deny("d", time.Minute) // all live: one goes
-	if c.len() != 2 {
-		t.Errorf("%d entries, want the size, 2", c.len())
+	if cacheLen(t, c) != 2 {
+		t.Errorf("%d entries, want the size, 2", cacheLen(t, c))
 	}
 	if _, ok := c.lookup(Request{Key: "d", Spec: spec}); !ok {
 		t.Error("the newest entry was evicted")
 	}
 	deny("d", time.Hour) // a key already cached is replaced, not added
-	if c.len() != 2 {
-		t.Errorf("%d entries after replacing d, want 2", c.len())
+	if cacheLen(t, c) != 2 {
+		t.Errorf("%d entries after replacing d, want 2", cacheLen(t, c))
 	}
 	if New(nil, WithDenialCache(0)).denials != nil || New(nil).denials != nil {
 		t.Error("the cache is on without WithDenialCache(size > 0)")
+	}
+}
+
+// TestDenialCacheFIFO: an add into a full cache evicts exactly one entry,
+// the oldest inserted, whatever the others hold, so an add touches O(1)
+// entries however large the cache; an expired entry met by a lookup is
+// dropped.
+func TestDenialCacheFIFO(t *testing.T) {
+	now := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
+	spec := MustSpec(Every(time.Second), 1)
+	deny := func(c *denialCache, key string, after time.Duration) {
+		c.add(Request{Key: key, Spec: spec}, now, Decision{Denied: 1, RetryAfter: after, Remaining: [2]int{0, -1}, decided: true})
+	}
+	key := func(i int) string { return "k" + strconv.Itoa(i) }
+	want := func(from, to int) []string { // keys from..to, sorted as cacheKeys sorts
+		var ks []string
+		for i := from; i <= to; i++ {
+			ks = append(ks, key(i))
+		}
+		slices.Sort(ks)
+		return ks
+	}
+
+	// Live entries: each add past the size evicts the oldest one.
+	c := newDenialCache(4)
+	c.now = func() time.Time { return now }
+	for i := range 4 {
+		deny(c, key(i), time.Hour)
+	}
+	for i := 4; i < 40; i++ {
+		deny(c, key(i), time.Hour)
+		if got := cacheKeys(t, c); !slices.Equal(got, want(i-3, i)) {
+			t.Fatalf("after adding %s to a full cache of 4: holds %v; want %v (the oldest, %s, evicted)", key(i), got, want(i-3, i), key(i-4))
+		}
+	}
+
+	// Expired entries: an add into a full cache still evicts one entry, the
+	// oldest, and touches none of the others.
+	const size = 1000
+	c = newDenialCache(size)
+	c.now = func() time.Time { return now }
+	for i := range size {
+		deny(c, key(i), time.Second)
+	}
+	now = now.Add(2 * time.Second) // every entry has expired
+	deny(c, "new", time.Hour)
+	if n := cacheLen(t, c); n != size {
+		t.Fatalf("after one add into a full cache of %d expired entries: %d entries held; want %d (one evicted, none scanned)", size, n, size)
+	}
+	if ks := cacheKeys(t, c); slices.Contains(ks, key(0)) || !slices.Contains(ks, "new") {
+		t.Errorf("after one add into a full cache: %s held %v, new held %v; want the oldest, %s, evicted, new held",
+			key(0), slices.Contains(ks, key(0)), slices.Contains(ks, "new"), key(0))
+	}
+	// A lookup that meets an expired entry drops it.
+	if _, ok := c.lookup(Request{Key: key(500), Spec: spec}); ok {
+		t.Errorf("an expired entry denied")
+	}
+	if ks := cacheKeys(t, c); len(ks) != size-1 || slices.Contains(ks, key(500)) {
+		t.Errorf("after a lookup of expired %s: %d entries, %s held %v; want %d, dropped", key(500), len(ks), key(500), slices.Contains(ks, key(500)), size-1)
+	}
+	// The dropped entry's place is reused in turn, never as a second entry.
+	for i := range size {
+		deny(c, "again"+strconv.Itoa(i), time.Hour)
+	}
+	if n := cacheLen(t, c); n != size {
+		t.Errorf("after %d more adds: %d entries; want the size, %d", size, n, size)
+	}
+}
+
+// cacheKeys returns the keys c holds, expired or not, sorted, after
+// checking that its index and slots agree.
+func cacheKeys(tb testing.TB, c *denialCache) []string {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	live := 0
+	for _, slot := range c.slots {
+		if slot.live {
+			live++
+		}
+	}
+	if live != len(c.index) || len(c.slots) > c.size {
+		tb.Fatalf("%d live slots of %d (size %d), %d keys indexed; want one live slot a key, at most size slots", live, len(c.slots), c.size, len(c.index))
+	}
+	ks := make([]string, 0, len(c.index))
+	for k, slot := range c.index {
+		if c.slots[slot].key != k || !c.slots[slot].live {
+			tb.Fatalf("key %s indexes slot %d, which holds %q (live %v)", k, slot, c.slots[slot].key, c.slots[slot].live)
+		}
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// cacheLen is the number of entries c holds, expired or not.
+func cacheLen(tb testing.TB, c *denialCache) int {
+	tb.Helper()
+	return len(cacheKeys(tb, c))
+}
+
+// TestDenialCacheRefund: a Limiter's own Refund drops its cached denials
+// of the refunded keys, first and second, so the next call goes to the
+// server, which holds the tokens again; and a denial of a request sent
+// before a refund is not cached, since the server may have answered it
+// before the refund ran.
+func TestDenialCacheRefund(t *testing.T) {
+	e := newUnitEnv(t)
+	rec := &recordingClient{Client: e.c}
+	l := New(rec, WithDenialCache(16))
+	local := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) // the local clock, moved by hand
+	l.denials.now = func() time.Time { return local }
+	ctx := context.Background()
+	slow := MustSpec(Every(2*time.Second), 1) // 1 per 2 s
+	call := func(first Request, second *Request) (Decision, int) {
+		t.Helper()
+		before := len(rec.cmds)
+		d, err := l.AllowOrdered(ctx, first, second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, len(rec.cmds) - before
+	}
+	// deny drains r's bucket and leaves its denial cached.
+	deny := func(r Request) {
+		t.Helper()
+		call(r, nil)
+		if d, sent := call(r, nil); d.Denied != 1 || sent != 1 {
+			t.Fatalf("%s: %v with %d commands; want the server's denial", r.Key, d, sent)
+		}
+		if d, sent := call(r, nil); d.Denied != 1 || sent != 0 {
+			t.Fatalf("%s: %v with %d commands; want a local denial", r.Key, d, sent)
+		}
+	}
+	refund := func(first Request, second *Request) {
+		t.Helper()
+		if err := l.Refund(ctx, first, second); err != nil {
+			t.Fatalf("Refund: %v", err)
+		}
+		local = local.Add(time.Millisecond) // denials sent from now on are cached again
+	}
+
+	// The refunded first key.
+	a := Request{Key: "dcr:{t}:a", Spec: slow}
+	deny(a)
+	refund(a, nil)
+	if d, sent := call(a, nil); !d.Allowed() || sent != 1 {
+		t.Errorf("after a Refund of %s: %v with %d commands; want the server's admission", a.Key, d, sent)
+	}
+
+	// The refunded second key, cached as the first key of its own denial.
+	b, c := Request{Key: "dcr:{t}:b", Spec: slow}, Request{Key: "dcr:{t}:c", Spec: slow}
+	deny(b)
+	deny(c)
+	refund(c, &b)
+	for _, r := range []Request{b, c} {
+		if d, sent := call(r, nil); !d.Allowed() || sent != 1 {
+			t.Errorf("after a Refund of %s and %s: %s %v with %d commands; want the server's admission", c.Key, b.Key, r.Key, d, sent)
+		}
+	}
+
+	// A denial sent before a refund, answered after it, is not cached.
+	d := Request{Key: "dcr:{t}:d", Spec: slow}
+	call(d, nil)
+	sent := l.denials.now()
+	local = local.Add(time.Millisecond)
+	refund(d, nil)
+	l.denials.add(d, sent, Decision{Denied: 1, RetryAfter: 2 * time.Second, Remaining: [2]int{0, -1}, decided: true})
+	if got, sent := call(d, nil); !got.Allowed() || sent != 1 {
+		t.Errorf("a denial sent before a Refund, added after it: %v with %d commands; want the server's admission", got, sent)
+	}
+	deny(Request{Key: "dcr:{t}:e", Spec: slow}) // denials sent after the refund are cached again
+
+	// A refund whose outcome is unknown may have run: the entry goes too.
+	f := Request{Key: "dcr:{t}:f", Spec: slow}
+	deny(f)
+	e.srv.Close()
+	if err := l.Refund(ctx, f, nil); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Refund with the server gone: %v; want ErrOutcomeUnknown", err)
+	}
+	if got, ok := l.denials.lookup(f); ok {
+		t.Errorf("after a Refund of %s whose outcome is unknown: cached %v; want no entry", f.Key, got)
 	}
 }

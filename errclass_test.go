@@ -2,7 +2,7 @@ package admit
 
 // Unit tests of error classification and reply decoding (issue 8, items 5
 // and 11): every error valkey-go can hand back, through the whole of
-// AllowOrdered, lands in the class its proof in errors.go gives it, with a
+// AllowOrdered, lands in the class its proof in exec.go gives it, with a
 // message that says what happened. mutants_go_test.go mutates the code
 // under test and requires these tests to notice.
 
@@ -248,7 +248,7 @@ func TestErrClassOwnContext(t *testing.T) {
 	}
 }
 
-// TestErrClassValkeyGoPin: the proofs behind ErrNotExecuted in errors.go
+// TestErrClassValkeyGoPin: the proofs behind ErrNotExecuted in exec.go
 // are read from valkey-go v1.0.79's source (mux.go, pipe.go, cluster.go,
 // lua.go). Another version may return the same errors after writing a
 // command, so moving to it means reading those files again, then moving
@@ -263,7 +263,7 @@ func TestErrClassValkeyGoPin(t *testing.T) {
 		t.Fatal("go.mod does not require github.com/valkey-io/valkey-go")
 	}
 	if got := string(m[1]); got != "v1.0.79" {
-		t.Errorf("valkey-go %s; the error classes in errors.go are proven for v1.0.79: re-read its mux.go, pipe.go, "+
-			"cluster.go and lua.go for what is returned before a command is written, update errors.go, then this pin", got)
+		t.Errorf("valkey-go %s; the error classes in exec.go are proven for v1.0.79: re-read its mux.go, pipe.go, "+
+			"cluster.go and lua.go for what is returned before a command is written, update exec.go, then this pin", got)
 	}
 }

@@ -26,3 +26,9 @@ var OnceKey = onceKey
 
 // KeySlot is keySlot: a key's cluster hash slot.
 var KeySlot = keySlot
+
+// newLimiter returns a Limiter that runs script for every mode, peek
+// included (through EVALSHA, not EVALSHA_RO).
+func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
+	return &Limiter{client: client, script: script, peek: script}
+}

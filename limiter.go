@@ -168,10 +168,6 @@ func New(client valkey.Client, opts ...Option) *Limiter {
 	return l
 }
 
-func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
-	return &Limiter{client: client, script: script, peek: script}
-}
-
 // Script modes, sent after the buckets' arguments; a take sends none.
 const (
 	modeTake   = "" // the script's default: nothing sent

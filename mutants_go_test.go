@@ -1,7 +1,7 @@
 package admit
 
 // Mutation testing of the Go side (issue 8, item 11): each mutant is a
-// deliberate, named bug in error classification (errors.go) or reply
+// deliberate, named bug in error classification (exec.go) or reply
 // decoding (decode and its call site in limiter.go). TestGoMutants builds
 // each in a copy of the package, runs the error-class tests there, and
 // fails unless the mutant's named catching test fails, and the unmutated
@@ -30,68 +30,101 @@ type goMutant struct {
 
 var goMutants = []goMutant{
 	// Classification: a class claimed without proof, or a proof ignored.
-	{name: "wrongpass-outcome-unknown", file: "errors.go",
+	{name: "wrongpass-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`case code == "WRONGPASS":`, `case code == "WRONGPASS" && false:`}},
 		catcher: "TestIntegrationErrClassCredentialsRefused/password_rotated"},
-	{name: "noauth-outcome-unknown", file: "errors.go",
+	{name: "noauth-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`case code == "NOAUTH":`, `case code == "NOAUTH" && false:`}},
 		catcher: "TestIntegrationErrClassCredentialsRefused/password_required"},
-	{name: "in-script-acl-failure-not-executed", file: "errors.go",
+	{name: "in-script-acl-failure-not-executed", file: "exec.go",
 		edits:   [][2]string{{`"OOM": true, "NOPERM": true,`, `"OOM": true, "NOPERM": true, "ACL": true,`}},
 		catcher: "TestErrClassTable/acl-failure-inside-the-script"},
-	{name: "script-error-not-executed", file: "errors.go",
+	{name: "script-error-not-executed", file: "exec.go",
 		edits:   [][2]string{{`return unknown("the server failed the script;`, `return notExecuted("the server failed the script;`}},
 		catcher: "TestErrClassTable/acl-failure-inside-the-script"},
-	{name: "wrongtype-outcome-unknown", file: "errors.go",
+	{name: "wrongtype-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`reason: ErrWrongType, class: ErrNotExecuted}`, `reason: ErrWrongType, class: ErrOutcomeUnknown}`}},
 		catcher: "TestErrClassTable/wrongtype"},
-	{name: "noslot-outcome-unknown", file: "errors.go",
+	{name: "noslot-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`if errors.Is(err, valkey.ErrNoSlot) {`, `if errors.Is(err, valkey.ErrNoSlot) && false {`}},
 		catcher: "TestIntegrationErrClassNoSlot"},
-	{name: "setup-refusal-outcome-unknown", file: "errors.go",
+	{name: "setup-refusal-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`if errors.Is(err, valkey.ErrNoCache) {`, `if errors.Is(err, valkey.ErrNoCache) && false {`}},
 		catcher: "TestIntegrationErrClassTrackingRefused"},
-	{name: "dial-error-outcome-unknown", file: "errors.go",
+	{name: "dial-error-outcome-unknown", file: "exec.go",
 		edits:   [][2]string{{`opErr.Op == "dial"`, `opErr.Op == "dial" && false`}},
 		catcher: "TestErrClassTable/dial"},
-	{name: "any-network-error-not-executed", file: "errors.go",
+	{name: "any-network-error-not-executed", file: "exec.go",
 		edits:   [][2]string{{`opErr.Op == "dial"`, `opErr.Op != ""`}},
 		catcher: "TestErrClassTable/read-error"},
-	{name: "closing-not-executed", file: "errors.go",
+	{name: "closing-not-executed", file: "exec.go",
 		edits:   [][2]string{{`return unknown("the valkey client was closed;`, `return notExecuted("the valkey client was closed;`}},
 		catcher: "TestIntegrationErrClassClosing"},
-	{name: "connection-failure-not-executed", file: "errors.go",
+	{name: "connection-failure-not-executed", file: "exec.go",
 		edits:   [][2]string{{`return unknown("the connection failed while`, `return notExecuted("the connection failed while`}},
 		catcher: "TestErrClassTable/eof"},
-	{name: "unplaced-context-error-not-executed", file: "errors.go",
+	{name: "unplaced-context-error-not-executed", file: "exec.go",
 		edits:   [][2]string{{`if !foreign.proven {`, `if false {`}},
 		catcher: "TestErrClassTable/wrapped-context-error"},
-	{name: "own-context-end-not-executed", file: "errors.go",
+	{name: "own-context-end-not-executed", file: "exec.go",
 		edits:   [][2]string{{`return unknown("this call's context ended`, `return notExecuted("this call's context ended`}},
 		catcher: "TestErrClassTable/own-cancel-in-flight"},
-	{name: "another-call's-context-taken-as-own", file: "errors.go",
+	{name: "another-call's-context-taken-as-own", file: "exec.go",
 		edits:   [][2]string{{`&& !ownContextEnded(ctx) {`, `&& !ownContextEnded(ctx) && false {`}},
 		catcher: "TestErrClassTable/another-call's-deadline"}, // TestIntegrationErrClassSharedDial too, when the shared dial races as it does in production
-	{name: "every-context-error-taken-as-another-call's", file: "errors.go",
+	{name: "every-context-error-taken-as-another-call's", file: "exec.go",
 		edits:   [][2]string{{`&& !ownContextEnded(ctx) {`, `{`}},
 		catcher: "TestErrClassTable/own-cancel-in-flight"},
-	{name: "own-deadline-checked-an-hour-late", file: "errors.go",
+	{name: "own-deadline-checked-an-hour-late", file: "exec.go",
 		edits:   [][2]string{{`return dl == dl.Round(0) || !time.Now().Before(dl)`, `return dl == dl.Round(0) || !time.Now().Add(-time.Hour).Before(dl)`}},
 		catcher: "TestErrClassTable/own-deadline-passed-timer-not-yet-fired"},
-	{name: "wall-clock-deadline-trusted", file: "errors.go",
+	{name: "wall-clock-deadline-trusted", file: "exec.go",
 		edits:   [][2]string{{`return dl == dl.Round(0) || !time.Now().Before(dl)`, `return !time.Now().Before(dl)`}},
 		catcher: "TestErrClassTable/own-deadline-without-monotonic-clock"},
-	{name: "wrapped-context-error-taken-as-another-call's", file: "errors.go",
+	{name: "wrapped-context-error-taken-as-another-call's", file: "exec.go",
 		edits:   [][2]string{{`bare := err == context.Canceled || err == context.DeadlineExceeded`, `bare := err != nil`}},
 		catcher: "TestErrClassTable/wrapped-context-error"},
-	{name: "nil-reply-as-connection-failure", file: "errors.go",
+	{name: "nil-reply-as-connection-failure", file: "exec.go",
 		edits:   [][2]string{{`if valkey.IsValkeyNil(err) {`, `if false {`}},
 		catcher: "TestIntegrationErrClassNilReply"},
 
 	// AllowOrderedOnce's record must share its first key's cluster slot.
 	{name: "once-record-in-another-slot", file: "once.go",
-		edits:   [][2]string{{`if hasHashTag(key) {`, `if false {`}},
+		edits:   [][2]string{{`if _, tagged := slotPart(key); tagged {`, `if false {`}},
 		catcher: "TestOnceKeySlot"},
+	// Issue 17: the record's name without the key's length collides.
+	{name: "once-record-not-injective", file: "once.go",
+		edits:   [][2]string{{`suffix := ":once:" + id + ":" + strconv.Itoa(len(key))`, `suffix := ":once:" + id`}},
+		catcher: "TestOnceRecordsNeverShareAKey"},
+	{name: "replay-accepted-from-any-call", file: "limiter.go",
+		edits:   [][2]string{{`if d.replayed && record == "" {`, `if false {`}},
+		catcher: "TestReplayShapes"},
+	{name: "malformed-replay-as-bad-reply", file: "decode.go",
+		edits:   [][2]string{{`if err != nil && replayed {`, `if false {`}},
+		catcher: "TestReplayShapes"},
+	// Issue 17: the denial cache is O(1) and forgets what a refund gave back.
+	{name: "denial-cache-ring-not-advancing", file: "denialcache.go",
+		edits:   [][2]string{{`c.next = (i + 1) % c.size`, `c.next = i`}},
+		catcher: "TestDenialCacheFIFO"},
+	{name: "denial-cache-evicted-key-kept-in-index", file: "denialcache.go",
+		edits: [][2]string{{`delete(c.index, c.slots[i].key)
+		}`, `}`}},
+		catcher: "TestDenialCacheFIFO"},
+	{name: "refund-keeps-second-key's-denial", file: "denialcache.go",
+		edits:   [][2]string{{`c.invalidate(second.Key)`, `_ = second.Key`}},
+		catcher: "TestDenialCacheRefund"},
+	{name: "denial-sent-before-refund-cached", file: "denialcache.go",
+		edits:   [][2]string{{`if !sent.After(c.dropped) {`, `if false {`}},
+		catcher: "TestDenialCacheRefund"},
+	{name: "refund-keeps-cached-denials", file: "budget.go",
+		edits:   [][2]string{{`l.denials.refunded(first, second)`, `_ = second`}},
+		catcher: "TestDenialCacheRefund"},
+	{name: "peek-failure-kept-outcome-unknown", file: "budget.go",
+		edits:   [][2]string{{`if err == nil || !errors.Is(err, ErrOutcomeUnknown) {`, `if true {`}},
+		catcher: "TestPeekErrorsAreNotExecuted"},
+	{name: "peek-no-fallback-where-TIME-is-refused", file: "limiter.go",
+		edits:   [][2]string{{`strings.Contains(err.Error(), readOnlyTimeRefused)`, `strings.Contains(err.Error(), "no such error")`}},
+		catcher: "TestPeekOnMiniredis"},
 	{name: "once-id-unbounded", file: "once.go",
 		edits:   [][2]string{{`case len(id) > MaxOnceIDLen:`, `case len(id) > 1<<30:`}},
 		catcher: "TestOnceKeyBounds"},
@@ -127,7 +160,7 @@ var goMutants = []goMutant{
 }
 
 // goMutantTests are the tests run on every mutant.
-const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce)"
+const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce|TestReplayShapes|TestPeekErrorsAreNotExecuted|TestPeekOnMiniredis|TestDenialCache)"
 
 func (m goMutant) apply(src string) (string, error) {
 	for _, ed := range m.edits {
@@ -169,31 +202,31 @@ func goMutantRows(t *testing.T) [][2]string {
 		}
 	}
 	dir := t.TempDir()
-	// The library, the error-class tests and what they import.
+	// The package, its tests, and the packages and data they use.
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range files {
-		if !strings.HasSuffix(f, "_test.go") || f == "errclass_test.go" || f == "errclass_integration_test.go" || f == "once_key_test.go" {
-			goMutantCopy(t, f, filepath.Join(dir, f))
-		}
+	for _, f := range files { // the whole package, tests included: the catchers use its test helpers
+		goMutantCopy(t, f, filepath.Join(dir, f))
 	}
 	for _, f := range []string{"go.mod", "go.sum", "script.lua"} {
 		goMutantCopy(t, f, filepath.Join(dir, f))
 	}
-	err = filepath.WalkDir("internal", func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
+	for _, sub := range []string{"admittest", "internal", "testdata"} {
+		err = filepath.WalkDir(sub, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(path)), 0o755); err != nil {
+				return err
+			}
+			goMutantCopy(t, path, filepath.Join(dir, path))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(path)), 0o755); err != nil {
-			return err
-		}
-		goMutantCopy(t, path, filepath.Join(dir, path))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	failLine := regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
 	run := func() (failed []string, out string) {
@@ -214,7 +247,7 @@ func goMutantRows(t *testing.T) [][2]string {
 		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
 	}
 	sources := map[string]string{}
-	for _, f := range []string{"errors.go", "limiter.go", "decode.go", "once.go"} {
+	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

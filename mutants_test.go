@@ -17,112 +17,133 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/mutate"
 	"github.com/admitkit/admit/internal/suitehook"
 	"github.com/valkey-io/valkey-go"
 )
 
-// mutant is a named bug: text edits to a source file (each old text must
-// occur exactly once), and for script mutants an optional change to what
-// the client sends.
+// mutant is a named bug in script.lua: edits at the script's markers
+// ("--@name" at the end of a line; see internal/mutate), so that a
+// readability pass over the script leaves every mutant applicable, and an
+// optional change to what the client sends.
 type mutant struct {
 	name  string
-	edits [][2]string
+	edits []mutate.Edit
 	wrap  func(valkey.Client) valkey.Client
 }
 
 func (m mutant) apply(src string) (string, error) {
-	for _, ed := range m.edits {
-		if n := strings.Count(src, ed[0]); n != 1 {
-			return "", fmt.Errorf("mutant %s: %q occurs %d times, want once; update the mutant to the source", m.name, ed[0], n)
-		}
-		src = strings.Replace(src, ed[0], ed[1], 1)
+	out, err := mutate.Apply(src, "--", m.edits...)
+	if err != nil {
+		return "", fmt.Errorf("mutant %s: %w; update the mutant to the script", m.name, err)
 	}
-	return src, nil
+	return out, nil
 }
+
+// at is one edit at a marker: see mutate.Edit.
+func at(marker, old, new string) mutate.Edit { return mutate.Edit{At: marker, Old: old, New: new} }
 
 var scriptMutants = []mutant{
 	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
-		edits: [][2]string{{"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n",
-			"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n  if n == 2 then\n    if tk2 >= 1 then\n      tk2 = tk2 - 1\n    end\n    how2 = STORE\n  end\n"}}},
+		edits: []mutate.Edit{at("deny1", "", "if n == 2 then\n  if tk2 >= 1 then\n    tk2 = tk2 - 1\n  end\n  how2 = STORE\nend")}},
 	{name: "second-refreshed-on-first-denial",
-		edits: [][2]string{{"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n",
-			"elseif tk1 < c1 then\n  how1 = pulled1 and STORE or KEEP\n  if n == 2 then\n    how2 = STORE\n  end\n"}}},
+		edits: []mutate.Edit{at("deny1", "", "if n == 2 then\n  how2 = STORE\nend")}},
 	{name: "first-written-before-second-read", // bucket 1's take is stored before bucket 2's HMGET, which may then fail
-		edits: [][2]string{{"  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')\n",
-			"  if i == 2 and (mode == 't' or mode == 'o') and tk1 >= c1 then\n" +
-				"    redis.call('HSET', keys[1], 'tokens', tk1 - c1, 'ts', ts1)\n" +
-				"    local at, ttl = math.max(ts1, now) / 1000, max1 * per1 / 1000\n" +
-				"    redis.call('PEXPIREAT', keys[1], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n" +
-				"  end\n" +
-				"  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')\n"}}},
+		edits: []mutate.Edit{at("hmget", "local v = ",
+			"if i == 2 and (mode == 't' or mode == 'o') and tk1 >= c1 then\n"+
+				"  redis.call('HSET', keys[1], 'tokens', tk1 - c1, 'ts', ts1)\n"+
+				"  local at, ttl = math.max(ts1, now) / 1000, max1 * per1 / 1000\n"+
+				"  redis.call('PEXPIREAT', keys[1], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n"+
+				"end\n"+
+				"local v = ")}},
 	{name: "token-taken-on-first-denial", // the denied bucket is stored one token lower; the reply is unchanged
-		edits: [][2]string{{"  how1 = pulled1 and STORE or KEEP\n  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1\n",
-			"  how1 = STORE\n  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1\n  tk1 = tk1 - 1\n"}}},
+		edits: []mutate.Edit{at("deny1", "pulled1 and STORE or KEEP", "STORE"), at("deny1-reply", "", "tk1 = tk1 - 1")}},
 	{name: "second-token-taken-on-second-denial",
-		edits: [][2]string{{"  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n",
-			"  how1, how2 = STORE, STORE\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n  tk2 = tk2 - 1\n"}}},
+		edits: []mutate.Edit{at("deny2", "pulled2 and STORE or KEEP", "STORE"), at("deny2-reply", "", "tk2 = tk2 - 1")}},
 	{name: "first-not-charged-on-second-denial", // the reply still says charged
-		edits: [][2]string{{"  tk1 = tk1 - c1\n  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2\n",
-			"  how1, how2 = STORE, pulled2 and STORE or KEEP\n  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1 - c1, tk2\n"}}},
+		edits: []mutate.Edit{at("deny2-charge", "tk1 = tk1 - c1", ""), at("deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
 	{name: "expiry-dropped",
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", ""}}},
+		edits: []mutate.Edit{at("store-expire", "redis.call('PEXPIREAT', keys[i], at)", "")}},
 	{name: "expiry-shorter-than-refill",
-		edits: [][2]string{{"at = (at + (-at) % 1) + (ttl + (-ttl) % 1)", "at = (at + (-at) % 1) + math.floor((ttl + (-ttl) % 1) / 2)"}}},
+		edits: []mutate.Edit{at("store-at", "(ttl + (-ttl) % 1)", "math.floor((ttl + (-ttl) % 1) / 2)")}},
 	{name: "expiry-from-now-not-ts", // a clock step back would let the key expire before the bucket refills
-		edits: [][2]string{{"      if now > ts then\n        at = now / 1000\n      end\n", "      at = now / 1000\n"}}},
+		edits: []mutate.Edit{at("store-later", "if now > ts then\nat = now / 1000\nend", "at = now / 1000")}},
 	{name: "denial-rewrites-bucket", // what every denial did before: HSET + PEXPIRE
-		edits: [][2]string{{"    if how == STORE then\n      local at, ttl", "    if how then\n      local at, ttl"}}},
+		edits: []mutate.Edit{at("write-store", "how == STORE", "how")}},
 	{name: "denial-expiry-not-lengthened", // a Spec made slower lets a denied key expire early
-		edits: [][2]string{{"redis.pcall('PEXPIREAT', keys[i], full, 'GT')", "redis.pcall('PEXPIREAT', keys[i], full, 'LT')"}}},
+		edits: []mutate.Edit{at("keep-expire", "'GT'", "'LT'")}},
 	{name: "denial-expiry-always-set", // shortens a key's expiry: no GT
-		edits: [][2]string{{"redis.pcall('PEXPIREAT', keys[i], full, 'GT')", "redis.pcall('PEXPIREAT', keys[i], full)"}}},
+		edits: []mutate.Edit{at("keep-expire", ", 'GT')", ")")}},
 	{name: "le-where-lt-is-meant",
-		edits: [][2]string{{"elseif tk1 < c1 then", "elseif tk1 <= c1 then"}}},
+		edits: []mutate.Edit{at("deny1-test", "<", "<=")}},
 	{name: "field-validation-skipped",
-		edits: [][2]string{
-			{"if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then", "if false then"},
-			{"if tk >= 9007199254740992 or ts >= 9007199254740992 then", "if false then"},
+		edits: []mutate.Edit{
+			at("field-digits", "#tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$'))", "false"),
+			at("field-range", "tk >= EXACT or ts >= EXACT", "false"),
 		}},
 	{name: "wrong-type-read-as-fresh",
-		edits: [][2]string{{"  if v.err then\n    return refusal(v.err, 'HMGET', i)\n  end\n", "  if v.err then\n    v = {false, false}\n  end\n"}}},
+		edits: []mutate.Edit{at("hmget-err", "return refusal(v.err, 'HMGET', i)", "v = {false, false}")}},
 	{name: "timestamp-moves-backwards",
-		edits: [][2]string{{"    if now > ts then\n      local q", "    if now < ts then\n      ts = now\n    end\n    if now > ts then\n      local q"}}},
+		edits: []mutate.Edit{at("refill", "if now > ts then", "if now < ts then ts = now end if now > ts then")}},
 	{name: "refill-drops-remainder",
-		edits: [][2]string{{"tk, ts = tk + gained, ts + gained * per", "tk, ts = tk + gained, now"}}},
+		edits: []mutate.Edit{at("refill-partial", "ts + gained * per", "now")}},
 	{name: "burst-not-capped",
-		edits: [][2]string{{"    if tk > max then\n      tk = max\n    end\n", ""}}},
+		edits: []mutate.Edit{at("cap", "if tk > max then\ntk = max\nend", "")}},
 	{name: "fresh-bucket-not-full",
-		edits: [][2]string{{"tk, ts, new = max, now, true", "tk, ts, new = max - 1, now, true"}}},
+		edits: []mutate.Edit{at("fresh", "max, now, true", "max - 1, now, true")}},
 	{name: "retry-rounded-down-to-ms",
-		edits: [][2]string{{"'1 %d %d -1', ts1 + (c1 - tk1) * per1 - now,", "'1 %d %d -1', math.floor((ts1 + (c1 - tk1) * per1 - now) / 1000) * 1000,"}}},
+		edits: []mutate.Edit{at("deny1-reply", "ts1 + (c1 - tk1) * per1 - now,", "math.floor((ts1 + (c1 - tk1) * per1 - now) / 1000) * 1000,")}},
 	{name: "retry-returned-in-ms",
-		edits: [][2]string{{"'2 %d %d %d', ts2 + (c2 - tk2) * per2 - now,", "'2 %d %d %d', (ts2 + (c2 - tk2) * per2 - now) / 1000,"}}},
+		edits: []mutate.Edit{at("deny2-reply", "ts2 + (c2 - tk2) * per2 - now,", "(ts2 + (c2 - tk2) * per2 - now) / 1000,")}},
 	{name: "retry-from-the-wrong-bucket", // bucket 1's cost and interval with bucket 2's state
-		edits: [][2]string{{"ts2 + (c2 - tk2) * per2 - now", "ts2 + (c1 - tk2) * per1 - now"}}},
+		edits: []mutate.Edit{at("deny2-reply", "ts2 + (c2 - tk2) * per2 - now", "ts2 + (c1 - tk2) * per1 - now")}},
 	{name: "time-from-argument-not-TIME", // the host sends its clock, as the last ARGV, and the script trusts it
-		edits: [][2]string{
-			{"local na = #argv\n", "local na = #argv - 1\n"},
-			{"local now = t[1] * 1000000 + t[2]", "local now = argv[#argv] + 0"},
-		},
-		wrap: func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
+		edits: []mutate.Edit{at("nargs", "#argv", "#argv - 1"), at("now", "t[1] * 1000000 + t[2]", "argv[#argv] + 0")},
+		wrap:  func(c valkey.Client) valkey.Client { return hostClockClient{c} }},
 	{name: "remaining-before-the-charge",
-		edits: [][2]string{{"fmt, x, y = '0 0 %d %d', tk1, tk2", "fmt, x, y = '0 0 %d %d', tk1 + c1, tk2"}}},
+		edits: []mutate.Edit{at("both-reply", "tk1, tk2", "tk1 + c1, tk2")}},
 	{name: "foreign-hash-accepted", // a user's hash gains tokens, ts and an expiry
-		edits: [][2]string{{"if e == 1 then", "if e == 2 then"}}},
+		edits: []mutate.Edit{at("foreign", "e == 1", "e == 2")}},
 	{name: "once-record-written-not-read", // every retry decides again
-		edits: [][2]string{{"  if r then\n    return r\n  end\n", "  if false then\n    return r\n  end\n"}}},
+		edits: []mutate.Edit{at("record-found", "if r then", "if false then")}},
 	{name: "once-record-read-but-charged", // the retry returns the old Decision and charges again
-		edits: [][2]string{
-			{"if record then\n  local r = redis.pcall('GET', record)", "local replayed\nif record then\n  local r = redis.pcall('GET', record)"},
-			{"  if r then\n    return r\n  end\n", "  if r then\n    replayed = r\n  end\n"},
-			{"  redis.call('SET', record, reply, 'PX', argv[na])\nend\nreturn reply\n", "  redis.call('SET', record, reply, 'PX', argv[na])\nend\nreturn replayed or reply\n"},
+		edits: []mutate.Edit{
+			at("nargs", "", "local replayed"),
+			at("replay", "return 'R '", "replayed = 'R '"),
+			at("reply-return", "return reply", "return replayed or reply"),
 		}},
 	{name: "once-record-never-expires",
-		edits: [][2]string{{"redis.call('SET', record, reply, 'PX', argv[na])", "redis.call('SET', record, reply)"}}},
+		edits: []mutate.Edit{at("record-write", ", 'PX', argv[na])", ")")}},
+	{name: "once-replay-unmarked", // a caller settles a replay again: the double refund of issue 17
+		edits: []mutate.Edit{at("replay", "'R ' .. ", "")}},
+	{name: "once-first-denial-recorded", // a stable id is denied for the whole window
+		edits: []mutate.Edit{at("deny1-unrecorded", "record = nil", "")}},
+	{name: "once-request-not-compared", // another Cost, Spec or second key gets the old decision
+		edits: []mutate.Edit{at("record-reuse", "string.sub(r, bar + 1) ~= fp", "false")}},
+	{name: "once-foreign-record-trusted",
+		edits: []mutate.Edit{at("record-shape", "not bar or not find(r, '^[012] %d+ %d+ %-?%d+|%d+ %d+ %d+')", "false")}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', 'admit-mutant-stray', ts)\n"}}},
+		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', 'admit-mutant-stray', ts)")}},
 	{name: "undeclared-key-written",
-		edits: [][2]string{{"      redis.call('PEXPIREAT', keys[i], at)\n", "      redis.call('PEXPIREAT', keys[i], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n      redis.call('SET', keys[i] .. ':last', ts)\n"}}},
+		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', keys[i] .. ':last', ts)")}},
+
+	// The Budget API (issue 9).
+	{name: "cost-ignored-on-second-bucket", // a take decides and charges bucket 2 at cost 1
+		edits: []mutate.Edit{at("deny2-test", "tk2 < c2", "tk2 < 1"), at("both-charge", "tk2 - c2", "tk2 - 1")}},
+	{name: "retry-until-one-token-not-cost",
+		edits: []mutate.Edit{at("deny1-reply", "(c1 - tk1)", "(1 - tk1)"), at("deny2-reply", "(c2 - tk2)", "(1 - tk2)")}},
+	{name: "refund-above-burst",
+		edits: []mutate.Edit{at("refund1", "math.min(max1, tk1 + c1)", "tk1 + c1"), at("refund2", "math.min(max2, tk2 + c2)", "tk2 + c2")}},
+	{name: "refund-creates-absent-key",
+		edits: []mutate.Edit{at("refund1-how", "not new1 and STORE or nil", "STORE"), at("refund2-how", "not new2 and STORE or nil", "STORE")}},
+	{name: "peek-writes",
+		edits: []mutate.Edit{at("writes", "mode == 'r' then", "mode == 'r' or mode == 'p' then")}},
+	{name: "remaining-off-by-cost",
+		edits: []mutate.Edit{at("both-reply", "tk1, tk2", "tk1, tk2 + c2")}},
+	{name: "remaining-off-by-cost-one-bucket",
+		edits: []mutate.Edit{at("one-reply", "tk1", "tk1 + c1")}},
+	{name: "remaining-off-by-cost-on-second-denial",
+		edits: []mutate.Edit{at("deny2-reply", "now, tk1, tk2", "now, tk1 + c1, tk2")}},
 }
 
 // hostClockClient appends the host's clock, in µs, to every script
@@ -140,8 +161,25 @@ func (h hostClockClient) Do(ctx context.Context, cmd valkey.Completed) valkey.Va
 	return h.Client.Do(ctx, cmd)
 }
 
+// specMutant is a named bug in spec.go: text edits, each old text
+// occurring exactly once.
+type specMutant struct {
+	name  string
+	edits [][2]string
+}
+
+func (m specMutant) apply(src string) (string, error) {
+	for _, ed := range m.edits {
+		if n := strings.Count(src, ed[0]); n != 1 {
+			return "", fmt.Errorf("mutant %s: %q occurs %d times, want once; update the mutant to the source", m.name, ed[0], n)
+		}
+		src = strings.Replace(src, ed[0], ed[1], 1)
+	}
+	return src, nil
+}
+
 // specMutants move NewSpec's bounds; TestSpecBounds must catch each.
-var specMutants = []mutant{
+var specMutants = []specMutant{
 	{name: "NaN-accepted", edits: [][2]string{{"case math.IsNaN(r) || math.IsInf(r, 0):", "case math.IsInf(r, 0):"}}},
 	{name: "negative-rate-accepted", edits: [][2]string{{"case r <= 0:", "case r == 0:"}}},
 	{name: "MaxLimit-doubled", edits: [][2]string{{"case rate > MaxLimit:", "case rate > 2*MaxLimit:"}}},
@@ -324,5 +362,19 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := os.WriteFile(to, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestScriptMutantsApply: every script mutant still finds its markers and
+// changes the shipped script, checked on every test run (TestMutants, which
+// proves each is caught, runs only with ADMIT_MUTANTS=1).
+func TestScriptMutantsApply(t *testing.T) {
+	for _, m := range scriptMutants {
+		src, err := m.apply(admit.ScriptSource)
+		if err != nil {
+			t.Error(err)
+		} else if src == admit.ScriptSource {
+			t.Errorf("mutant %s changes nothing", m.name)
+		}
 	}
 }

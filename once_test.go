@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 )
 
 // TestAllowOrderedOnce: the first call with an id decides and records;
@@ -269,3 +271,24 @@ func TestOnceIDReusedForAnotherRequest(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestReplayShapes: a reply marked as a replay is a replay only from
+// AllowOrderedOnce (another script under the same SHA could send one to
+// AllowOrdered: ErrBadReply, outcome unknown), and a malformed replay ran
+// nothing, so it is ErrCorruptState, not executed, never an admission.
+func TestReplayShapes(t *testing.T) {
+	e := newUnitEnv(t)
+	ctx := context.Background()
+	r := Request{Key: "rs", Spec: perSecond3}
+	replaying := newLimiter(e.c, valkey.NewLuaScript("return 'R 0 0 2 -1'"))
+	if d, err := replaying.AllowOrdered(ctx, r, nil); !errors.Is(err, ErrBadReply) || !errors.Is(err, ErrOutcomeUnknown) || d.Allowed() {
+		t.Errorf("AllowOrdered given a replay: %v, %v; want ErrBadReply, outcome unknown", d, err)
+	}
+	if d, err := replaying.AllowOrderedOnce(ctx, "id", r, nil); err != nil || !d.Allowed() || !d.Replayed() {
+		t.Errorf("AllowOrderedOnce given a replay: %v replayed %v, %v; want an admission, replayed", d, d.Replayed(), err)
+	}
+	malformed := newLimiter(e.c, valkey.NewLuaScript("return 'R 0 5 2 -1'"))
+	if d, err := malformed.AllowOrderedOnce(ctx, "id", r, nil); !errors.Is(err, ErrCorruptState) || !errors.Is(err, ErrNotExecuted) || d.Allowed() {
+		t.Errorf("AllowOrderedOnce given a malformed replay: %v, %v; want ErrCorruptState, not executed", d, err)
+	}
+}

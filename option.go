@@ -22,14 +22,19 @@ func (f optionFunc) apply(l *Limiter) { f(l) }
 //   - when the local monotonic clock runs slower than the server's clock,
 //     by at most that rate difference times RetryAfter;
 //   - when another process refunds tokens to the bucket, or an operator
-//     deletes or edits the key, before r has passed;
+//     deletes or edits the key, before r has passed (this Limiter's own
+//     [Limiter.Refund], and so [Limiter.Wait]'s, drops the entries of the
+//     keys it refunds, unless a refund whose outcome is unknown runs on the
+//     server only after it has returned);
 //   - never because of a Spec or Cost change: a call whose Spec or Cost
 //     differs from the cached one goes to the server.
 //
-// Expired entries are dropped when the cache is full, before anything is
-// evicted; then an arbitrary entry makes room. A cache lookup costs one
-// mutex and one map access. Use it where denials dominate: a retry storm,
-// an abusive client, a flood after an upstream 429.
+// When the cache is full, a new key takes the place of the oldest one
+// inserted (a key already cached is updated in place), and a lookup that
+// meets an expired entry drops it. A lookup or an insert costs O(1), one
+// mutex and one map access, however large the cache and whatever floods
+// it. Use it where denials dominate: a retry storm, an abusive client, a
+// flood after an upstream 429.
 func WithDenialCache(size int) Option {
 	return optionFunc(func(l *Limiter) {
 		if size > 0 {

@@ -63,29 +63,41 @@
 -- redis.call as numbers where the server formats them cheaply, and the
 -- decision's path builds no closure and no table (each costs an allocation
 -- and the garbage collector's work): one function, refusal, serves every
--- error.
+-- error; the others are inline.
+--
+-- It runs in six steps, numbered below: 1 check the arguments, 2 read
+-- (TIME, the record, each bucket: read, validate, refill), 3 decide,
+-- 4 check the writes against the ACL, 5 write, 6 reply. Nothing is
+-- written before step 5, so every error before it leaves every key as it
+-- was. Lines that the mutation tests break carry a marker, "--@name"
+-- (internal/mutate).
+
+-- Constants, folded by the compiler: each costs nothing at run time.
+local EXACT = 2 ^ 53        -- Lua numbers are exact integers below it
+local MAX_REFILL = 2 ^ 50   -- per * burst, the Spec bound: sums stay below EXACT
+local V7_2_0 = 0x070200     -- redis.REDIS_VERSION_NUM of 7.2.0
+local CORRUPT = ' hash fields tokens and ts must both be decimal integers'
 
 local argv, keys = ARGV, KEYS
 local find = string.find
-local na = #argv
-local n = (na - na % 3) / 3
+local na = #argv --@nargs
+local n = (na - na % 3) / 3 -- a mode, and a window, follow the buckets' 3 each
 local mode = argv[3 * n + 1] or 't'
 local record
 
--- The arguments' shape is checked before anything is read (see the
--- header); the buckets' numbers where they are parsed, below, still before
--- any write. ADMITARGS errors are inline: a closure costs every call.
+-- 1. Check the arguments' shape, before anything is read (see the
+-- header); the buckets' numbers are checked where step 2 parses them.
 if n ~= 1 and n ~= 2 then
   return redis.error_reply('ADMITARGS admit: want the arguments of 1 or 2 buckets, got ' .. na .. ' arguments')
 end
 if mode == 'o' then
   record = keys[n + 1]
   local w = argv[na]
-  if na ~= 3 * n + 2 or #keys ~= n + 1 or not find(w, '^%d+$') or #w > 15 or w + 0 < 1 then
+  if na ~= 3 * n + 2 or #keys ~= n + 1 or not find(w, '^%d+$') or #w > 15 or w + 0 < 1 then --@argv-window
     return redis.error_reply('ADMITARGS admit: mode o wants ' .. n ..
       ' bucket keys and a record key, then a window of whole ms >= 1')
   end
-elseif na ~= 3 * n + (argv[3 * n + 1] and 1 or 0) or #keys ~= n or
+elseif na ~= 3 * n + (argv[3 * n + 1] and 1 or 0) or #keys ~= n or --@argv-shape
     not (mode == 't' or mode == 'p' or mode == 'r') then
   return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, p, r or o')
 end
@@ -103,7 +115,7 @@ local function refusal(err, cmd, i)
     end
     return redis.error_reply('WRONGTYPE admit: bucket ' .. i .. ' key holds a value that is not a hash')
   end
-  if err and not (string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or
+  if err and not (string.find(err, 'ACL', 1, true) or string.find(err, 'permission', 1, true) or --@acl-words
       string.find(err, "can't run", 1, true) or string.find(err, "can't access", 1, true)) then
     return redis.error_reply(err)
   end
@@ -112,12 +124,13 @@ local function refusal(err, cmd, i)
     ' (README, "Least-privilege ACL")')
 end
 
+-- 2. Read. TIME once: the one clock of the decision.
 local t = redis.pcall('TIME')
 if t.err then
   -- miniredis, say, refuses TIME in a read-only script: not an ACL refusal
   return refusal(t.err, 'TIME')
 end
-local now = t[1] * 1000000 + t[2]
+local now = t[1] * 1000000 + t[2] --@now
 
 -- A decision already recorded under this id is returned as it was made,
 -- marked as a replay, and nothing is taken; provided it was made for this
@@ -132,21 +145,23 @@ if record then
   if type(r) == 'table' and r.err then
     return refusal(r.err, 'GET')
   end
-  if r then
+  if r then --@record-found
     local bar = find(r, '|', 1, true)
-    if not bar or not find(r, '^[012] %d+ %d+ %-?%d+|%d+ %d+ %d+') then
+    if not bar or not find(r, '^[012] %d+ %d+ %-?%d+|%d+ %d+ %d+') then --@record-shape
       return redis.error_reply('ADMITCORRUPT admit: the once-record key holds a value that admit did not write')
     end
-    if string.sub(r, bar + 1) ~= fp then
+    if string.sub(r, bar + 1) ~= fp then --@record-reuse
       return redis.error_reply('ADMITREUSE admit: this id was recorded for a different request')
     end
-    return 'R ' .. string.sub(r, 1, bar - 1)
+    return 'R ' .. string.sub(r, 1, bar - 1) --@replay
   end
 end
 
--- Read, validate and refill every bucket before any write. Bucket i has
--- max tokens at most and gains one every per µs; c is what the call takes
--- (most often "1", compared rather than parsed).
+-- Read, validate and refill every bucket. Bucket i has max tokens at most
+-- and gains one every per µs; c is what the call takes (most often "1",
+-- compared rather than parsed). per, max and c are checked here, as
+-- plain decimal integers (so that "nan", "0x10" or " 5" never reach
+-- arithmetic) within the Spec's bounds.
 --
 -- A field is valid as the schema stores it: a decimal integer of at most
 -- 16 digits below 2^53, the largest range in which Lua numbers are exact.
@@ -165,61 +180,60 @@ local tk1, ts1, new1, pulled1, per1, max1, c1
 local tk2, ts2, new2, pulled2, per2, max2, c2
 for i = 1, n do
   local per, max, c = argv[3 * i - 2], argv[3 * i - 1], argv[3 * i]
-  if not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$') then
+  if not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$') then --@argv-digits
     return redis.error_reply('ADMITARGS admit: bucket ' .. i .. ': per, burst and cost must be decimal integers')
   end
-  per, max = per + 0, max + 0
-  c = c == '1' and 1 or c + 0
-  -- 2^50: the Spec bound, under which every sum below is an exact number
-  if per < 1 or max < 1 or per * max > 1125899906842624 or c < 1 or c > max then
+  per, max = per + 0, max + 0 -- s + 0 parses a checked string, cheaper than tonumber
+  c = c == '1' and 1 or c + 0 -- the usual cost: a comparison, no parse
+  if per < 1 or max < 1 or per * max > MAX_REFILL or c < 1 or c > max then --@argv-range
     return redis.error_reply('ADMITARGS admit: bucket ' .. i ..
       ': want per >= 1, burst >= 1, per * burst <= 2^50 and 1 <= cost <= burst')
   end
-  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts')
+  local v = redis.pcall('HMGET', keys[i], 'tokens', 'ts') --@hmget
   if v.err then
-    return refusal(v.err, 'HMGET', i)
+    return refusal(v.err, 'HMGET', i) --@hmget-err
   end
   local tk, ts = v[1], v[2]
   local new, pulled = false, false
   if tk and ts then
-    if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then
-      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    if #tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$')) then --@field-digits
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
     end
-    tk, ts = tk + 0, ts + 0
-    if tk >= 9007199254740992 or ts >= 9007199254740992 then
-      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    tk, ts = tk + 0, ts + 0 --@fields-parse
+    if tk >= EXACT or ts >= EXACT then --@field-range
+      return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
     end
-    if tk > max then
+    if tk > max then --@cap
       tk = max
     end
-    local latest = now + (max - 1) * per
-    if ts > latest then
-      ts, pulled = latest, true
+    local latest = now + (max - 1) * per --@latest
+    if ts > latest then --@freeze
+      ts, pulled = latest, true --@pulled
     end
-    if now > ts then
+    if now > ts then --@refill
       local q = (now - ts) / per
-      local gained = q - q % 1
+      local gained = q - q % 1 -- floor(q)
       if gained * per > now - ts then
         gained = gained - 1
       end
       if tk + gained >= max then
         tk, ts = max, now
       else
-        tk, ts = tk + gained, ts + gained * per
+        tk, ts = tk + gained, ts + gained * per --@refill-partial
       end
     end
   elseif tk or ts then
-    return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. ' hash fields tokens and ts must both be decimal integers')
+    return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i .. CORRUPT)
   else
     local e = redis.pcall('EXISTS', keys[i])
     if type(e) == 'table' then
       return refusal(e.err, 'EXISTS', i)
     end
-    if e == 1 then
+    if e == 1 then --@foreign
       return redis.error_reply('ADMITCORRUPT admit: bucket ' .. i ..
         ' key holds a hash without the fields tokens and ts: it is not a bucket')
     end
-    tk, ts, new = max, now, true
+    tk, ts, new = max, now, true --@fresh
   end
   if i == 1 then
     tk1, ts1, new1, pulled1, per1, max1, c1 = tk, ts, new, pulled, per, max, c
@@ -228,7 +242,7 @@ for i = 1, n do
   end
 end
 
--- Decide, and plan each bucket's write: STORE its fields and expiry (HSET
+-- 3. Decide, and plan each bucket's write: STORE its fields and expiry (HSET
 -- and PEXPIREAT), KEEP a denied bucket as it is but for its expiry
 -- (PEXPIREAT GT), or nil, nothing. The reply is string.format(fmt, x, y,
 -- z). Bucket 2 is evaluated only when bucket 1 admits.
@@ -237,42 +251,43 @@ local how1, how2, fmt, x, y, z
 if mode == 'r' then
   -- A refund gives each bucket its cost back, capped at burst. A missing
   -- key is a full bucket already: it is not created.
-  tk1 = math.min(max1, tk1 + c1)
-  how1 = not new1 and STORE or nil
+  tk1 = math.min(max1, tk1 + c1) --@refund1
+  how1 = not new1 and STORE or nil --@refund1-how
   fmt, x, y = '0 0 %d %d', tk1, -1
   if n == 2 then
-    tk2 = math.min(max2, tk2 + c2)
-    how2 = not new2 and STORE or nil
+    tk2 = math.min(max2, tk2 + c2) --@refund2
+    how2 = not new2 and STORE or nil --@refund2-how
     y = tk2
   end
-elseif tk1 < c1 then
-  how1 = pulled1 and STORE or KEEP
-  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1
-  record = nil -- charged nothing: not recorded, so the id decides again
-elseif n == 2 and tk2 < c2 then
-  tk1 = tk1 - c1
-  how1, how2 = STORE, pulled2 and STORE or KEEP
-  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2
+elseif tk1 < c1 then --@deny1-test
+  how1 = pulled1 and STORE or KEEP --@deny1
+  fmt, x, y = '1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1 --@deny1-reply
+  -- charged nothing: not recorded, so the id decides again
+  record = nil --@deny1-unrecorded
+elseif n == 2 and tk2 < c2 then --@deny2-test
+  tk1 = tk1 - c1 --@deny2-charge
+  how1, how2 = STORE, pulled2 and STORE or KEEP --@deny2
+  fmt, x, y, z = '2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2 --@deny2-reply
 elseif n == 2 then
-  tk1, tk2 = tk1 - c1, tk2 - c2
+  tk1, tk2 = tk1 - c1, tk2 - c2 --@both-charge
   how1, how2 = STORE, STORE
-  fmt, x, y = '0 0 %d %d', tk1, tk2
+  fmt, x, y = '0 0 %d %d', tk1, tk2 --@both-reply
 else
   tk1 = tk1 - c1
   how1 = STORE
-  fmt, x = '0 0 %d -1', tk1
+  fmt, x = '0 0 %d -1', tk1 --@one-reply
 end
 
-if mode == 't' or mode == 'o' or mode == 'r' then
-  -- The ACL precheck: when the call writes more than one command, every
-  -- write after the first is checked before the first. A user may read a
-  -- key and not write it (%R~), or lack HSET or PEXPIREAT: without the
-  -- check the script would fail between two writes and leave a bucket
-  -- charged, or a key with no expiry. The first write needs no check: it
-  -- runs under pcall and succeeds or fails whole, so a denial's one
-  -- PEXPIREAT GT needs none at all. redis.acl_check_cmd exists on Valkey
-  -- 7.2+ and Redis 7.0+.
-  local acl = redis.acl_check_cmd
+if mode == 't' or mode == 'o' or mode == 'r' then --@writes
+  -- 4. Check the writes against the ACL: when the call writes more than
+  -- one command, every write after the first is checked before the first.
+  -- A user may read a key and not write it (%R~), or lack HSET or
+  -- PEXPIREAT: without the check the script would fail between two writes
+  -- and leave a bucket charged, or a key with no expiry. The first write
+  -- needs no check: it runs under pcall and succeeds or fails whole, so a
+  -- denial's one PEXPIREAT GT needs none at all. redis.acl_check_cmd
+  -- exists on Valkey 7.2+ and Redis 7.0+.
+  local acl = redis.acl_check_cmd --@acl
   if acl and (how1 == STORE or how2 or record) then
     local first = true
     for i = 1, n do
@@ -281,15 +296,15 @@ if mode == 't' or mode == 'o' or mode == 'r' then
         how = how2
       end
       if how == STORE then
-        if not first and not acl('HSET', keys[i], 'tokens', '0') then
+        if not first and not acl('HSET', keys[i], 'tokens', '0') then --@acl-store-hset
           return refusal(nil, 'HSET', i)
         end
         first = false
-        if not acl('PEXPIREAT', keys[i], '1') then
+        if not acl('PEXPIREAT', keys[i], '1') then --@acl-store-expire
           return refusal(nil, 'PEXPIREAT', i)
         end
       elseif how == KEEP then
-        if not first and not acl('PEXPIREAT', keys[i], '1') then
+        if not first and not acl('PEXPIREAT', keys[i], '1') then --@acl-keep-expire
           return refusal(nil, 'PEXPIREAT', i)
         end
         first = false
@@ -299,7 +314,7 @@ if mode == 't' or mode == 'o' or mode == 'r' then
       return refusal(nil, 'SET')
     end
   end
-  -- The writes, bucket 1's first. STORE's expiry is absolute (PEXPIREAT,
+  -- 5. Write, bucket 1 first. STORE's expiry is absolute (PEXPIREAT,
   -- ms on the server's clock, rounded up), so that a denial's expiry and
   -- the last write's compare exactly: the later of now and ts, plus the
   -- time to refill from empty to full, max * per. Never shorter than the
@@ -316,42 +331,43 @@ if mode == 't' or mode == 'o' or mode == 'r' then
   -- what string.format costs. Older servers format every number argument
   -- with %.17g, which costs more than string.format('%d') does here. Both
   -- write the same bytes, a plain decimal integer.
-  local plain = (redis.REDIS_VERSION_NUM or 0) >= 459264 -- 7.2.0
+  local plain = (redis.REDIS_VERSION_NUM or 0) >= V7_2_0
   for i = 1, n do
     local how, tk, ts, per, max = how1, tk1, ts1, per1, max1
     if i == 2 then
       how, tk, ts, per, max = how2, tk2, ts2, per2, max2
     end
-    if how == STORE then
+    if how == STORE then --@write-store
       local at, ttl = ts / 1000, max * per / 1000
-      if now > ts then
+      if now > ts then --@store-later
         at = now / 1000
       end
-      at = (at + (-at) % 1) + (ttl + (-ttl) % 1)
+      at = (at + (-at) % 1) + (ttl + (-ttl) % 1) -- ceil(at) + ceil(ttl) --@store-at
       if not plain then
         tk, ts, at = string.format('%d', tk), string.format('%d', ts), string.format('%d', at)
       end
       local r = redis.pcall('HSET', keys[i], 'tokens', tk, 'ts', ts)
       if type(r) == 'table' then
-        return refusal(r.err, 'HSET', i)
+        return refusal(r.err, 'HSET', i) --@store-refused
       end
-      redis.call('PEXPIREAT', keys[i], at)
+      redis.call('PEXPIREAT', keys[i], at) --@store-expire
     elseif how == KEEP then
       local full = (ts + (max - tk) * per) / 1000
-      full = full + (-full) % 1
+      full = full + (-full) % 1 -- ceil(full)
       if not plain then
         full = string.format('%d', full)
       end
-      local r = redis.pcall('PEXPIREAT', keys[i], full, 'GT')
+      local r = redis.pcall('PEXPIREAT', keys[i], full, 'GT') --@keep-expire
       if type(r) == 'table' then
-        return refusal(r.err, 'PEXPIREAT', i)
+        return refusal(r.err, 'PEXPIREAT', i) --@keep-refused
       end
     end
   end
 end
 
+-- 6. Reply, and record it when the call charged something (mode 'o').
 local reply = string.format(fmt, x, y, z)
 if record then
-  redis.call('SET', record, reply .. '|' .. fp, 'PX', argv[na])
+  redis.call('SET', record, reply .. '|' .. fp, 'PX', argv[na]) --@record-write
 end
-return reply
+return reply --@reply-return
