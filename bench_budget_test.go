@@ -122,6 +122,8 @@ func TestBudgetAllocations(t *testing.T) {
 	}
 	defer c.Close()
 	l := New(c)
+	var calls [OpWaitAttempt + 1]int
+	observed := New(c, WithObserver(func(o Observation) { calls[o.Op]++ }))
 	ctx := context.Background()
 	p := testserver.Prefix(t, testserver.NewClient(t, srv))
 	first, second := Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
@@ -136,6 +138,13 @@ func TestBudgetAllocations(t *testing.T) {
 		{"Peek one bucket", 2, func() error { _, err := l.Peek(ctx, first, nil); return err }},
 		{"Refund", 2, func() error { return l.Refund(ctx, first, &second) }},
 		{"Refund one bucket", 2, func() error { return l.Refund(ctx, first, nil) }},
+		// The record's name is built for each call (a replay here, after
+		// the warm-up's first call).
+		{"AllowOrderedOnce", 2, func() error { _, err := l.AllowOrderedOnce(ctx, "job-1", first, &second); return err }},
+		// WithObserver: reporting each call allocates nothing more.
+		{"AllowOrdered observed", 1, func() error { _, err := observed.AllowOrdered(ctx, first, &second); return err }},
+		{"Peek observed", 2, func() error { _, err := observed.Peek(ctx, first, &second); return err }},
+		{"Refund observed", 2, func() error { return observed.Refund(ctx, first, &second) }},
 	} {
 		var err error
 		for range 3 { // warm up: connection, pipeline, script cache
@@ -163,5 +172,9 @@ func TestBudgetAllocations(t *testing.T) {
 		if allocs > tc.max {
 			t.Errorf("%s: %v allocs a call, want at most %v", tc.name, allocs, tc.max)
 		}
+		t.Logf("%s: %v allocs a call", tc.name, allocs)
+	}
+	if calls[OpTake] == 0 || calls[OpPeek] == 0 || calls[OpRefund] == 0 {
+		t.Errorf("the observer saw %v calls by Op, want some of each of take, peek and refund", calls)
 	}
 }

@@ -23,6 +23,14 @@ import (
 // EVALSHA instead, in the same read-only mode, which writes nothing; the
 // Limiter remembers that and goes straight there afterwards.
 func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
+	start := l.observeStart()
+	d, err := l.peekUnobserved(ctx, first, second)
+	l.observed(OpPeek, first, start, false, d, err)
+	return d, err
+}
+
+// peekUnobserved is Peek without its observation.
+func (l *Limiter) peekUnobserved(ctx context.Context, first Request, second *Request) (Decision, error) {
 	d, err := l.run(ctx, modePeek, first, second)
 	if err == nil || !errors.Is(err, ErrOutcomeUnknown) {
 		return d, err
@@ -57,9 +65,11 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 // denial of either key, and does not cache the denial of a call sent before
 // that: the next call on either key goes to the server.
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
+	start := l.observeStart()
 	_, err := l.run(ctx, modeRefund, first, second)
 	if l != nil && l.denials != nil {
 		l.denials.refunded(first, second) // after the reply: a denial sent meanwhile may predate the refund
 	}
+	l.observed(OpRefund, first, start, false, Decision{}, err)
 	return err
 }

@@ -14,6 +14,13 @@ import (
 //     consumed. The library never retries such a call; the caller decides
 //     whether to fail open or closed.
 //
+// Two calls use ErrNotExecuted in a sense of their own, which their errors'
+// text states: [Limiter.Peek], which writes nothing, classes every failure
+// ErrNotExecuted, lost replies included; and [Limiter.Wait], after attempts
+// the second bucket refused, gives up with ErrNotExecuted meaning that no
+// token stays taken (each charge of the first bucket was refunded, capped
+// at its burst), though that bucket's key was written.
+//
 // A denial is a [Decision], never an error.
 var (
 	ErrNotExecuted    = errors.New("admit: not executed")

@@ -145,7 +145,9 @@ type Limiter struct {
 	// peekRW is set once the server refused TIME in a read-only script
 	// (miniredis does): peeks then run through script, in mode p.
 	peekRW  atomic.Bool
-	denials *denialCache // nil unless WithDenialCache
+	denials *denialCache      // nil unless WithDenialCache
+	observe func(Observation) // nil unless WithObserver
+	waits   waitLines         // Wait's lines, one a pair of keys waited on
 }
 
 // New returns a Limiter that runs its decisions on client: a standalone,
@@ -187,13 +189,23 @@ const (
 // command is in flight gives ErrOutcomeUnknown, because the command may
 // still reach the server.
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
+	return l.take(ctx, OpTake, first, second)
+}
+
+// take is AllowOrdered, observed as op (OpTake, or OpWaitAttempt for Wait).
+func (l *Limiter) take(ctx context.Context, op Op, first Request, second *Request) (Decision, error) {
+	start := l.observeStart()
 	if l == nil || l.denials == nil {
-		return l.run(ctx, modeTake, first, second)
+		d, err := l.run(ctx, modeTake, first, second)
+		l.observed(op, first, start, false, d, err)
+		return d, err
 	}
 	if d, ok := l.denials.lookup(first); ok {
 		if err := l.check(ctx, first, second); err != nil { // bad input is refused, cached or not
+			l.observed(op, first, start, false, Decision{}, err)
 			return Decision{}, err
 		}
+		l.observed(op, first, start, true, d, nil)
 		return d, nil
 	}
 	sent := l.denials.now()
@@ -201,6 +213,7 @@ func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Reque
 	if err == nil && d.Denied == 1 {
 		l.denials.add(first, sent, d)
 	}
+	l.observed(op, first, start, false, d, err)
 	return d, err
 }
 

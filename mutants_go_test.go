@@ -94,7 +94,7 @@ var goMutants = []goMutant{
 		catcher: "TestOnceKeySlot"},
 	// Issue 17: the record's name without the key's length collides.
 	{name: "once-record-not-injective", file: "once.go",
-		edits:   [][2]string{{`suffix := ":once:" + id + ":" + strconv.Itoa(len(key))`, `suffix := ":once:" + id`}},
+		edits:   [][2]string{{`n := strconv.Itoa(len(key))`, `n := ""`}},
 		catcher: "TestOnceRecordsNeverShareAKey"},
 	{name: "replay-accepted-from-any-call", file: "limiter.go",
 		edits:   [][2]string{{`if d.replayed && record == "" {`, `if false {`}},
@@ -119,6 +119,23 @@ var goMutants = []goMutant{
 	{name: "refund-keeps-cached-denials", file: "budget.go",
 		edits:   [][2]string{{`l.denials.refunded(first, second)`, `_ = second`}},
 		catcher: "TestDenialCacheRefund"},
+	// Issue 17: Wait's line bounds the herd; its sleep tries for a token
+	// before the deadline; its error after a refund says what ran.
+	{name: "wait-line-head-never-released", file: "wait.go",
+		edits:   [][2]string{{`defer func() { <-line.head }()`, `<-line.head`}},
+		catcher: "TestWaitLine"},
+	{name: "wait-line-never-removed", file: "wait.go",
+		edits:   [][2]string{{`delete(w.lines, key)`, `_ = key`}},
+		catcher: "TestWaitLine"},
+	{name: "wait-jitter-past-the-deadline", file: "wait.go",
+		edits:   [][2]string{{`(untilDeadline-retryAfter)/4`, `most`}},
+		catcher: "TestWaitSleep"},
+	{name: "wait-queued-shortcut-ignores-the-request", file: "wait.go",
+		edits:   [][2]string{{`return dn.ok && dn.first == first && dn.second == s`, `return dn.ok`}},
+		catcher: "TestWaitQueued"},
+	{name: "wait-error-hides-the-refund", file: "wait.go",
+		edits:   [][2]string{{`refunds++`, ``}},
+		catcher: "TestWaitRefundsAfterSecondDenial"},
 	{name: "peek-failure-kept-outcome-unknown", file: "budget.go",
 		edits:   [][2]string{{`if err == nil || !errors.Is(err, ErrOutcomeUnknown) {`, `if true {`}},
 		catcher: "TestPeekErrorsAreNotExecuted"},
@@ -160,7 +177,7 @@ var goMutants = []goMutant{
 }
 
 // goMutantTests are the tests run on every mutant.
-const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce|TestReplayShapes|TestPeekErrorsAreNotExecuted|TestPeekOnMiniredis|TestDenialCache)"
+const goMutantTests = "^(TestErrClass|TestIntegrationErrClass|TestOnce|TestReplayShapes|TestPeekErrorsAreNotExecuted|TestPeekOnMiniredis|TestDenialCache|TestWait)"
 
 func (m goMutant) apply(src string) (string, error) {
 	for _, ed := range m.edits {
@@ -247,7 +264,7 @@ func goMutantRows(t *testing.T) [][2]string {
 		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
 	}
 	sources := map[string]string{}
-	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go"} {
+	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go", "wait.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

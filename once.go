@@ -41,11 +41,14 @@ var onceWindowArg = strconv.FormatInt(OnceWindow.Milliseconds(), 10)
 //
 // The ACL user needs +get and +set beside what AllowOrdered needs.
 func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
+	start := l.observeStart()
 	record, err := onceKey(first.Key, id)
-	if err != nil {
-		return Decision{}, err
+	d := Decision{}
+	if err == nil {
+		d, err = l.runRecorded(ctx, modeOnce, first, second, record)
 	}
-	return l.runRecorded(ctx, modeOnce, first, second, record)
+	l.observed(OpOnce, first, start, false, d, err)
+	return d, err
 }
 
 // OnceRecordKey returns the key of the record that AllowOrderedOnce keeps
@@ -77,12 +80,12 @@ func onceKey(key, id string) (string, error) {
 	case key == "":
 		return "", invalidRequest("first request has an empty Key")
 	}
-	suffix := ":once:" + id + ":" + strconv.Itoa(len(key))
+	n := strconv.Itoa(len(key)) // below 100, no allocation
 	if _, tagged := slotPart(key); tagged {
-		return key + suffix, nil
+		return key + ":once:" + id + ":" + n, nil // one concatenation, one allocation
 	}
 	if strings.Contains(key, "}") {
 		return "", invalidRequest("first key " + strconv.Quote(key) + " has no hash tag but holds a \"}\": its once-record could not share its cluster slot; give it a hash tag such as {chan:42}")
 	}
-	return "{" + key + "}" + suffix, nil
+	return "{" + key + "}:once:" + id + ":" + n, nil
 }

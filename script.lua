@@ -180,7 +180,7 @@ local tk1, ts1, new1, pulled1, per1, max1, c1
 local tk2, ts2, new2, pulled2, per2, max2, c2
 for i = 1, n do
   local per, max, c = argv[3 * i - 2], argv[3 * i - 1], argv[3 * i]
-  if not find(per .. ' ' .. max .. ' ' .. c, '^%d+ %d+ %d+$') then --@argv-digits
+  if not (find(per, '^%d+$') and find(max, '^%d+$') and (c == '1' or find(c, '^%d+$'))) then --@argv-digits
     return redis.error_reply('ADMITARGS admit: bucket ' .. i .. ': per, burst and cost must be decimal integers')
   end
   per, max = per + 0, max + 0 -- s + 0 parses a checked string, cheaper than tonumber

@@ -5,6 +5,9 @@
 #
 #   scripts/script-instructions.sh                      # valkey-server from PATH
 #   SERVER=redis-server scripts/script-instructions.sh  # or another server binary
+#   BASELINE=testdata/script_5550b58.lua scripts/script-instructions.sh
+#                       # another baseline: a script taking the shipped arguments
+#   CURRENT=/tmp/variant.lua scripts/script-instructions.sh   # a variant to weigh
 #
 # The server runs under valgrind --tool=callgrind on 127.0.0.1 (a free port
 # from 7390 up); valkey-benchmark (or redis-benchmark) sends CALLS EVALSHAs
@@ -15,6 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SERVER=${SERVER:-valkey-server}
 CALLS=${CALLS:-2000}
+BASELINE=${BASELINE:-testdata/script_0b7bc55.lua}
+CURRENT=${CURRENT:-script.lua}
 BENCH=$(command -v valkey-benchmark || command -v redis-benchmark)
 CLI=$(command -v valkey-cli || command -v redis-cli)
 port=7390
@@ -45,14 +50,14 @@ for p in "${paths[@]}"; do
   declare -A got=()
   for script in baseline current; do
     case $script in
-      baseline) src=testdata/script_0b7bc55.lua ;; # µs per token, burst, expiry (ms)
-      current) src=script.lua ;;                   # µs per token, burst, cost
+      baseline) src=$BASELINE ;; # 0b7bc55: µs per token, burst, expiry (ms)
+      current) src=$CURRENT ;;   # µs per token, burst, cost
     esac
     sha=$(cli script load "$(cat $src)")
     args=()
     for spec in "$s1" ${s2:+"$s2"}; do
       read -r per burst <<<"$spec"
-      if [ $script = baseline ]; then args+=("$per" "$burst" $(((per * burst + 999) / 1000))); else args+=("$per" "$burst" 1); fi
+      if [ $script = baseline ] && [ "$BASELINE" = testdata/script_0b7bc55.lua ]; then args+=("$per" "$burst" $(((per * burst + 999) / 1000))); else args+=("$per" "$burst" 1); fi
     done
     keys=("{$name}:$script:1"); [ "$n" = 2 ] && keys+=("{$name}:$script:2")
     cli evalsha "$sha" "$n" "${keys[@]}" "${args[@]}" >/dev/null # drains a shut bucket

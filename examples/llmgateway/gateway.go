@@ -2,185 +2,143 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"strings"
-	"time"
+	"net/http"
+	"sync/atomic"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/admithttp"
 	"github.com/valkey-io/valkey-go"
-)
-
-// A lane is a class of clients. Premium clients draw on the shared bucket
-// alone; standard clients also on their lane's own, smaller bucket, checked
-// first, so that a refused standard request never takes from the shared
-// one.
-type lane string
-
-const (
-	standard lane = "standard"
-	premium  lane = "premium"
 )
 
 // Tokens per minute, as a rate in tokens per second and a burst of one
 // minute's worth: an idle budget may be spent at once, then refills evenly.
 var (
-	sharedSpec = admit.MustSpec(12000.0/60, 12000) // the model's budget
-	laneSpec   = admit.MustSpec(6000.0/60, 6000)   // what standard clients may use of it
+	sharedSpec    = admit.MustSpec(12000.0/60, 12000) // the model's budget
+	laneSpec      = admit.MustSpec(6000.0/60, 6000)   // what standard clients may use of it
+	candidateSpec = admit.MustSpec(4500.0/60, 4500)   // a tighter lane, tried in shadow
 )
+
+// apiKeys gives each client its lane. Premium clients draw on the shared
+// bucket alone; standard clients first on the lane's own, smaller bucket,
+// so that a refused standard request never takes from the shared one.
+var apiKeys = map[string]string{"key-premium": "premium", "key-standard": "standard"}
 
 // A chatRequest is what a client asks of the model.
 type chatRequest struct {
-	ID           string
-	Lane         lane
-	PromptTokens int // counted by the model's tokenizer
-	MaxTokens    int // the most the answer may use
+	Lane         string `json:"-"`
+	PromptTokens int    `json:"prompt_tokens"` // counted by the model's tokenizer
+	MaxTokens    int    `json:"max_tokens"`    // the most the answer may use
 }
 
 // estimate is the most the request can cost: what the gateway reserves.
 func (r chatRequest) estimate() int { return r.PromptTokens + r.MaxTokens }
 
+type chatKey struct{}
+
 // A gateway admits requests to the model against its token budgets.
 type gateway struct {
+	http.Handler
 	lim                *admit.Limiter
 	laneKey, sharedKey string
+	refunded           atomic.Int64 // unused tokens given back, every bucket together
+	// What the candidate lane would have refused, of the standard
+	// requests it saw, and of those the enforced lane admitted.
+	candidateSaw, candidateRefused, candidateRefusedAdmitted atomic.Int64
 }
 
 // newGateway keeps its buckets under prefix. The two keys share the hash
 // tag {model:fake-1}, so on Valkey Cluster one script decides both.
-func newGateway(c valkey.Client, prefix string) *gateway {
-	return &gateway{
-		lim:       admit.New(c),
-		laneKey:   prefix + "{model:fake-1}:standard",
-		sharedKey: prefix + "{model:fake-1}:shared",
-	}
-}
-
-// requests returns the buckets r is charged to, each for r's estimate: the
-// standard lane's bucket then the shared one, or the shared one alone.
-// (An estimate above a bucket's burst could never be admitted: admit
-// refuses it with ErrInvalidRequest before sending anything.)
-func (g *gateway) requests(r chatRequest) (admit.Request, *admit.Request) {
-	shared := admit.Request{Key: g.sharedKey, Spec: sharedSpec, Cost: r.estimate()}
-	if r.Lane == premium {
-		return shared, nil
-	}
-	return admit.Request{Key: g.laneKey, Spec: laneSpec, Cost: r.estimate()}, &shared
-}
-
-// A result is what the gateway did with one request.
-type result struct {
-	decision admit.Decision
-	outcome  string   // the HTTP status and what happened
-	headers  []string // the rate-limit header fields of the response
-	refunded int      // tokens given back, every bucket together
-}
-
-// handle reserves r's estimate, calls the model if admitted, and refunds
-// what the answer did not use. Refunds give back only what was charged.
-func (g *gateway) handle(ctx context.Context, r chatRequest) (result, error) {
-	first, second := g.requests(r)
-	d, err := g.lim.AllowOrdered(ctx, first, second)
+func newGateway(c valkey.Client, prefix string) (*gateway, error) {
+	g := &gateway{lim: admit.New(c), laneKey: prefix + "{model:fake-1}:standard", sharedKey: prefix + "{model:fake-1}:shared"}
+	// With the store down, serving unlimited traffic would overrun the
+	// model's budget (its provider answers 429 and bills): refuse.
+	limit, err := admithttp.New(g.lim, g.rule, admithttp.Outage{NotExecuted: admithttp.Refuse, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithHeaders(), admithttp.WithShadow(admithttp.Shadow{Name: "lane-4500", Rule: candidate, Report: g.count}))
 	if err != nil {
-		// With admit.ErrOutcomeUnknown the reservation may or may not have
-		// been taken: refunding it could hand out tokens never taken, so
-		// a real gateway answers 503 and lets the buckets refill.
-		return result{}, err
+		return nil, err
 	}
-	res := result{decision: d}
-	// left is what each bucket holds after the call and its refunds.
-	left := d.Remaining
-	refund := func(cost int, reqs ...admit.Request) error {
-		for i := range reqs {
-			reqs[i].Cost = cost
-		}
-		var second *admit.Request
-		if len(reqs) == 2 {
-			second = &reqs[1]
-		}
-		if err := g.lim.Refund(ctx, reqs[0], second); err != nil {
-			return err
-		}
-		for i, q := range reqs {
-			left[i] = min(left[i]+cost, q.Spec.Burst())
-		}
-		res.refunded += cost * len(reqs)
-		return nil
-	}
-
-	switch d.Denied {
-	case 1: // nothing was charged
-		res.outcome = fmt.Sprintf("429, refused by the %s bucket", bucketName(r, 1))
-	case 2:
-		// The lane's bucket admitted and was charged; the shared one
-		// refused. The request will not run: give the lane its tokens back.
-		if err := refund(first.Cost, first); err != nil {
-			return res, err
-		}
-		res.outcome = fmt.Sprintf("429, refused by the shared bucket; the %d tokens reserved in the lane's bucket refunded", first.Cost)
-	default:
-		ans := complete(r)
-		res.outcome = fmt.Sprintf("200, used %d (prompt %d + answer %d)", ans.used(), ans.promptTokens, ans.answerTokens)
-		if unused := r.estimate() - ans.used(); unused > 0 {
-			reqs := []admit.Request{first}
-			if second != nil {
-				reqs = append(reqs, *second)
-			}
-			if err := refund(unused, reqs...); err != nil {
-				return res, err
-			}
-			to := "the shared bucket"
-			if second != nil {
-				to = "the standard and shared buckets"
-			}
-			res.outcome += fmt.Sprintf(", %d unused refunded to %s", unused, to)
-		}
-	}
-	res.headers = headers(r, d, left)
-	return res, nil
+	g.Handler = parse(limit(http.HandlerFunc(g.complete)))
+	return g, nil
 }
 
-// bucketName names bucket i (1 or 2) of r's call.
-func bucketName(r chatRequest, i int) string {
-	if r.Lane == standard && i == 1 {
-		return "standard"
-	}
-	return "shared"
+// parse reads the client's lane and its request into the context, and
+// refuses what the limiter should never see: an estimate no bucket of the
+// lane can ever hold.
+func parse(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req chatRequest
+		lane, ok := apiKeys[r.Header.Get("X-API-Key")]
+		budget := sharedSpec.Burst()
+		if lane == "standard" {
+			budget = laneSpec.Burst()
+		}
+		switch {
+		case !ok:
+			http.Error(w, "unknown X-API-Key", http.StatusUnauthorized)
+		case r.Method != http.MethodPost || json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req) != nil ||
+			req.PromptTokens < 0 || req.MaxTokens < 0:
+			http.Error(w, `POST {"prompt_tokens": n, "max_tokens": m}`, http.StatusBadRequest)
+		case max(req.PromptTokens, req.MaxTokens) > budget || req.estimate() > budget: // each first: no overflow
+			http.Error(w, fmt.Sprintf("prompt_tokens + max_tokens = %d exceeds your lane's budget", req.estimate()), http.StatusRequestEntityTooLarge)
+		default:
+			req.Lane = lane
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), chatKey{}, req)))
+		}
+	})
 }
 
-// headers fills the response's rate-limit fields
-// (draft-ietf-httpapi-ratelimit-headers): RateLimit-Policy lists every
-// bucket the lane draws on (q: its burst; w: the seconds it takes to refill
-// from empty); RateLimit gives the one closest to limiting: the tokens it
-// holds (r) and the seconds until it is full again (t). A refusal also gets
-// Retry-After, RetryAfter rounded up to whole seconds. left holds -1 for a
-// bucket the call did not evaluate.
-func headers(r chatRequest, d admit.Decision, left [2]int) []string {
-	specs := []admit.Spec{laneSpec, sharedSpec}
-	if r.Lane == premium {
-		specs = specs[1:]
+// rule charges a request its estimate: to the standard lane's bucket then
+// the shared one, or to the shared one alone.
+func (g *gateway) rule(r *http.Request) admithttp.Rule {
+	req := r.Context().Value(chatKey{}).(chatRequest)
+	shared := admithttp.Bucket{Policy: "shared", Key: g.sharedKey, Spec: sharedSpec, Cost: req.estimate()}
+	if req.Lane == "premium" {
+		return admithttp.Rule{First: shared}
 	}
-	var policy []string
-	closest := -1
-	for i, s := range specs {
-		window := time.Duration(s.Burst()) * s.Interval()
-		policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", bucketName(r, i+1), s.Burst(), ceilSeconds(window)))
-		if left[i] >= 0 && (closest < 0 || left[i] < left[closest]) {
-			closest = i
+	return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: g.laneKey, Spec: laneSpec, Cost: req.estimate()}, Second: &shared}
+}
+
+// candidate is the standard lane with candidateSpec; premium is left out.
+func candidate(_ *http.Request, enforced admithttp.Rule) admithttp.Rule {
+	if enforced.Second == nil {
+		return admithttp.Rule{}
+	}
+	enforced.First.Spec = candidateSpec
+	return enforced
+}
+
+func (g *gateway) count(r admithttp.ShadowReport) {
+	g.candidateSaw.Add(1)
+	if r.Err == nil && !r.Decision.Allowed() {
+		g.candidateRefused.Add(1)
+		if r.Enforced.Allowed() {
+			g.candidateRefusedAdmitted.Add(1)
 		}
 	}
-	if d.Denied != 0 {
-		closest = int(d.Denied) - 1
-	}
-	s := specs[closest]
-	toFull := time.Duration(s.Burst()-left[closest]) * s.Interval()
-	h := []string{
-		"RateLimit-Policy: " + strings.Join(policy, ", "),
-		fmt.Sprintf("RateLimit: %q;r=%d;t=%d", bucketName(r, closest+1), left[closest], ceilSeconds(toFull)),
-	}
-	if d.Denied != 0 {
-		h = append(h, fmt.Sprintf("Retry-After: %d", ceilSeconds(d.RetryAfter)))
-	}
-	return h
 }
 
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+// complete calls the model for an admitted request, refunds what the
+// answer did not use of the reservation to the buckets it was taken from,
+// and says so.
+func (g *gateway) complete(w http.ResponseWriter, r *http.Request) {
+	req := r.Context().Value(chatKey{}).(chatRequest)
+	ans := complete(req)
+	fmt.Fprintf(w, "used %d (prompt %d + answer %d)", ans.used(), ans.promptTokens, ans.answerTokens)
+	// No Admission: served on an outage, nothing reserved, nothing to give back.
+	if a, ok := admithttp.FromContext(r.Context()); ok && ans.used() < req.estimate() {
+		first, second := a.Rule.Requests()
+		first.Cost = req.estimate() - ans.used()
+		n := 1
+		if second != nil {
+			second.Cost, n = first.Cost, 2
+		}
+		// ErrOutcomeUnknown: the refund may have happened; never repeat it.
+		if g.lim.Refund(r.Context(), first, second) == nil {
+			g.refunded.Add(int64(first.Cost * n))
+			fmt.Fprintf(w, ", %d unused refunded", first.Cost)
+		}
+	}
+	fmt.Fprintln(w)
+}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -20,37 +23,45 @@ func TestMain(m *testing.M) {
 // The story the workload tells, request by request: HTTP status, and what
 // was refunded.
 var wantOutcomes = []string{
-	"p1: 200",
-	"s1: 200, used 2000 (prompt 500 + answer 1500), 500 unused refunded to the standard and shared buckets",
-	"s2: 200",
+	"p1: 200, used 5500 (prompt 1500 + answer 4000)",
+	"s1: 200, used 2000 (prompt 500 + answer 1500), 500 unused refunded",
+	"s2: 200, used 2800",
 	"s3: 429, refused by the standard bucket",
-	"p2: 200, used 1200 (prompt 300 + answer 900), 100 unused refunded to the shared bucket",
-	"s4: 429, refused by the shared bucket; the 1000 tokens reserved in the lane's bucket refunded",
-	"s5: 200",
+	"p2: 200, used 1200 (prompt 300 + answer 900), 100 unused refunded",
+	"s4: 429, refused by the shared bucket",
+	"s5: 200, used 300",
 	"p3: 429, refused by the shared bucket",
 }
 
-var wantSummary = summary{admitted: 5, refusedByLane: 1, refusedByShared: 2, refunded: 500*2 + 100 + 1000, waitGaveUp: true}
+// The candidate lane (4,500 tokens) would have refused s2, s4 and s5, two
+// of which the enforced lane admitted.
+var wantSummary = summary{admitted: 5, refusedByLane: 1, refusedByShared: 2, refunded: 500*2 + 100,
+	candidateRefused: 3, candidateAdmitted: 2}
 
 // TestRunOnServer runs the gateway against a real server and checks every
 // decision, the refunds, and what the buckets hold at the end: exactly the
-// tokens the story leaves (lane 900, shared 200), plus at most what they
-// refilled while the run took, by the server's clock.
+// tokens the story leaves (lane 900: s4's charge was refunded when the
+// shared bucket refused it; shared 200), plus at most what they refilled
+// while the run took, by the server's clock.
 func TestRunOnServer(t *testing.T) {
 	srv := testserver.Shared(t)
 	c := testserver.NewClient(t, srv)
 	ctx := context.Background()
 	prefix := testserver.Prefix(t, c)
 	t0 := serverMicros(t, c)
+	g, err := newGateway(c, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testserver.DeleteWithPrefix(c, admithttp.ShadowPrefix+"lane-4500:"+prefix) })
 	var out strings.Builder
-	sum, err := run(ctx, &out, c, prefix)
+	sum, err := run(ctx, &out, c, g)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	elapsed := serverMicros(t, c) - t0
 	checkStory(t, out.String(), sum)
 
-	g := newGateway(c, prefix)
 	for _, b := range []struct {
 		key          string
 		want         int64
@@ -79,8 +90,12 @@ func TestRunInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
+	g, err := newGateway(c, "llmgateway:")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out strings.Builder
-	sum, err := run(context.Background(), &out, c, "llmgateway:")
+	sum, err := run(context.Background(), &out, c, g)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
@@ -119,4 +134,41 @@ func serverMicros(t *testing.T, c valkey.Client) int64 {
 		t.Fatalf("TIME: %v %v", v, err)
 	}
 	return v[0]*1_000_000 + v[1]
+}
+
+// TestRefusedBeforeTheLimiter: what the gateway refuses itself never
+// reaches the buckets.
+func TestRefusedBeforeTheLimiter(t *testing.T) {
+	t.Setenv("VALKEY_ADDR", "")
+	c, _, stop, err := connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	g, err := newGateway(c, "llmgateway:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key, body string
+		want      int
+	}{
+		{"key-nobody", `{"prompt_tokens":1,"max_tokens":1}`, http.StatusUnauthorized},
+		{"key-standard", `{"prompt_tokens":"many"}`, http.StatusBadRequest},
+		{"key-standard", `{"prompt_tokens":-5,"max_tokens":1}`, http.StatusBadRequest},
+		{"key-standard", `{"prompt_tokens":1000,"max_tokens":5001}`, http.StatusRequestEntityTooLarge}, // above the lane's 6000
+		{"key-premium", `{"prompt_tokens":1000,"max_tokens":11001}`, http.StatusRequestEntityTooLarge}, // above the shared 12000
+		{"key-premium", `{"prompt_tokens":1,"max_tokens":9223372036854775807}`, http.StatusRequestEntityTooLarge},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(tc.body))
+		req.Header.Set("X-API-Key", tc.key)
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		if rec.Code != tc.want {
+			t.Errorf("%s %s: %d, want %d", tc.key, tc.body, rec.Code, tc.want)
+		}
+	}
+	if n, err := c.Do(context.Background(), c.B().Dbsize().Build()).AsInt64(); err != nil || n != 0 {
+		t.Errorf("%d keys written (%v); want none", n, err)
+	}
 }

@@ -1,0 +1,221 @@
+package admithttp_test
+
+// The middleware against a real server (VALKEY_SERVER, VALKEY_ADDR or
+// valkey-server on PATH; see internal/testserver): the premium story over
+// real HTTP, shadow rules by the server's own bucket state, and the outage
+// policy for each error class through a fault proxy. Without a server these
+// tests skip, or fail under ADMIT_REQUIRE_SERVER=1.
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/testserver"
+	"github.com/valkey-io/valkey-go"
+)
+
+// TestIntegrationPremiumLane runs the premium story on a real server, the
+// fields checked exactly and against the draft's grammar, then sends one
+// refused request over real HTTP to see the fields on the wire.
+func TestIntegrationPremiumLane(t *testing.T) {
+	c := testserver.NewClient(t, testserver.Shared(t))
+	prefix := testserver.Prefix(t, c)
+	next := &recordingHandler{}
+	h := mustNew(t, admit.New(c), lanes(prefix), refuseAll, admithttp.WithHeaders())(next)
+	// One token a minute: no bucket refills while the story runs (well
+	// under a second), and RetryAfter, just under a minute, rounds up to 60.
+	runSteps(t, h, next, premiumStory(), true)
+
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	req.Header.Set("X-Plan", "premium")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("RateLimit") != `"shared";r=0;t=60` || resp.Header.Get("Retry-After") != "60" ||
+		resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), admithttp.QuotaExceeded) {
+		t.Errorf("over HTTP: %s %v %s", resp.Status, resp.Header, body)
+	}
+	if err := checkFields(resp.Header); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestIntegrationShadowKeys: after the premium story with the "tight"
+// candidate in shadow, every response is as without it (runSteps), and the
+// server holds exactly the enforced buckets the story leaves and the
+// candidate's own, each with the tokens its decisions leave.
+func TestIntegrationShadowKeys(t *testing.T) {
+	c := testserver.NewClient(t, testserver.Shared(t))
+	prefix := testserver.Prefix(t, c)
+	shadowPrefix := admithttp.ShadowPrefix + "tight:" + prefix
+	t.Cleanup(func() { testserver.DeleteWithPrefix(c, shadowPrefix) })
+	var tally shadowTally
+	next := &recordingHandler{}
+	wide := admit.MustSpec(admit.Every(time.Minute), 100)
+	h := mustNew(t, admit.New(c), lanes(prefix), refuseAll, admithttp.WithHeaders(),
+		admithttp.WithShadow(admithttp.Shadow{Name: "tight", Report: tally.report,
+			Rule: func(_ *http.Request, enforced admithttp.Rule) admithttp.Rule {
+				if enforced.Second == nil {
+					return admithttp.Rule{}
+				}
+				enforced.First.Spec, enforced.Second.Spec = tightStandard, wide
+				return enforced
+			}}))(next)
+	runSteps(t, h, next, premiumStory(), true)
+	if tally.admitted != 3 || tally.refused != 5 || tally.failed != 0 || tally.refusedWhatEnforcedAdmits != 4 {
+		t.Errorf("tight: %d admitted, %d refused (%d admitted by the enforced rule), %d failed; want 3, 5 (4), 0",
+			tally.admitted, tally.refused, tally.refusedWhatEnforcedAdmits, tally.failed)
+	}
+	want := map[string]string{
+		prefix + "{api}:standard:u1":       "0",
+		prefix + "{api}:standard:u2":       "6", // charged, then refunded: the shared bucket refused
+		prefix + "{api}:shared":            "0",
+		shadowPrefix + "{api}:standard:u1": "0",
+		shadowPrefix + "{api}:standard:u2": "1",
+		shadowPrefix + "{api}:shared":      "97",
+	}
+	got := map[string]string{}
+	for _, p := range []string{prefix, shadowPrefix} {
+		keys, err := c.Do(context.Background(), c.B().Keys().Pattern(p+"*").Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			got[k], err = c.Do(context.Background(), c.B().Hget().Key(k).Field("tokens").Build()).ToString()
+			if err != nil {
+				t.Fatalf("HGET %s tokens: %v", k, err)
+			}
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("keys %v; want %v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s holds %q tokens; want %s", k, got[k], w)
+		}
+	}
+}
+
+// TestIntegrationOutageThroughFaultProxy: a client reaches the server
+// through a proxy that delays each direction by 50 ms. The proxy is closed
+// while a decision is in flight: the connection is lost with the command
+// sent, so the call is outcome unknown, and the OutcomeUnknown handler
+// (Refuse) answers 503. The next call cannot connect at all: not executed,
+// and the NotExecuted handler (Serve) runs the handler.
+func TestIntegrationOutageThroughFaultProxy(t *testing.T) {
+	srv := testserver.Shared(t)
+	admin := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, admin)
+	proxy, err := delayproxy.Start(srv.Addr, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+
+	sent := make(chan struct{}, 1) // a script command left the client
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr()}, DisableCache: true, ForceSingleClient: true,
+		DialCtxFn: func(ctx context.Context, dst string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, "tcp", dst)
+			if err != nil {
+				return nil, err
+			}
+			return &signalConn{Conn: conn, sent: sent}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+
+	var (
+		mu       sync.Mutex
+		reported []error
+	)
+	next := &recordingHandler{}
+	h := mustNew(t, admit.New(c), lanes(prefix),
+		admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }))(next)
+
+	done := make(chan int)
+	go func() { done <- send(h, "premium", "").Code }()
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no script command left the client in 10 s")
+	}
+	proxy.Close()
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request in flight did not end within 10 s of the proxy's close")
+	}
+	// The client may hand the next calls to the dying connection, which
+	// fails them the same way (outcome unknown, 503) until it notices;
+	// then it dials the closed proxy and cannot connect.
+	var second *httptest.ResponseRecorder
+	for range 20 {
+		if second = send(h, "premium", ""); second.Code != 503 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) < 2 {
+		t.Fatalf("errors reported: %v; want one for the call in flight and at least one after", reported)
+	}
+	t.Logf("%d errors reported; first: %v", len(reported), reported[0])
+	t.Logf("last: %v", reported[len(reported)-1])
+	if classOf(reported[0]) != "outcome-unknown" || code != 503 {
+		t.Errorf("in flight: %d, %v; want 503 from an outcome-unknown error", code, reported[0])
+	}
+	for i, err := range reported[1 : len(reported)-1] {
+		if classOf(err) != "outcome-unknown" {
+			t.Errorf("call %d on the dying connection: %v; want outcome unknown", i+2, err)
+		}
+	}
+	last := reported[len(reported)-1]
+	if classOf(last) != "not-executed" || second.Code != 200 || next.calls != 1 || next.admitted {
+		t.Errorf("after: %d, handler ran %d (admission %v), %v; want 200 served without an Admission, from a not-executed error",
+			second.Code, next.calls, next.admitted, last)
+	}
+	n, err := admin.Do(context.Background(), admin.B().Exists().Key(prefix+"{api}:shared").Build()).AsInt64()
+	t.Logf("the shared bucket exists on the server: %v (%v): the in-flight command %s", n == 1, err,
+		map[bool]string{true: "ran", false: "never arrived"}[n == 1])
+}
+
+// signalConn signals sent when a script command (EVALSHA or EVAL) is
+// written.
+type signalConn struct {
+	net.Conn
+	sent chan<- struct{}
+}
+
+func (c *signalConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if strings.Contains(strings.ToUpper(string(b)), "EVAL") {
+		select {
+		case c.sent <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
+}

@@ -1,0 +1,115 @@
+package admithttp
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/admitkit/admit"
+)
+
+// ShadowPrefix starts every key a shadow rule decides on: a Shadow named
+// n decides a bucket with key k on the key ShadowPrefix + n + ":" + k. The
+// prefix holds no brace, so the key keeps k's hash tag (both keys of a
+// shadow Rule stay in one cluster slot), and the middleware refuses
+// enforced keys that start with it, so a shadow rule never reads or writes
+// an enforced bucket.
+const ShadowPrefix = "admit-shadow:"
+
+// A Shadow is a candidate rule: decided on every request, on keys of its
+// own, reported, and never enforced. The intended use is trying a new Spec
+// on production traffic before enforcing it: return the enforced Rule with
+// the candidate Spec, and count in Report what the candidate would have
+// refused.
+//
+// A shadow decision is one more round trip per request, made after the
+// enforced one and before the response. It charges its buckets as the rule
+// would if enforced (and refunds a second-bucket refusal's first charge),
+// but nothing else: refunds a handler makes with [Admission] go to the
+// enforced buckets only.
+type Shadow struct {
+	// Name tells shadows apart in reports and in their keys. It must be
+	// printable ASCII without '{' or '}', not empty, and unique among the
+	// middleware's shadows.
+	Name string
+	// Rule returns the candidate Rule for r, given the Rule the middleware
+	// enforces (the zero Rule when none applies; a copy that Rule may
+	// change). The zero Rule skips the shadow for r. Keys are used under
+	// ShadowPrefix + Name + ":"; give them as you would enforce them.
+	Rule func(r *http.Request, enforced Rule) Rule
+	// Report receives every shadow decision, on the request's goroutine,
+	// before the response is written.
+	Report func(ShadowReport)
+}
+
+// A ShadowReport is one shadow decision.
+type ShadowReport struct {
+	// Name is the Shadow's name.
+	Name string
+	// Request is the request decided.
+	Request *http.Request
+	// Rule is the candidate Rule as decided: its keys start with
+	// ShadowPrefix + Name + ":".
+	Rule Rule
+	// Decision is the candidate's Decision: !Decision.Allowed() with a nil
+	// Err is a request the candidate would have refused.
+	Decision admit.Decision
+	// Err is the shadow decision's error, if any (the request was
+	// answered as the enforced rule and the Outage say, regardless).
+	Err error
+	// Enforced is the enforced Rule's Decision. Its Allowed is false when
+	// the enforced rule refused, and also when no Rule applied or its
+	// decision failed.
+	Enforced admit.Decision
+}
+
+// WithShadow adds a shadow rule; give it once per Shadow.
+func WithShadow(s Shadow) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case s.Name == "":
+			return errors.New("admithttp: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
+		case strings.ContainsAny(s.Name, "{}"):
+			return fmt.Errorf("admithttp: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
+		case s.Rule == nil:
+			return fmt.Errorf("admithttp: WithShadow(%q): nil Rule; pass a function from the request to the candidate Rule", s.Name)
+		case s.Report == nil:
+			return fmt.Errorf("admithttp: WithShadow(%q): nil Report; a shadow that reports nowhere only costs round trips", s.Name)
+		}
+		if err := checkName("Name", s.Name, true); err != nil {
+			return fmt.Errorf("admithttp: WithShadow: %w", err)
+		}
+		for _, o := range c.shadows {
+			if o.Name == s.Name {
+				return fmt.Errorf("admithttp: WithShadow: two shadows named %q; their keys would collide", s.Name)
+			}
+		}
+		c.shadows = append(c.shadows, s)
+		return nil
+	})
+}
+
+// runShadows decides and reports every shadow rule for r.
+func (m *middleware) runShadows(r *http.Request, enforced Rule, d admit.Decision) {
+	for _, s := range m.shadows {
+		rule := s.Rule(r, enforced.clone())
+		if rule.IsZero() {
+			continue
+		}
+		rule = rule.clone()
+		prefix := ShadowPrefix + s.Name + ":"
+		for _, b := range []*Bucket{&rule.First, rule.Second} {
+			if b != nil && b.Key != "" { // an empty key stays empty: admit refuses it
+				b.Key = prefix + b.Key
+			}
+		}
+		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: d}
+		res, err := m.decide(r, rule, func(_ *http.Request, err error) { rep.Err = err })
+		if err != nil {
+			rep.Err = err
+		}
+		rep.Decision = res.d
+		s.Report(rep)
+	}
+}

@@ -1,0 +1,82 @@
+package admit
+
+import (
+	"strconv"
+	"time"
+)
+
+// An Op is the kind of call an [Observation] reports.
+type Op uint8
+
+const (
+	// OpTake is AllowOrdered.
+	OpTake Op = iota + 1
+	// OpOnce is AllowOrderedOnce.
+	OpOnce
+	// OpPeek is Peek.
+	OpPeek
+	// OpRefund is Refund, Wait's refunds included.
+	OpRefund
+	// OpWaitAttempt is one attempt of Wait: an AllowOrdered.
+	OpWaitAttempt
+)
+
+var opNames = [...]string{OpTake: "take", OpOnce: "once", OpPeek: "peek", OpRefund: "refund", OpWaitAttempt: "wait-attempt"}
+
+// String returns the Op's name: "take", "once", "peek", "refund" or
+// "wait-attempt".
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// An Observation is one call of a Limiter, as [WithObserver] reports it.
+type Observation struct {
+	Op Op
+	// FirstKey is the first Request's Key; with Decision.Denied it tells
+	// which bucket refused.
+	FirstKey string
+	// Decision is what the call returned: the zero Decision with an error,
+	// and for OpRefund, which returns none, the zero Decision too.
+	Decision Decision
+	// Err is the call's error, nil on success. Its class is
+	// errors.Is(Err, ErrNotExecuted) or errors.Is(Err, ErrOutcomeUnknown).
+	Err error
+	// Duration is the call's time on the local clock, round trip
+	// included; near zero for a Cached one.
+	Duration time.Duration
+	// Cached is set when the Limiter's denial cache ([WithDenialCache])
+	// answered, and nothing was sent.
+	Cached bool
+}
+
+// WithObserver has the Limiter call observe once for every call it
+// completes: AllowOrdered, AllowOrderedOnce, Peek, Refund, and each attempt
+// and refund of Wait. observe runs on the caller's goroutine after the
+// call, before it returns, so it must be quick and safe for concurrent
+// use: count, or hand off to a metrics library (examples/outgress feeds
+// Prometheus). A nil observe leaves the Limiter unobserved, the default,
+// which costs nothing: no clock is read and nothing is allocated.
+// Reporting an Observation allocates nothing either.
+func WithObserver(observe func(Observation)) Option {
+	return optionFunc(func(l *Limiter) { l.observe = observe })
+}
+
+// observeStart reads the clock for an observed call: the zero Time, read
+// from no clock, when nothing observes.
+func (l *Limiter) observeStart() time.Time {
+	if l == nil || l.observe == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// observed reports a call that started at start, when something observes.
+func (l *Limiter) observed(op Op, first Request, start time.Time, cached bool, d Decision, err error) {
+	if l == nil || l.observe == nil {
+		return
+	}
+	l.observe(Observation{Op: op, FirstKey: first.Key, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
+}

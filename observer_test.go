@@ -1,0 +1,73 @@
+package admit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestObserver: every call is reported once, after it, with its Op, first
+// key, Decision, error and class; a denial the cache answers is Cached;
+// Wait reports each attempt and each refund.
+func TestObserver(t *testing.T) {
+	e := newUnitEnv(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var seen []Observation
+	l := New(e.c, WithDenialCache(8), WithObserver(func(o Observation) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, o)
+	}))
+	hourly := MustSpec(Every(time.Hour), 1)
+	std, shared := Request{Key: "ob:{c}:std", Spec: perSecond3}, Request{Key: "ob:{c}:shared", Spec: hourly}
+
+	type want struct {
+		op     Op
+		denied uint8
+		err    error // a class, or nil
+		cached bool
+	}
+	var wants []want
+	expect := func(w ...want) { wants = append(wants, w...) }
+
+	l.AllowOrdered(ctx, shared, nil) // drains shared
+	expect(want{op: OpTake})
+	l.AllowOrdered(ctx, shared, nil) // denied by the server
+	expect(want{op: OpTake, denied: 1})
+	l.AllowOrdered(ctx, shared, nil) // denied by the cache
+	expect(want{op: OpTake, denied: 1, cached: true})
+	l.Peek(ctx, std, &shared)
+	expect(want{op: OpPeek, denied: 2})
+	l.AllowOrderedOnce(ctx, "m", std, &shared)
+	expect(want{op: OpOnce, denied: 2})
+	l.Refund(ctx, std, nil)
+	expect(want{op: OpRefund})
+	l.AllowOrderedOnce(ctx, "", std, nil) // refused before sending
+	expect(want{op: OpOnce, err: ErrNotExecuted})
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	l.Wait(wctx, std, &shared) // one attempt, refused by shared, refunded, then the deadline
+	cancel()
+	expect(want{op: OpWaitAttempt, denied: 2}, want{op: OpRefund})
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != len(wants) {
+		t.Fatalf("observed %d calls, want %d: %+v", len(seen), len(wants), seen)
+	}
+	for i, w := range wants {
+		o := seen[i]
+		errOK := (w.err == nil) == (o.Err == nil) && (w.err == nil || errors.Is(o.Err, w.err))
+		if o.Op != w.op || o.Decision.Denied != w.denied || o.Cached != w.cached || !errOK || o.Duration < 0 {
+			t.Errorf("observation %d: %v %q %v cached %v err %v; want %v denied %d cached %v class %v", i, o.Op, o.FirstKey, o.Decision, o.Cached, o.Err, w.op, w.denied, w.cached, w.err)
+		}
+	}
+	if seen[0].FirstKey != shared.Key || seen[3].FirstKey != std.Key {
+		t.Errorf("first keys %q, %q; want %q, %q", seen[0].FirstKey, seen[3].FirstKey, shared.Key, std.Key)
+	}
+	if got := OpWaitAttempt.String() + " " + Op(0).String(); got != "wait-attempt op(0)" {
+		t.Errorf("Op names: %q", got)
+	}
+}
