@@ -93,14 +93,13 @@ func (b *realBackend) warmLossy(ctx context.Context) error {
 	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
 }
 
-func (b *realBackend) plain() *admit.Limiter      { return b.pl }
-func (b *realBackend) cached() *admit.Limiter     { return b.ca }
-func (b *realBackend) lossy() *admit.Limiter      { return b.lo }
-func (b *realBackend) sentCached() int64          { return b.sent.Load() }
-func (b *realBackend) proxy() *delayproxy.Proxy   { return b.px }
-func (b *realBackend) expiry() model.Expiry       { return model.Absolute }
-func (b *realBackend) exact() bool                { return false }
-func (b *realBackend) recordSlack() time.Duration { return time.Millisecond }
+func (b *realBackend) plain() *admit.Limiter    { return b.pl }
+func (b *realBackend) cached() *admit.Limiter   { return b.ca }
+func (b *realBackend) lossy() *admit.Limiter    { return b.lo }
+func (b *realBackend) sentCached() int64        { return b.sent.Load() }
+func (b *realBackend) proxy() *delayproxy.Proxy { return b.px }
+func (b *realBackend) expiry() model.Expiry     { return model.Absolute }
+func (b *realBackend) exact() bool              { return false }
 
 func (b *realBackend) advance(_ context.Context, d time.Duration) error {
 	b.offset += d
