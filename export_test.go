@@ -27,6 +27,9 @@ var OnceKey = onceKey
 // KeySlot is keySlot: a key's cluster hash slot.
 var KeySlot = keySlot
 
+// RaceEnabled reports whether the tests run under the race detector.
+const RaceEnabled = raceEnabled
+
 // newLimiter returns a Limiter that runs script for every mode, peek
 // included (through EVALSHA, not EVALSHA_RO).
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {

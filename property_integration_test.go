@@ -35,14 +35,15 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// propIntegrationSteps is the default number of operations of the real
-// tier: about 15 s on valkey-server on the CI machine.
+// propIntegrationSteps is the default number of operations on a real
+// server: about 10 s on 2 CPUs; a quarter under the race detector, a tenth
+// with -short.
 const propIntegrationSteps = 3000
 
 // TestIntegrationProperty runs the property test's operations on a real
 // server whose clock the test steps.
 func TestIntegrationProperty(t *testing.T) {
-	cfg := propConfigFromEnv(t, propIntegrationSteps)
+	cfg := propConfigFromEnv(t, propScaled(propIntegrationSteps))
 	srv, clock := testserver.StartClockShifted(t)
 	t.Logf("server %s", srv.Version)
 	propCheck(t, cfg, func(tb testing.TB) propBackend { return newRealBackend(tb, srv, clock) })
@@ -225,8 +226,8 @@ func (b *realBackend) setString(ctx context.Context, key, value string, atMs int
 // was lost and retried, and each bucket holds its burst minus the charges
 // plus the refunds. Then: the admissions of AllowOrdered callers on
 // buckets that refill fast stay within burst + elapsed/interval, and every
-// key has an expiry. Bounded: ADMIT_PROPERTY_CONCURRENT (a duration, default
-// 4s) of traffic.
+// key has an expiry. Bounded: ADMIT_PROPERTY_CONCURRENT (a duration; default
+// 4s, 1s under -race or -short) of traffic.
 func TestIntegrationPropertyConcurrent(t *testing.T) {
 	srv := testserver.Own(t)
 	ctx := context.Background()
@@ -241,6 +242,9 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	t.Cleanup(func() { px.Close() })
 	seed := propConfigFromEnv(t, 1).seed
 	budget := 4 * time.Second
+	if admit.RaceEnabled || testing.Short() {
+		budget = time.Second
+	}
 	if s := os.Getenv("ADMIT_PROPERTY_CONCURRENT"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 || d > 10*time.Minute {

@@ -28,7 +28,9 @@ package admit_test
 // server. Environment:
 //
 //	ADMIT_PROPERTY_SEED=n     replay seed n (the seed is logged on every run)
-//	ADMIT_PROPERTY_STEPS=n    operations a run (default: propSteps)
+//	ADMIT_PROPERTY_STEPS=n    operations a run (default: propSteps, or
+//	                          propIntegrationSteps on a real server; a
+//	                          quarter under -race, a tenth with -short)
 //	ADMIT_PROPERTY_SKIP=a,b   leave these operation kinds out (propKinds), and
 //	                          with "cache", the Limiter WithDenialCache
 //
@@ -58,9 +60,22 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// propSteps is the default number of operations of one unit run: about 10
-// s on miniredis on the CI machine.
-const propSteps = 6000
+// propSteps is the default number of operations of a run on miniredis:
+// about 7 s on 2 CPUs; a quarter under the race detector (about 5 s), a
+// tenth with -short.
+const propSteps = 20000
+
+// propScaled scales a default number of steps for the race detector and
+// -short.
+func propScaled(n int) int {
+	if admit.RaceEnabled {
+		n /= 4
+	}
+	if testing.Short() {
+		n /= 10
+	}
+	return max(n, 1)
+}
 
 // propKinds are the operation kinds and their weights.
 var propKinds = []struct {
@@ -74,7 +89,7 @@ var propKinds = []struct {
 // TestProperty is the property test's fast tier: miniredis, whose clock
 // moves only when the test moves it.
 func TestProperty(t *testing.T) {
-	cfg := propConfigFromEnv(t, propSteps)
+	cfg := propConfigFromEnv(t, propScaled(propSteps))
 	propCheck(t, cfg, func(tb testing.TB) propBackend { return newMiniBackend(tb) })
 }
 
