@@ -38,7 +38,7 @@ import (
 // propIntegrationSteps is the default number of operations on a real
 // server: about 10 s on 2 CPUs; a quarter under the race detector, a tenth
 // with -short.
-const propIntegrationSteps = 3000
+const propIntegrationSteps = 8000
 
 // TestIntegrationProperty runs the property test's operations on a real
 // server whose clock the test steps.
