@@ -577,6 +577,7 @@ type propRun struct {
 	waited    time.Duration            // slept away from expiries and for commands in flight
 	maxStates int                      // the most states of the model at once
 	lost      *propLost                // the last call, if its reply was lost
+	learnt    int                      // clocks of lost calls learnt from a replay
 }
 
 // propExec runs ops on b and returns the first broken property, or nil.
@@ -601,7 +602,8 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFail
 		}
 		r.maxStates = max(r.maxStates, len(r.ms))
 	}
-	tb.Logf("slept %v (away from expiries, for commands in flight); at most %d states of the model at once", r.waited.Round(time.Millisecond), r.maxStates)
+	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays",
+		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt)
 	return nil
 }
 
@@ -1080,6 +1082,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 				m.SetNow(now)
 				expect(m, l.c)
 				r.ms = append(r.ms, m)
+				r.learnt++
 			}
 		}
 	}
