@@ -366,6 +366,8 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 					plain := o
 					plain.Replayed = false
 					switch {
+					case o.Replayed && o.Denied == 1:
+						failures = append(failures, fmt.Sprintf("id %q on %q: a first-bucket denial replayed (%v): it charged nothing and must not be recorded", id, req.Key, o))
 					case ob.fresh > 1:
 						failures = append(failures, fmt.Sprintf("id %q on %q charged twice: %v, then %v", id, req.Key, ob.first, o))
 					case ob.calls > 1 && plain != ob.first:
