@@ -1,5 +1,7 @@
 # make test                    the tests of every module of the repository (the
 #                              root and each nested go.mod): go test -race -count=1 ./...
+# make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
+#                              in every module; fails on any finding
 #
 # Benchmarks against a real server: see BENCHMARKS.md.
 #
@@ -18,14 +20,25 @@ BENCH_TIME  ?= 1s
 BENCH_OUT   ?= bench.txt
 # benchstat from PATH, else the pinned version through the Go toolchain.
 BENCHSTAT   ?= $(shell command -v benchstat 2>/dev/null || echo go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da)
+# staticcheck always at this version (not from PATH): its checks change
+# between releases. Through the Go toolchain, so a fresh machine needs only Go.
+STATICCHECK ?= go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test bench benchstat
+.PHONY: test lint bench benchstat
 
 # Every module: a nested go.mod is outside the root module's ./...
 MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 
 test:
 	@set -e; for m in $(MODULES); do echo "== go test -race -count=1 ./... in $$m"; (cd $$m && go test -race -count=1 ./...); done
+
+lint:
+	@echo "== gofmt -l"; out=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+	@set -e; for m in $(MODULES); do \
+	  echo "== go vet, staticcheck, go mod tidy -diff in $$m"; \
+	  (cd $$m && go vet ./... && $(STATICCHECK) ./... && go mod tidy -diff); \
+	done
 
 bench:
 	set -o pipefail; ADMIT_REQUIRE_SERVER=1 go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) -timeout 30m . | tee $(BENCH_OUT)

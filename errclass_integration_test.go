@@ -585,3 +585,68 @@ func TestIntegrationErrClassNilReply(t *testing.T) {
 	t.Logf("error: %v", err)
 	ecWantClass(t, err, ErrOutcomeUnknown, ErrBadReply, []string{"nil"}, []string{"connection"})
 }
+
+// TestIntegrationErrClassNoScriptingEngine: a server without the Lua
+// engine. Valkey 9.1 runs Lua as a module (built in, loaded at start); an
+// operator with the MODULE command can unload it, after which the server
+// has dropped its script cache and answers EVAL and EVAL_RO (valkey-go's
+// fallback from NOSCRIPT) with "ERR Could not find scripting engine 'lua'"
+// (9.1.2), before running anything. Every call must then fail as not
+// executed, saying scripting is unavailable and how to get it back, and
+// write nothing. Skips on servers with Lua linked in (Valkey before 9.1,
+// Redis), which cannot run without it.
+func TestIntegrationErrClassNoScriptingEngine(t *testing.T) {
+	srv := ecServer(t, "--enable-module-command", "yes")
+	ctx := context.Background()
+	admin := ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true})
+	modules, err := admin.Do(ctx, admin.B().ModuleList().Build()).ToAny()
+	if err != nil {
+		t.Fatalf("MODULE LIST: %v", err)
+	}
+	if !strings.Contains(fmt.Sprint(modules), "lua") {
+		t.Skipf("%s has no Lua engine module to unload (MODULE LIST: %v): Lua is linked into the server", srv.Version, modules)
+	}
+	l := New(ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true}))
+	first := Request{Key: "errclass:{nolua}:first", Spec: errclassSpec}
+	second := Request{Key: "errclass:{nolua}:second", Spec: errclassSpec}
+	if d, err := l.AllowOrdered(ctx, first, &second); err != nil || !d.Allowed() {
+		t.Fatalf("before the unload: %v, %v; want allowed", d, err)
+	}
+	if err := admin.Do(ctx, admin.B().ModuleUnload().Name("lua").Build()).Error(); err != nil {
+		t.Fatalf("MODULE UNLOAD lua: %v", err)
+	}
+	record, err := onceKey(first.Key, "nolua-id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{first.Key, second.Key, record}
+	state := func() string {
+		var b strings.Builder
+		for _, k := range keys {
+			b.WriteString(k + ": " + ecRawKey(t, admin, k) + "\n")
+		}
+		return b.String()
+	}
+	before := state()
+	for _, call := range []struct {
+		name string
+		do   func() error
+	}{
+		{"AllowOrdered", func() error { _, err := l.AllowOrdered(ctx, first, &second); return err }},
+		{"AllowOrdered one bucket", func() error { _, err := l.AllowOrdered(ctx, first, nil); return err }},
+		{"AllowOrderedOnce", func() error { _, err := l.AllowOrderedOnce(ctx, "nolua-id", first, &second); return err }},
+		{"Peek", func() error { _, err := l.Peek(ctx, first, &second); return err }},
+		{"Refund", func() error { return l.Refund(ctx, first, &second) }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			err := call.do()
+			t.Logf("error: %v", err)
+			ecWantClass(t, err, ErrNotExecuted, nil,
+				[]string{"not executed", "no Lua scripting engine", "nothing ran", "Could not find scripting engine 'lua'"},
+				[]string{"may have been consumed"})
+			if after := state(); after != before {
+				t.Errorf("keys changed:\n%s->\n%s", before, after)
+			}
+		})
+	}
+}

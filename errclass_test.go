@@ -103,6 +103,8 @@ func TestErrClassTable(t *testing.T) {
 			ErrNotExecuted, nil, nil, []string{"refused"}},
 		{"acl-failure-inside-the-script", live, serverErr("ERR ACL failure in script: User u has no permissions to run the 'pexpire' command"),
 			ErrOutcomeUnknown, nil, nil, []string{"failed the script", "tokens may have been consumed"}},
+		{"no-scripting-engine", live, serverErr("ERR Could not find scripting engine 'lua'"), // Valkey 9.1.2 without its Lua module
+			ErrNotExecuted, nil, nil, []string{"no Lua scripting engine", "nothing ran", "MODULE UNLOAD lua", "Could not find scripting engine 'lua'"}},
 		{"wrongtype", live, serverErr("WRONGTYPE admit: bucket 2 key holds a value that is not a hash"),
 			ErrNotExecuted, ErrWrongType, nil, []string{"bucket 2 key holds a value that is not a hash"}},
 		{"corrupt", live, serverErr("ADMITCORRUPT admit: bucket 1 field tokens is not an integer"),

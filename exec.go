@@ -28,6 +28,13 @@ var preExecCodes = map[string]bool{
 	"MOVED": true, "ASK": true, "NOSCRIPT": true,
 }
 
+// noScriptingEngine is how Valkey 9.1 refuses EVAL and EVAL_RO (and
+// SCRIPT LOAD) when its Lua engine module is not loaded ("ERR Could not find
+// scripting engine 'lua'", 9.1.2): the engine is looked up before anything
+// runs. EVALSHA gets NOSCRIPT there (unloading the engine empties the
+// script cache), and valkey-go's EVAL fallback gets this.
+const noScriptingEngine = "Could not find scripting engine"
+
 // execScript runs script on client. When valkey-go fails the call with a
 // context error although this call's own context is live (see
 // ownContextEnded), the error is marked as another call's
@@ -139,6 +146,10 @@ func classify(err error) error {
 			// way the server ran nothing.
 			return notExecuted("the server requires authentication and the client's connection has none; " +
 				"nothing ran; give the client credentials (ClientOption Username and Password)")
+		case strings.Contains(msg, noScriptingEngine):
+			return notExecuted("the server has no Lua scripting engine, which admit needs; nothing ran; Valkey 9.1+ " +
+				"runs Lua as a module, here unloaded (MODULE UNLOAD lua) or never loaded: restart the server, which loads " +
+				"its built-in Lua engine at start, or load the engine's module (loadmodule in its configuration)")
 		case preExecCodes[code]:
 			return notExecuted("the server refused the command before running it; nothing was written; " +
 				"a retry is safe once the condition in the server's reply clears")

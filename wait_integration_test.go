@@ -132,7 +132,7 @@ func TestIntegrationWaitHerd(t *testing.T) {
 			}
 			wg.Wait()
 			after := testserver.CommandStats(t, c)
-			scripts := after["evalsha"].Calls + after["eval"].Calls - before["evalsha"].Calls - before["eval"].Calls
+			scripts := after.ScriptCalls(before)
 			t.Logf("%d waiters, one Limiter: %d scripts for %d admissions, %.2f an admission", waiters, scripts, waiters-len(errs), float64(scripts)/float64(waiters-len(errs)))
 			if len(errs) != 0 {
 				t.Errorf("%d of %d Waits failed: %s", len(errs), waiters, strings.Join(errs, "; "))

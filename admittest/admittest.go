@@ -20,6 +20,9 @@
 // expected and what the server did. Rules that cannot be checked on the
 // deployment (the cluster rules on a standalone server, say) skip and say
 // why. Run it under the race detector: some rules race 64 goroutines.
+// The rules form one ordered table (decisions, budget, once, errors, wire,
+// concurrency, trust, cluster); tools that need each rule's verdict, such as
+// a mutation tester, get the same table from [Rules].
 //
 // # What the suite does to the server
 //
@@ -27,7 +30,9 @@
 // [WithPrefix] says otherwise); each rule's keys share one hash tag, so they
 // stay in one cluster slot. At the end it deletes those keys and nothing else
 // (SCAN MATCH on every node, then DEL). It reads TIME, INFO, CLUSTER SLOTS
-// and CLUSTER KEYSLOT, and the DUMP and PEXPIRETIME of its own keys. It opens
+// and CLUSTER KEYSLOT, and the DUMP and PEXPIRETIME of its own keys (on a
+// server that does not DUMP a hash, which it finds by dumping one of its
+// own, their TYPE and contents instead). It opens
 // short-lived connections to the server through a TCP proxy it runs on
 // 127.0.0.1, which loses replies on purpose and records what the client
 // sends. Without [Owned] it never runs FLUSHALL, FLUSHDB, SCRIPT FLUSH,
@@ -37,8 +42,10 @@
 //
 // With [Owned], which declares the server the suite's alone, it also runs
 // SCRIPT FLUSH on the node that holds a rule's keys (emptying that node's
-// whole script cache) and requires INFO commandstats to move exactly by its
-// own commands.
+// whole script cache), requires INFO commandstats to move exactly by its
+// own commands (where the server reports them), and the rule
+// only-declared-keys compares every key outside the prefix before and after
+// its calls.
 //
 // With [Owned] or [WithAdmin], the rule peek-read-only-user also creates a
 // short-lived ACL user ("admittest-peek-" and random hex digits, allowed
@@ -54,6 +61,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -62,23 +70,23 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/suitehook"
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // Run runs every conformance rule against client, each as a subtest of t
-// named after its rule. Every Limiter the suite tests is built with
-// admit.New. Run deletes the keys it wrote when t ends.
+// named after its rule, in the order of the suite's one table of rules.
+// Every Limiter the suite tests is built with admit.New. Run deletes the
+// keys it wrote when t ends.
 func Run(t *testing.T, client valkey.Client, opts ...Option) {
 	t.Helper()
-	d := open(t, client, opts)
-	t.Logf("admittest: %s; keys under %q", d.target(), d.base)
 	start := time.Now()
-	for _, r := range d.rules(func(c valkey.Client) *admit.Limiter { return admit.New(c) }) {
+	d, rs := bind(t, client, nil, opts)
+	for _, r := range rs {
 		t.Run(r.Name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), ruleTimeout)
+			ctx, cancel := context.WithTimeout(t.Context(), ruleTimeout)
 			defer cancel()
 			err := r.Run(ctx)
-			if reason, ok := suitehook.IsSkip(err); ok {
+			if reason, ok := IsSkip(err); ok {
 				t.Skip(reason)
 			}
 			if err != nil {
@@ -87,6 +95,71 @@ func Run(t *testing.T, client valkey.Client, opts ...Option) {
 		})
 	}
 	t.Logf("admittest: %s in %v", d.target(), time.Since(start).Round(time.Millisecond))
+}
+
+// A Rule is one conformance rule, bound to a deployment and to the
+// Limiters under test; see [Rules].
+type Rule struct {
+	// Name is the rule's name, the name of its subtest under Run
+	// ("transitions", "wrong-type-writes-nothing", ...). It never changes.
+	Name string
+	// Run checks the rule. It returns nil when the deployment and the
+	// Limiter obey it; an error for which [IsSkip] reports true when the
+	// rule cannot be checked on this deployment (the cluster rules on a
+	// standalone server, say); and otherwise an error that says what was
+	// expected and what the server did. ctx bounds the check.
+	Run func(ctx context.Context) error
+}
+
+// Rules returns the rules Run runs, in the same order, bound to client and
+// testing the Limiters newLimiter builds (nil means admit.New without
+// options) on the clients the rules use; it does not run them. It is for
+// tools that need each rule's verdict rather than a failed test, such as a
+// mutation tester that runs every rule against Limiters built around a
+// deliberately broken script: Run is the entry point for tests. Call each
+// Rule's Run in turn, not concurrently. The options are Run's; Rules
+// connects as Run does (t fails at once when it cannot) and deletes the
+// keys the rules wrote when t ends.
+func Rules(t *testing.T, client valkey.Client, newLimiter func(valkey.Client) *admit.Limiter, opts ...Option) []Rule {
+	t.Helper()
+	_, rs := bind(t, client, newLimiter, opts)
+	return rs
+}
+
+// bind opens the deployment and binds every rule of the table to it.
+func bind(t *testing.T, client valkey.Client, newLimiter func(valkey.Client) *admit.Limiter, opts []Option) (*deployment, []Rule) {
+	t.Helper()
+	if newLimiter == nil {
+		newLimiter = func(c valkey.Client) *admit.Limiter { return admit.New(c) }
+	}
+	d := open(t, client, opts)
+	t.Logf("admittest: %s; keys under %q", d.target(), d.base)
+	e := &env{deployment: d, newLimiter: newLimiter}
+	e.l = newLimiter(d.client)
+	out := make([]Rule, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, Rule{Name: r.name, Run: func(ctx context.Context) error { return r.run(ctx, e) }})
+	}
+	return d, out
+}
+
+// IsSkip reports whether err, returned by a [Rule]'s Run, says that the
+// rule cannot be checked on this deployment, and why.
+func IsSkip(err error) (reason string, ok bool) {
+	var s *skipError
+	if errors.As(err, &s) {
+		return s.reason, true
+	}
+	return "", false
+}
+
+// skipError is a rule's verdict that it cannot be checked here.
+type skipError struct{ reason string }
+
+func (s *skipError) Error() string { return "skipped: " + s.reason }
+
+func skipf(format string, args ...any) error {
+	return &skipError{reason: fmt.Sprintf(format, args...)}
 }
 
 // ruleTimeout bounds every rule, whatever a broken server or script does.
@@ -113,9 +186,10 @@ func (f optionFunc) apply(c *config) { f(c) }
 func Owned() Option { return optionFunc(func(c *config) { c.owned = true }) }
 
 // WithAdmin gives the client the suite prepares and inspects buckets with
-// (DEL, HSET, PEXPIREAT, SET, RPUSH, DUMP, PEXPIRETIME, HGETALL, EXISTS, SCAN,
-// TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL SETUSER and ACL DELUSER,
-// and SCRIPT FLUSH with [Owned]),
+// (DEL, HSET, PEXPIREAT, PEXPIRE, SET, RPUSH, DUMP, PEXPIRETIME, PTTL,
+// HGETALL, EXISTS, SCAN, TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL
+// SETUSER and ACL DELUSER, and SCRIPT FLUSH with [Owned]; TYPE, GET and
+// LRANGE on a server that does not DUMP a hash),
 // for when the client under test may run only what admit needs, as a
 // least-privilege ACL user does. Default: the client under test.
 func WithAdmin(admin valkey.Client) Option { return optionFunc(func(c *config) { c.admin = admin }) }
@@ -159,73 +233,6 @@ func open(t *testing.T, client valkey.Client, opts []Option) *deployment {
 	if err != nil {
 		t.Fatalf("admittest: %v", err)
 	}
-	t.Cleanup(func() { deleteWithPrefix(d.admin, d.base) })
+	t.Cleanup(func() { serverinfo.DeleteWithPrefix(d.admin, d.base) })
 	return d
-}
-
-func init() {
-	suitehook.Open = func(t *testing.T, client valkey.Client, opts ...any) suitehook.Suite {
-		t.Helper()
-		var list []Option
-		for _, o := range opts {
-			opt, ok := o.(Option)
-			if !ok {
-				t.Fatalf("suitehook.Open: %T is not an admittest.Option", o)
-			}
-			list = append(list, opt)
-		}
-		return open(t, client, list)
-	}
-}
-
-func (d *deployment) Target() string { return d.target() }
-
-func (d *deployment) Rules(newLimiter func(valkey.Client) *admit.Limiter) []suitehook.Rule {
-	return d.rules(newLimiter)
-}
-
-// rules binds every rule to an env whose Limiters newLimiter builds.
-func (d *deployment) rules(newLimiter func(valkey.Client) *admit.Limiter) []suitehook.Rule {
-	e := &env{deployment: d, newLimiter: newLimiter}
-	e.l = newLimiter(d.client)
-	var out []suitehook.Rule
-	for _, r := range allRules {
-		out = append(out, suitehook.Rule{Name: r.name, Run: func(ctx context.Context) error { return r.run(ctx, e) }})
-	}
-	return out
-}
-
-// rule is one conformance rule; see suitehook.Rule.
-type rule struct {
-	name string
-	run  func(ctx context.Context, e *env) error
-}
-
-// allRules are the conformance rules, in the order they run.
-var allRules = []rule{
-	{"transitions", checkTransitions},
-	{"bucket-states", checkBucketStates},
-	{"first-denial-leaves-second-untouched", checkFirstDenial},
-	{"second-denial-charges-first", checkSecondDenial},
-	{"both-allow-consume-once", checkBothAllow},
-	{"concurrency-exact-count", checkConcurrency},
-	{"premium-reservation", checkPremiumReservation},
-	{"host-clock-plays-no-part", checkHostClock},
-	{"wrong-type-writes-nothing", checkWrongType},
-	{"corrupt-state-writes-nothing", checkCorruptState},
-	{"only-declared-keys", checkDeclaredKeys},
-	{"one-evalsha-per-decision", checkOneEvalsha},
-	{"script-flush-falls-back-once", checkScriptFlush},
-	{"lost-reply-is-outcome-unknown", checkLostReply},
-	{"cancel-in-flight-is-outcome-unknown", checkCancelInFlight},
-	{"refused-connection-is-not-executed", checkRefused},
-	{"one-state-for-both-paths", checkSharedState},
-	{"key-schema", checkKeySchema},
-	{"cluster-hash-tag", checkClusterHashTag},
-	{"cluster-cross-slot-refused", checkClusterCrossSlot},
-	{"cluster-shards-independent", checkClusterShards},
-}
-
-func skipf(format string, args ...any) error {
-	return &suitehook.SkipError{Reason: fmt.Sprintf(format, args...)}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/model"
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // deployment is the server or cluster under test: the client under test, the
@@ -24,17 +25,21 @@ import (
 // It is shared by the envs of every Limiter builder (TestMutants tries
 // many).
 type deployment struct {
-	client    valkey.Client
-	admin     valkey.Client
-	opt       valkey.ClientOption // what proxy clients copy
-	owned     bool
-	cluster   bool
-	version   string
-	slots     []slotRange // cluster slot map; nil on a standalone server
-	addr      string      // the standalone server's address
-	base      string      // every key the suite writes starts with base
-	seq       atomic.Int64
-	slotOfKey sync.Map // key → its slot, as CLUSTER KEYSLOT said
+	client  valkey.Client
+	admin   valkey.Client
+	opt     valkey.ClientOption // what proxy clients copy
+	owned   bool
+	cluster bool
+	version string
+	slots   []slotRange // cluster slot map; nil on a standalone server
+	// What the server can do, probed once: a server that lacks something
+	// is checked another way, which target says.
+	counts     bool   // INFO commandstats, compared on a server the suite owns
+	dumpHashes bool   // DUMP of a hash; else snapshots compare contents
+	addr       string // the standalone server's address
+	base       string // every key the suite writes starts with base
+	seq        atomic.Int64
+	slotOfKey  sync.Map // key → its slot, as CLUSTER KEYSLOT said
 }
 
 type slotRange struct {
@@ -54,14 +59,21 @@ func newDeployment(client valkey.Client, cfg config) (*deployment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	info, err := d.admin.Do(ctx, d.admin.B().Info().Section("server").Build()).ToString()
-	if err != nil {
+	switch f := serverinfo.Fields(info); {
+	case isRefusal(err):
+		d.version = "a server that refuses INFO server"
+	case err != nil:
 		return nil, fmt.Errorf("INFO server: %w", err)
-	}
-	f := infoFields(info)
-	if v := f["valkey_version"]; v != "" {
-		d.version = "valkey " + v
-	} else {
+	case f["valkey_version"] != "":
+		d.version = "valkey " + f["valkey_version"]
+	default:
 		d.version = "redis " + f["redis_version"]
+	}
+	if d.counts, err = d.probeCounts(ctx); err != nil {
+		return nil, err
+	}
+	if d.dumpHashes, err = d.probeDump(ctx); err != nil {
+		return nil, err
 	}
 	if d.cluster {
 		if d.slots, err = readSlots(ctx, d.admin); err != nil {
@@ -75,6 +87,46 @@ func newDeployment(client valkey.Client, cfg config) (*deployment, error) {
 	return d, nil
 }
 
+// isRefusal reports whether err is the server's error reply (an unknown
+// command, say), not a failure to reach it.
+func isRefusal(err error) bool {
+	var ve *valkey.ValkeyError
+	return errors.As(err, &ve) && !ve.IsNil()
+}
+
+// probeCounts reports whether the suite compares the server's command
+// counters: only on a server the suite owns, and only if it answers INFO
+// commandstats.
+func (d *deployment) probeCounts(ctx context.Context) (bool, error) {
+	if !d.owned {
+		return false, nil
+	}
+	_, err := serverinfo.CommandStats(ctx, d.admin)
+	if isRefusal(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// probeDump reports whether the server dumps a hash (DUMP), by dumping one
+// under the suite's prefix. Without it, a snapshot compares a key's type,
+// contents and expiry instead of its DUMP payload.
+func (d *deployment) probeDump(ctx context.Context) (bool, error) {
+	a, key := d.admin, d.base+"{dump-probe}"
+	if err := a.Do(ctx, a.B().Hset().Key(key).FieldValue().FieldValue("f", "v").Build()).Error(); err != nil {
+		return false, fmt.Errorf("HSET %s: %w", key, err)
+	}
+	defer a.Do(ctx, a.B().Del().Key(key).Build())
+	err := a.Do(ctx, a.B().Dump().Key(key).Build()).Error()
+	if isRefusal(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("DUMP %s: %w", key, err)
+	}
+	return true, nil
+}
+
 // target describes the deployment, for logs and failures.
 func (d *deployment) target() string {
 	s := d.version + ", standalone"
@@ -85,7 +137,13 @@ func (d *deployment) target() string {
 		}
 		s = fmt.Sprintf("%s, cluster of %d primaries", d.version, len(primaries))
 	}
-	if d.owned {
+	if !d.dumpHashes {
+		s += ", no DUMP of a hash (keys compared by type, contents and expiry)"
+	}
+	switch {
+	case d.owned && !d.counts:
+		return s + ", the suite's alone, no INFO commandstats (the proxy's counts stand in)"
+	case d.owned:
 		return s + ", the suite's alone"
 	}
 	return s + ", shared (no SCRIPT FLUSH, no server command counts)"
@@ -214,8 +272,9 @@ func (e *env) viaProxy(ctx context.Context, prefix string) (*faultProxy, valkey.
 }
 
 // quiet reports whether the server's command counters move only with the
-// suite's own commands, so they can be compared exactly.
-func (e *env) quiet() bool { return e.owned }
+// suite's own commands, so they can be compared exactly, and the server
+// reports them.
+func (e *env) quiet() bool { return e.owned && e.counts }
 
 // serverTime returns TIME, in µs, of the node that holds key.
 func (e *env) serverTime(ctx context.Context, key string) (int64, error) {
@@ -230,12 +289,9 @@ func (e *env) serverTime(ctx context.Context, key string) (int64, error) {
 	return t[0]*1_000_000 + t[1], nil
 }
 
-// cmdStat is one command's line of INFO commandstats.
-type cmdStat struct{ calls, failed int64 }
-
 // stats returns INFO commandstats of the node that holds key, by
 // lower-case command name, on a quiet server; nil otherwise.
-func (e *env) stats(ctx context.Context, key string) (map[string]cmdStat, error) {
+func (e *env) stats(ctx context.Context, key string) (serverinfo.Stats, error) {
 	if !e.quiet() {
 		return nil, nil
 	}
@@ -243,80 +299,16 @@ func (e *env) stats(ctx context.Context, key string) (map[string]cmdStat, error)
 	if err != nil {
 		return nil, err
 	}
-	return readCommandStats(ctx, n)
+	return serverinfo.CommandStats(ctx, n)
 }
 
-func readCommandStats(ctx context.Context, c valkey.Client) (map[string]cmdStat, error) {
-	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-	if err != nil {
-		return nil, fmt.Errorf("INFO commandstats: %w", err)
-	}
-	stats := map[string]cmdStat{}
-	for k, v := range infoFields(info) {
-		name, ok := strings.CutPrefix(k, "cmdstat_")
-		if !ok {
-			continue
-		}
-		var s cmdStat
-		for kv := range strings.SplitSeq(v, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(val, 10, 64)
-			switch key {
-			case "calls":
-				s.calls = n
-			case "failed_calls":
-				s.failed = n
-			}
-		}
-		stats[name] = s
-	}
-	return stats, nil
-}
-
-// scriptCalls is the number of EVALSHA and EVAL calls between two stats.
-func scriptCalls(s0, s1 map[string]cmdStat) int64 {
-	return s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls
-}
-
-// infoFields parses the "name:value" lines of an INFO reply.
-func infoFields(info string) map[string]string {
-	info = strings.TrimPrefix(info, "txt:") // a RESP3 verbatim string
-	m := map[string]string{}
-	for line := range strings.Lines(info) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
-			m[k] = v
-		}
-	}
-	return m
-}
-
-// deleteWithPrefix deletes every key that starts with prefix, on every
-// node of c, and nothing else. prefix holds no glob characters.
-func deleteWithPrefix(c valkey.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, node := range c.Nodes() {
-		var cursor uint64
-		for range 10000 {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
-			if err != nil {
-				break
-			}
-			for _, k := range e.Elements {
-				node.Do(ctx, node.B().Del().Key(k).Build())
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
-			}
-		}
-	}
-}
-
-// snapshot is a key's state byte for byte: its DUMP payload and its
-// absolute expiry (PEXPIRETIME, which does not tick down as PTTL does).
+// snapshot is a key's state byte for byte: its DUMP payload (or, on a
+// server that does not dump hashes, its type and contents) and its absolute
+// expiry (PEXPIRETIME, which does not tick down as PTTL does).
 type snapshot struct {
 	exists   bool
-	dump     string
+	how      string // "DUMP", or "contents"
+	state    string
 	expireAt int64 // ms since the epoch; -1 without expiry
 }
 
@@ -324,23 +316,73 @@ func (s snapshot) String() string {
 	if !s.exists {
 		return "absent"
 	}
-	return fmt.Sprintf("DUMP %q PEXPIRETIME %d", s.dump, s.expireAt)
+	return fmt.Sprintf("%s %q PEXPIRETIME %d", s.how, s.state, s.expireAt)
 }
 
 func (e *env) snap(ctx context.Context, key string) (snapshot, error) {
 	a := e.admin
-	dump, err := a.Do(ctx, a.B().Dump().Key(key).Build()).ToString()
-	if valkey.IsValkeyNil(err) {
-		return snapshot{}, nil
-	}
-	if err != nil {
-		return snapshot{}, fmt.Errorf("DUMP %s: %w", key, err)
+	s := snapshot{exists: true, how: "DUMP"}
+	if e.dumpHashes {
+		dump, err := a.Do(ctx, a.B().Dump().Key(key).Build()).ToString()
+		if valkey.IsValkeyNil(err) {
+			return snapshot{}, nil
+		}
+		if err != nil {
+			return snapshot{}, fmt.Errorf("DUMP %s: %w", key, err)
+		}
+		s.state = dump
+	} else {
+		state, err := e.contents(ctx, key)
+		if err != nil || state == "" {
+			return snapshot{}, err
+		}
+		s.how, s.state = "contents", state
 	}
 	at, err := a.Do(ctx, a.B().Pexpiretime().Key(key).Build()).AsInt64()
 	if err != nil {
 		return snapshot{}, fmt.Errorf("PEXPIRETIME %s: %w", key, err)
 	}
-	return snapshot{exists: true, dump: dump, expireAt: at}, nil
+	s.expireAt = at
+	return s, nil
+}
+
+// contents returns key's type and every byte it holds, for the types the
+// suite writes (hash, string, list), or "" when key is absent: what a
+// snapshot compares where the server does not DUMP hashes.
+func (e *env) contents(ctx context.Context, key string) (string, error) {
+	a := e.admin
+	typ, err := a.Do(ctx, a.B().Type().Key(key).Build()).ToString()
+	if err != nil {
+		return "", fmt.Errorf("TYPE %s: %w", key, err)
+	}
+	switch typ {
+	case "none":
+		return "", nil
+	case "hash":
+		m, err := a.Do(ctx, a.B().Hgetall().Key(key).Build()).AsStrMap()
+		if err != nil {
+			return "", fmt.Errorf("HGETALL %s: %w", key, err)
+		}
+		var b strings.Builder
+		b.WriteString("hash")
+		for _, f := range slices.Sorted(maps.Keys(m)) {
+			fmt.Fprintf(&b, " %q=%q", f, m[f])
+		}
+		return b.String(), nil
+	case "string":
+		v, err := a.Do(ctx, a.B().Get().Key(key).Build()).ToString()
+		if err != nil {
+			return "", fmt.Errorf("GET %s: %w", key, err)
+		}
+		return fmt.Sprintf("string %q", v), nil
+	case "list":
+		v, err := a.Do(ctx, a.B().Lrange().Key(key).Start(0).Stop(-1).Build()).AsStrSlice()
+		if err != nil {
+			return "", fmt.Errorf("LRANGE %s: %w", key, err)
+		}
+		return fmt.Sprintf("list %q", v), nil
+	}
+	return "", fmt.Errorf("%s holds a %s, which the suite cannot compare on a server that does not DUMP hashes", key, typ)
 }
 
 // bucketObs is a stored bucket as the server holds it.
@@ -423,32 +465,55 @@ type seedAt struct{ tokens, tsOffset int64 }
 
 const sec = int64(1_000_000) // µs
 
-// decideAndCompare seeds buckets, reads the server's TIME, makes one
-// decision with l, reads TIME again, and compares everything with the
-// model at both ends of that window: the decision, RetryAfter, the fields
-// and expiry of every bucket the model writes, and, byte for byte, every
-// key it does not write. Fields that depend on the exact instant (a fresh
-// ts, an expiry) must lie between the two ends; all else must be equal.
-func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, seeds map[string]seedAt) (admit.Decision, error) {
-	keys := []string{first.Key}
-	if second != nil {
-		keys = append(keys, second.Key)
-	}
-	t0, err := e.serverTime(ctx, first.Key)
+// seedKeys reads the server's TIME, seeds each key of seeds relative to it
+// and deletes every other key of keys. It returns the model's states.
+func (e *env) seedKeys(ctx context.Context, keys []string, seeds map[string]seedAt) (map[string]model.State, error) {
+	t0, err := e.serverTime(ctx, keys[0])
 	if err != nil {
-		return admit.Decision{}, err
+		return nil, err
 	}
 	states := map[string]model.State{}
 	for _, k := range keys {
 		if s, ok := seeds[k]; ok {
 			states[k] = model.State{Tokens: s.tokens, TS: t0 + s.tsOffset}
 			if err := e.seed(ctx, k, states[k], t0); err != nil {
-				return admit.Decision{}, err
+				return nil, err
 			}
 		} else if err := e.admin.Do(ctx, e.admin.B().Del().Key(k).Build()).Error(); err != nil {
-			return admit.Decision{}, err
+			return nil, err
 		}
 	}
+	return states, nil
+}
+
+// keysOf returns the keys of a call.
+func keysOf(first admit.Request, second *admit.Request) []string {
+	if second == nil {
+		return []string{first.Key}
+	}
+	return []string{first.Key, second.Key}
+}
+
+// decideAndCompare seeds buckets (seedKeys) and compares one decision with
+// the model (compareDecision).
+func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, seeds map[string]seedAt) (admit.Decision, error) {
+	states, err := e.seedKeys(ctx, keysOf(first, second), seeds)
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	return e.compareDecision(ctx, l, first, second, states)
+}
+
+// compareDecision reads the server's TIME, makes one decision with l on
+// buckets that hold states, reads TIME again, and compares everything with
+// the model at both ends of that window: the decision, RetryAfter, the
+// fields and expiry of every bucket the model writes, and, byte for byte,
+// every key it does not write. Fields that depend on the exact instant (a
+// fresh ts, an expiry) must lie between the two ends; all else must be
+// equal.
+func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, states map[string]model.State) (admit.Decision, error) {
+	keys := keysOf(first, second)
+	var err error
 	before := map[string]snapshot{}
 	for _, k := range keys {
 		if before[k], err = e.snap(ctx, k); err != nil {
@@ -509,7 +574,7 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 			}
 			minLo, minHi := min(lo.ExpireAtMs, hi.ExpireAtMs), max(lo.ExpireAtMs, hi.ExpireAtMs)
 			switch {
-			case after.dump != before[k].dump:
+			case after.state != before[k].state:
 				errs = append(errs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
 			case (before[k].expireAt == -1 || before[k].expireAt >= minHi) && after.expireAt != before[k].expireAt:
 				errs = append(errs, fmt.Errorf("%s: PEXPIRETIME %d changed to %d; a denial never shortens an expiry that outlives the refill (%d..%d)", e.short(k), before[k].expireAt, after.expireAt, minLo, minHi))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // checkClusterHashTag: on a cluster, two keys with a common hash tag are
@@ -76,11 +77,11 @@ func checkClusterCrossSlot(ctx context.Context, e *env) error {
 		}
 		var n int64
 		for _, node := range e.admin.Nodes() {
-			s, err := readCommandStats(ctx, node)
+			s, err := serverinfo.CommandStats(ctx, node)
 			if err != nil {
 				return 0, err
 			}
-			n += s["evalsha"].calls + s["eval"].calls
+			n += s["evalsha"].Calls + s["eval"].Calls
 		}
 		return n, nil
 	}

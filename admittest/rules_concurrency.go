@@ -17,13 +17,15 @@ const goroutines, callsEach = 64, 50
 
 // checkConcurrency: 64 goroutines × 50 calls admit exactly what burst and
 // refill allow over the server-measured window, on both paths. Buckets are
-// seeded half an interval past a refill boundary, with an interval of 20 s,
-// so the count is exact as long as the window is under 10 s; the model is
+// seeded half an interval past a refill boundary, with an interval of a
+// minute, so the count is exact as long as the window is under 30 s (a real
+// server takes well under a second; miniredis, one script at a time in
+// gopher-lua, about 5 s under the race detector); the model is
 // evaluated at the server's TIME before and after, and both must agree.
 func checkConcurrency(ctx context.Context, e *env) error {
 	const n = goroutines * callsEach
-	every20s := func(burst int) admit.Spec { return admit.MustSpec(admit.Every(20*time.Second), burst) }
-	I := 20 * sec
+	everyMinute := func(burst int) admit.Spec { return admit.MustSpec(admit.Every(time.Minute), burst) }
+	I := 60 * sec
 	type bucket struct {
 		r    admit.Request
 		seed seedAt
@@ -80,7 +82,7 @@ func checkConcurrency(ctx context.Context, e *env) error {
 
 	// One bucket: 20 tokens stored, 2 earned since.
 	p := e.prefix("concurrency")
-	one := bucket{req(p+"one", every20s(60)), seedAt{20, -2*I - I/2}}
+	one := bucket{req(p+"one", everyMinute(60)), seedAt{20, -2*I - I/2}}
 	counts, avail, err := race("one bucket", []bucket{one}, func(int) (admit.Decision, error) { return e.l.AllowOrdered(ctx, one.r, nil) })
 	if err != nil {
 		return err
@@ -93,8 +95,8 @@ func checkConcurrency(ctx context.Context, e *env) error {
 	// Two buckets, the standard bucket runs out first: its denials leave
 	// the shared bucket alone, so premium can still take exactly the rest.
 	p = e.prefix("concurrency")
-	std := bucket{req(p+"std", every20s(40)), seedAt{8, -3*I - I/2}}
-	shared := bucket{req(p+"shared", every20s(100)), seedAt{25, -I - I/2}}
+	std := bucket{req(p+"std", everyMinute(40)), seedAt{8, -3*I - I/2}}
+	shared := bucket{req(p+"shared", everyMinute(100)), seedAt{25, -I - I/2}}
 	counts, avail, err = race("standard-limited", []bucket{std, shared}, func(int) (admit.Decision, error) {
 		return e.l.AllowOrdered(ctx, std.r, &shared.r)
 	})
@@ -117,8 +119,8 @@ func checkConcurrency(ctx context.Context, e *env) error {
 	// Two buckets, the shared bucket runs out first: every second-bucket
 	// denial still charges the standard bucket.
 	p = e.prefix("concurrency")
-	std = bucket{req(p+"std", every20s(40)), seedAt{30, -I / 2}}
-	shared = bucket{req(p+"shared", every20s(100)), seedAt{6, -2*I - I/2}}
+	std = bucket{req(p+"std", everyMinute(40)), seedAt{30, -I / 2}}
+	shared = bucket{req(p+"shared", everyMinute(100)), seedAt{6, -2*I - I/2}}
 	counts, avail, err = race("shared-limited", []bucket{std, shared}, func(int) (admit.Decision, error) {
 		return e.l.AllowOrdered(ctx, std.r, &shared.r)
 	})

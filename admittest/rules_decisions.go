@@ -119,17 +119,22 @@ func checkBucketStates(ctx context.Context, e *env) error {
 
 // checkFirstDenial: when the first bucket denies, the second key is left
 // byte for byte as it was (DUMP and PEXPIRETIME), whether it exists or not.
-// decideAndCompare compares every key the model does not write.
+// decideAndCompare compares every key the model does not write. The first
+// keeps its fields, and its expiry, unless that is shorter than the time to
+// full (as after a Spec was made slower), which the denial lengthens to
+// that time.
 func checkFirstDenial(ctx context.Context, e *env) error {
 	var errs []error
 	for _, tc := range []struct {
-		name   string
-		second *seedAt
+		name        string
+		second      *seedAt
+		shortExpiry bool // the first bucket expires in 1 s
 	}{
-		{"second partially full", &seedAt{1, -5 * sec}},
-		{"second empty", &seedAt{0, -sec}},
-		{"second full", &seedAt{3, -hour}},
-		{"second absent", nil},
+		{"second partially full", &seedAt{1, -5 * sec}, false},
+		{"second empty", &seedAt{0, -sec}, false},
+		{"second full", &seedAt{3, -hour}, false},
+		{"second absent", nil, false},
+		{"first expiring before its time to full", &seedAt{1, -5 * sec}, true},
 	} {
 		p := e.prefix("first-denial")
 		first, second := req(p+"std", hourly3), req(p+"shared", hourly3)
@@ -137,7 +142,11 @@ func checkFirstDenial(ctx context.Context, e *env) error {
 		if tc.second != nil {
 			seeds[second.Key] = *tc.second
 		}
-		d, err := e.decideAndCompare(ctx, e.l, first, &second, seeds)
+		short := ""
+		if tc.shortExpiry {
+			short = first.Key
+		}
+		d, err := e.decideExpiring(ctx, first, &second, seeds, short)
 		if err == nil && d.Denied != 1 {
 			err = fmt.Errorf("decision %v, want denied by bucket 1", d)
 		}
@@ -149,17 +158,20 @@ func checkFirstDenial(ctx context.Context, e *env) error {
 }
 
 // checkSecondDenial: when the second bucket denies, the first bucket's
-// token is consumed and the second's refill state is refreshed, nothing
-// else (decideAndCompare checks every field and expiry).
+// token is consumed, and the second keeps its fields, and its expiry unless
+// that is shorter than the time to full, which the denial lengthens to that
+// time; nothing else (decideAndCompare checks every field and expiry).
 func checkSecondDenial(ctx context.Context, e *env) error {
 	var errs []error
 	for _, tc := range []struct {
 		name          string
 		first, second *seedAt
+		shortExpiry   bool // the second bucket expires in 1 s
 	}{
-		{"first partially full", &seedAt{2, -sec}, &seedAt{0, -sec}},
-		{"first fresh", nil, &seedAt{0, -30 * sec}},
-		{"first just refilled", &seedAt{0, -hour - sec}, &seedAt{0, -sec}},
+		{"first partially full", &seedAt{2, -sec}, &seedAt{0, -sec}, false},
+		{"first fresh", nil, &seedAt{0, -30 * sec}, false},
+		{"first just refilled", &seedAt{0, -hour - sec}, &seedAt{0, -sec}, false},
+		{"second expiring before its time to full", &seedAt{2, -sec}, &seedAt{0, -30 * sec}, true},
 	} {
 		p := e.prefix("second-denial")
 		first, second := req(p+"std", hourly3), req(p+"shared", hourly3)
@@ -167,7 +179,11 @@ func checkSecondDenial(ctx context.Context, e *env) error {
 		if tc.first != nil {
 			seeds[first.Key] = *tc.first
 		}
-		d, err := e.decideAndCompare(ctx, e.l, first, &second, seeds)
+		short := ""
+		if tc.shortExpiry {
+			short = second.Key
+		}
+		d, err := e.decideExpiring(ctx, first, &second, seeds, short)
 		if err == nil && d.Denied != 2 {
 			err = fmt.Errorf("decision %v, want denied by bucket 2", d)
 		}
@@ -176,6 +192,21 @@ func checkSecondDenial(ctx context.Context, e *env) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// decideExpiring is decideAndCompare with e.l, but the bucket at key short
+// (none if "") expires in one second, before its time to full.
+func (e *env) decideExpiring(ctx context.Context, first admit.Request, second *admit.Request, seeds map[string]seedAt, short string) (admit.Decision, error) {
+	states, err := e.seedKeys(ctx, keysOf(first, second), seeds)
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	if short != "" {
+		if err := e.admin.Do(ctx, e.admin.B().Pexpire().Key(short).Milliseconds(1000).Build()).Error(); err != nil {
+			return admit.Decision{}, fmt.Errorf("PEXPIRE %s: %w", e.short(short), err)
+		}
+	}
+	return e.compareDecision(ctx, e.l, first, second, states)
 }
 
 // checkBothAllow: when both buckets allow, each loses exactly one token.

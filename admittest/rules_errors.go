@@ -186,7 +186,7 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 		if err != nil {
 			return err
 		}
-		if n := s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls; n != 1 {
+		if n := s1.ScriptCalls(s0); n != 1 {
 			errs = append(errs, fmt.Errorf("server ran %d script commands, want exactly 1", n))
 		}
 	}
@@ -289,7 +289,7 @@ func checkRefused(ctx context.Context, e *env) error {
 		if err != nil {
 			return err
 		}
-		if n := s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls; n != 0 {
+		if n := s1.ScriptCalls(s0); n != 0 {
 			errs = append(errs, fmt.Errorf("server ran %d script commands, want 0", n))
 		}
 	}

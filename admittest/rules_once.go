@@ -13,16 +13,6 @@ import (
 	"github.com/admitkit/admit"
 )
 
-var onceRules = []rule{
-	{"once-survives-a-lost-reply", checkOnceLostReply},
-	{"once-replay-is-marked", checkOnceReplayMarked},
-	{"once-first-denial-writes-nothing", checkOnceFirstDenial},
-	{"once-id-reuse-refused", checkOnceReuse},
-	{"once-records-never-collide", checkOnceNoCollision},
-}
-
-func init() { allRules = append(allRules, onceRules...) }
-
 // checkOnceLostReply: the reply of an AllowOrderedOnce is lost after the
 // script ran (admit.ErrOutcomeUnknown); the retry with the same id returns
 // the Decision the lost run made, and the buckets were charged once. Another
@@ -89,7 +79,7 @@ func checkOnceLostReply(ctx context.Context, e *env) error {
 			return err
 		}
 		// The lost run, the retry, the third call, the other id.
-		if n := s1["evalsha"].calls - s0["evalsha"].calls + s1["eval"].calls - s0["eval"].calls; n != 4 {
+		if n := s1.ScriptCalls(s0); n != 4 {
 			errs = append(errs, fmt.Errorf("the server ran %d script commands, want 4", n))
 		}
 	}
@@ -163,7 +153,8 @@ func checkOnceReplayMarked(ctx context.Context, e *env) error {
 // AllowOrderedOnce records nothing and writes nothing (the bucket and the
 // record key byte for byte), and once the bucket holds a token the same id
 // is admitted; a second-bucket denial charged the first bucket, so it is
-// recorded and replayed.
+// recorded and replayed, and the replay writes nothing (both buckets and
+// the record byte for byte).
 func checkOnceFirstDenial(ctx context.Context, e *env) error {
 	p := e.prefix("once-deny")
 	std := req(p+"std", admit.MustSpec(admit.Every(time.Hour), 2))
@@ -208,9 +199,21 @@ func checkOnceFirstDenial(ctx context.Context, e *env) error {
 	if err != nil || d1.Denied != 2 || d1.Replayed() {
 		return fmt.Errorf("second denial: %v, %v", d1, err)
 	}
+	recN, err := admit.OnceRecordKey(std.Key, "n")
+	if err != nil {
+		return err
+	}
+	keys := []string{std.Key, shared.Key, recN}
+	before, err := e.snaps(ctx, keys)
+	if err != nil {
+		return err
+	}
 	d2, err := e.l.AllowOrderedOnce(ctx, "n", std, &shared)
 	if err != nil || d2.Denied != 2 || !d2.Replayed() || d2.Remaining != d1.Remaining || d2.RetryAfter != d1.RetryAfter {
 		errs = append(errs, fmt.Errorf("second denial replayed: %v %v replayed %v, %v; want the recorded %v %v, replayed", d2, d2.Remaining, d2.Replayed(), err, d1, d1.Remaining))
+	}
+	if err := e.unchanged(ctx, keys, before); err != nil {
+		errs = append(errs, fmt.Errorf("the replay of a second denial wrote: %w", err))
 	}
 	if tk, err := e.tokensLeft(ctx, std.Key); err != nil || tk != 1 {
 		errs = append(errs, fmt.Errorf("%s holds %d tokens (%v), want 1: charged once by the recorded second denial", e.short(std.Key), tk, err))
@@ -218,10 +221,12 @@ func checkOnceFirstDenial(ctx context.Context, e *env) error {
 	return errors.Join(errs...)
 }
 
-// checkOnceReuse: the same id with a different request is refused as not
-// executed (admit.ErrOnceIDReused) and writes nothing; a foreign string in
-// the record is admit.ErrCorruptState, a hash there admit.ErrWrongType,
-// neither an admission and neither writing.
+// checkOnceReuse: the same id with a different request (bucket count,
+// second key, either Cost or either Spec) is refused as not executed
+// (admit.ErrOnceIDReused, an admit.ErrInvalidRequest, saying so) and writes
+// nothing, the record included; a foreign string in the record is
+// admit.ErrCorruptState, a hash there admit.ErrWrongType, neither an
+// admission and neither writing.
 func checkOnceReuse(ctx context.Context, e *env) error {
 	p := e.prefix("once-reuse")
 	spec := admit.MustSpec(admit.Every(time.Hour), 5)
@@ -229,10 +234,15 @@ func checkOnceReuse(ctx context.Context, e *env) error {
 	if d, err := e.l.AllowOrderedOnce(ctx, "id", std, &shared); err != nil || !d.Allowed() {
 		return fmt.Errorf("first call: %v, %v", d, err)
 	}
-	costly := std
-	costly.Cost = 2
+	withCost := func(r admit.Request, c int) *admit.Request { r.Cost = c; return &r }
+	withSpec := func(r admit.Request, s admit.Spec) *admit.Request { r.Spec = s; return &r }
+	minutely := admit.MustSpec(admit.Every(time.Minute), 5)
 	other := req(p+"other", spec)
-	keys := []string{std.Key, shared.Key, other.Key}
+	rec, err := admit.OnceRecordKey(std.Key, "id")
+	if err != nil {
+		return err
+	}
+	keys := []string{std.Key, shared.Key, other.Key, rec}
 	snapAll := func() ([]snapshot, error) {
 		var out []snapshot
 		for _, k := range keys {
@@ -252,16 +262,19 @@ func checkOnceReuse(ctx context.Context, e *env) error {
 	}{
 		{"one bucket instead of two", std, nil},
 		{"another second key", std, &other},
-		{"another Cost", costly, &shared},
-		{"another Spec", req(std.Key, admit.MustSpec(admit.Every(time.Minute), 5)), &shared},
+		{"another first Cost", *withCost(std, 2), &shared},
+		{"another second Cost", std, withCost(shared, 2)},
+		{"another first Spec", *withSpec(std, minutely), &shared},
+		{"another second Spec", std, withSpec(shared, minutely)},
 	} {
 		s0, err := snapAll()
 		if err != nil {
 			return err
 		}
 		d, err := e.l.AllowOrderedOnce(ctx, "id", tc.first, tc.second)
-		if !errors.Is(err, admit.ErrOnceIDReused) || !errors.Is(err, admit.ErrNotExecuted) || d.Allowed() {
-			errs = append(errs, fmt.Errorf("%s: %v, %v; want admit.ErrOnceIDReused, not executed", tc.name, d, err))
+		if !errors.Is(err, admit.ErrOnceIDReused) || !errors.Is(err, admit.ErrInvalidRequest) || !errors.Is(err, admit.ErrNotExecuted) ||
+			d.Allowed() || !strings.Contains(fmt.Sprint(err), "different request") {
+			errs = append(errs, fmt.Errorf("%s: %v, %v; want admit.ErrOnceIDReused (an admit.ErrInvalidRequest) saying \"different request\", not executed", tc.name, d, err))
 		}
 		if s1, err := snapAll(); err != nil || fmt.Sprint(s1) != fmt.Sprint(s0) {
 			errs = append(errs, fmt.Errorf("%s wrote: %v -> %v (%v)", tc.name, s0, s1, err))
@@ -269,13 +282,19 @@ func checkOnceReuse(ctx context.Context, e *env) error {
 	}
 
 	one := req(p+"one", spec)
-	rec, err := admit.OnceRecordKey(one.Key, "x")
+	rec, err = admit.OnceRecordKey(one.Key, "x")
 	if err != nil {
 		return err
 	}
 	a := e.admin
-	for _, foreign := range []string{"hello", "0 0 4 -1"} {
+	// Strings that are not a record: no reply and request, or a reply
+	// without its request.
+	for _, foreign := range []string{"hello", "", "0 0 4 -1", "0 0 4 -1|"} {
 		if err := a.Do(ctx, a.B().Set().Key(rec).Value(foreign).Build()).Error(); err != nil {
+			return err
+		}
+		before, err := e.snap(ctx, rec)
+		if err != nil {
 			return err
 		}
 		d, err := e.l.AllowOrderedOnce(ctx, "x", one, nil)
@@ -284,6 +303,9 @@ func checkOnceReuse(ctx context.Context, e *env) error {
 		}
 		if b, err := e.snap(ctx, one.Key); err != nil || b.exists {
 			errs = append(errs, fmt.Errorf("record holding %q: the bucket was written: %v (%v)", foreign, b, err))
+		}
+		if after, err := e.snap(ctx, rec); err != nil || after != before {
+			errs = append(errs, fmt.Errorf("record holding %q: the record changed: %v -> %v (%v)", foreign, before, after, err))
 		}
 	}
 	if err := a.Do(ctx, a.B().Del().Key(rec).Build()).Error(); err != nil {

@@ -13,13 +13,6 @@ import (
 	"github.com/admitkit/admit/internal/model"
 )
 
-var trustRules = []rule{
-	{"live-spec-change", checkLiveSpecChange},
-	{"foreign-hash-refused", checkForeignHash},
-}
-
-func init() { allRules = append(allRules, trustRules...) }
-
 // checkLiveSpecChange: a new Spec on a bucket that holds state takes effect
 // on the next call without resetting it (README, "Changing a Spec on a live
 // bucket"): a raised burst grants no instant tokens, a lowered burst caps

@@ -79,16 +79,16 @@ func checkDeclaredKeys(ctx context.Context, e *env) error {
 		return err
 	}
 	// others returns every key of the node outside the suite's base, with
-	// its DUMP, on a quiet server.
-	others := func() (map[string]string, error) {
-		if !e.quiet() {
+	// its snapshot, on a server that is the suite's alone.
+	others := func() (map[string]snapshot, error) {
+		if !e.owned {
 			return nil, nil
 		}
 		keys, err := scanKeys(ctx, n, "*")
 		if err != nil {
 			return nil, err
 		}
-		m := map[string]string{}
+		m := map[string]snapshot{}
 		for _, k := range keys {
 			if strings.HasPrefix(k, e.base) {
 				continue
@@ -96,9 +96,9 @@ func checkDeclaredKeys(ctx context.Context, e *env) error {
 			if len(m) == 10_000 {
 				return nil, errors.New("over 10000 keys outside the suite's prefix on a server declared the suite's alone")
 			}
-			v, err := n.Do(ctx, n.B().Dump().Key(k).Build()).ToString()
-			if err != nil && !valkey.IsValkeyNil(err) {
-				return nil, fmt.Errorf("DUMP %q: %w", k, err)
+			v, err := e.snap(ctx, k)
+			if err != nil {
+				return nil, err
 			}
 			m[k] = v
 		}
@@ -212,11 +212,11 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 			return fmt.Errorf("%s: %d decisions sent %d commands (other than EVALSHA: %v), want %d EVALSHA", path.name, calls, len(sent), names, calls)
 		}
 		if e.quiet() {
-			if n := s1["evalsha"].calls - s0["evalsha"].calls; n != calls {
+			if n := s1["evalsha"].Calls - s0["evalsha"].Calls; n != calls {
 				return fmt.Errorf("%s: server counted %d EVALSHA for %d decisions", path.name, n, calls)
 			}
 			for _, cmd := range []string{"eval", "script|load", "script"} {
-				if n := s1[cmd].calls - s0[cmd].calls; n != 0 {
+				if n := s1[cmd].Calls - s0[cmd].Calls; n != 0 {
 					return fmt.Errorf("%s: server counted %d %s, want 0", path.name, n, cmd)
 				}
 			}
@@ -264,7 +264,7 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 			if err != nil {
 				return err
 			}
-			stats[i] = map[string]int64{"evalsha": s["evalsha"].calls, "evalsha failed": s["evalsha"].failed, "eval": s["eval"].calls, "eval failed": s["eval"].failed}
+			stats[i] = map[string]int64{"evalsha": s["evalsha"].Calls, "evalsha failed": s["evalsha"].Failed, "eval": s["eval"].Calls, "eval failed": s["eval"].Failed}
 		}
 		if i == 2 {
 			break

@@ -21,7 +21,6 @@
 package testserver
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -39,6 +38,8 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/admitkit/admit/internal/serverinfo"
 )
 
 // Help says how to provide a server.
@@ -337,19 +338,6 @@ func serverVersionTLS(addr string, tlsConfig *tls.Config) (string, error) {
 	return "redis " + fields["redis_version"], nil
 }
 
-// InfoFields parses the "name:value" lines of an INFO reply.
-func InfoFields(info string) map[string]string {
-	info = strings.TrimPrefix(info, "txt:") // a RESP3 verbatim string, as CLUSTER INFO sends
-	m := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok && !strings.HasPrefix(k, "#") {
-			m[k] = v
-		}
-	}
-	return m
-}
-
 // NewClient returns a client for srv, closed at the end of the test.
 func NewClient(tb testing.TB, srv *Server) valkey.Client {
 	tb.Helper()
@@ -362,12 +350,15 @@ func NewClient(tb testing.TB, srv *Server) valkey.Client {
 }
 
 // CmdStat is one command's line of INFO commandstats.
-type CmdStat struct{ Calls, Usec, Failed, Rejected int64 }
+type CmdStat = serverinfo.CmdStat
+
+// InfoFields parses the "name:value" lines of an INFO reply.
+func InfoFields(info string) map[string]string { return serverinfo.Fields(info) }
 
 // CommandStats returns INFO commandstats by lower-case command name
 // ("evalsha", "eval", "ping", ...). On Valkey 8 and Redis 7 the counters
 // are per node, so read them from the node that served the calls.
-func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
+func CommandStats(tb testing.TB, c valkey.Client) serverinfo.Stats {
 	tb.Helper()
 	stats, err := ReadCommandStats(context.Background(), c)
 	if err != nil {
@@ -378,35 +369,8 @@ func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 
 // ReadCommandStats is CommandStats for callers that report errors
 // themselves.
-func ReadCommandStats(ctx context.Context, c valkey.Client) (map[string]CmdStat, error) {
-	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-	if err != nil {
-		return nil, fmt.Errorf("INFO commandstats: %w", err)
-	}
-	stats := map[string]CmdStat{}
-	for k, v := range InfoFields(info) {
-		name, ok := strings.CutPrefix(k, "cmdstat_")
-		if !ok {
-			continue
-		}
-		var s CmdStat
-		for kv := range strings.SplitSeq(v, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(val, 10, 64)
-			switch key {
-			case "calls":
-				s.Calls = n
-			case "usec":
-				s.Usec = n
-			case "failed_calls":
-				s.Failed = n
-			case "rejected_calls":
-				s.Rejected = n
-			}
-		}
-		stats[name] = s
-	}
-	return stats, nil
+func ReadCommandStats(ctx context.Context, c valkey.Client) (serverinfo.Stats, error) {
+	return serverinfo.CommandStats(ctx, c)
 }
 
 // Prefix returns a key prefix unique to this test, with a hash tag so
@@ -421,25 +385,7 @@ func Prefix(tb testing.TB, c valkey.Client) string {
 
 // DeleteWithPrefix deletes every key that starts with prefix, on every
 // node of c, and nothing else. prefix must hold no glob characters.
-func DeleteWithPrefix(c valkey.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, node := range c.Nodes() {
-		var cursor uint64
-		for range 10000 {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
-			if err != nil {
-				break
-			}
-			for _, k := range e.Elements {
-				node.Do(ctx, node.B().Del().Key(k).Build())
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
-			}
-		}
-	}
-}
+func DeleteWithPrefix(c valkey.Client, prefix string) { serverinfo.DeleteWithPrefix(c, prefix) }
 
 // StopShared stops the shared server and cluster, if this test binary
 // started them.

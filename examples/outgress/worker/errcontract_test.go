@@ -188,8 +188,13 @@ func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 	if a, b := e.tokens(t, std), e.tokens(t, shared); a != "8" || b != "18" {
 		t.Errorf("%s and %s tokens, want 8 and 18: charged exactly once (7 and 17 would be twice)", a, b)
 	}
-	rec, err := e.raw.Do(testenv.Ctx(t), e.raw.B().Get().Key(std+":once:"+DecisionID(m)).Build()).ToString()
-	if err != nil || rec != "0 0 8 18" {
+	record, err := admit.OnceRecordKey(std, DecisionID(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record holds "<reply>|<request>" (README, AllowOrderedOnce).
+	rec, err := e.raw.Do(testenv.Ctx(t), e.raw.B().Get().Key(record).Build()).ToString()
+	if reply, _, _ := strings.Cut(rec, "|"); err != nil || reply != "0 0 8 18" {
 		t.Errorf("record %q, %v; want the first call's reply \"0 0 8 18\" under the message's id", rec, err)
 	}
 	notExecuted, unknown := e.metrics.LimiterFailures(limits.LaneStandard)
