@@ -1,7 +1,8 @@
 package admit_test
 
-// The stateful property test: seeded random sequences of every call
-// (AllowOrdered, AllowOrderedOnce with new and repeated ids, Peek, Refund,
+// The stateful property test (issue 18 item 2): seeded random sequences
+// of every call (AllowOrdered, AllowOrderedOnce with new and repeated ids,
+// Peek, Refund,
 // reserve-then-settle, Wait, a Limiter WithDenialCache beside a plain one,
 // lost replies and retries, ids reused for other requests, foreign values
 // at admit's keys, invalid requests) and clock steps, run against a server
@@ -16,7 +17,8 @@ package admit_test
 //     expiry, and no other key;
 //   - every key has an expiry;
 //   - every error has one class, and one classed ErrNotExecuted changed
-//     nothing (every key's value and expiry as before);
+//     nothing (every key's value and expiry as before), but for Wait's,
+//     which means that no token stays taken (ErrNotExecuted's doc);
 //   - a call the denial cache answered without the server keeps the
 //     cache's promise (model.Cache);
 //   - per bucket, the tokens charged minus those refunded never exceed
