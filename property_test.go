@@ -2,12 +2,12 @@ package admit_test
 
 // The stateful property test (issue 18 item 2): seeded random sequences
 // of every call (AllowOrdered, AllowOrderedOnce with new and repeated ids,
-// Peek, Refund,
-// reserve-then-settle, Wait, a Limiter WithDenialCache beside a plain one,
-// lost replies and retries, ids reused for other requests, foreign values
-// at admit's keys, invalid requests) and clock steps, run against a server
-// and against the model (internal/model), with hostile keys and ids:
-// braces, the once-record separator, binary bytes, lengths at the bounds.
+// Peek, Refund, reserve-then-settle, Wait, a Limiter WithDenialCache beside
+// a plain one, lost replies and retries, ids reused for other requests,
+// foreign values at admit's keys, invalid requests) and clock steps, run
+// against a server and against the model (internal/model), with hostile
+// keys and ids: braces, the once-record separator, binary bytes, lengths at
+// the bounds.
 //
 // After every call it checks:
 //   - the Decision (Denied, RetryAfter, Remaining, Allowed, Replayed) or
