@@ -16,10 +16,12 @@ import (
 //
 // Two calls use ErrNotExecuted in a sense of their own, which their errors'
 // text states: [Limiter.Peek], which writes nothing, classes every failure
-// ErrNotExecuted, lost replies included; and [Limiter.Wait], after attempts
-// the second bucket refused, gives up with ErrNotExecuted meaning that no
-// token stays taken (each charge of the first bucket was refunded, capped
-// at its burst), though that bucket's key was written.
+// ErrNotExecuted, lost replies included; and [Limiter.Wait], which gives
+// up with ErrNotExecuted meaning that no token stays taken: its attempts
+// ran, as denials (which may lengthen a bucket's expiry, or store a ts
+// pulled back after a server clock step), and each charge of the first
+// bucket that the second bucket's refusal left was refunded, capped at its
+// burst, which wrote that bucket's key.
 //
 // A denial is a [Decision], never an error.
 var (

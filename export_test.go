@@ -20,6 +20,16 @@ func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 // user, without the key pattern.
 const LeastPrivilegeACL = leastPrivilege
 
+// OnceKey is onceKey: the name of the record of (key, id), or the refusal
+// of the pair.
+var OnceKey = onceKey
+
+// KeySlot is keySlot: a key's cluster hash slot.
+var KeySlot = keySlot
+
+// RaceEnabled reports whether the tests run under the race detector.
+const RaceEnabled = raceEnabled
+
 // newLimiter returns a Limiter that runs script for every mode, peek
 // included (through EVALSHA, not EVALSHA_RO).
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {

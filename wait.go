@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -94,10 +95,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 			// ordered transitions): give the first its Cost back, so that
 			// only the admitted attempt costs anything.
 			if err := l.Refund(ctx, first, nil); err != nil {
-				return d, &callError{
-					msg:   "admit: Wait: the second bucket refused and the first bucket's charge could not be refunded, so it may stay charged",
-					class: ErrOutcomeUnknown, cause: err,
-				}
+				return d, refundFailed(err)
 			}
 			refunds++
 		}
@@ -313,4 +311,28 @@ func (w *waitLines) len() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.lines)
+}
+
+// refundFailed is Wait's error when the refund of an attempt the second
+// bucket refused failed: the attempt charged the first bucket, so a token
+// was taken, and ErrOutcomeUnknown is the class, with the refund's own
+// cause (a context or transport error) but not its class: a refund that
+// did not run (its context ended first, say) leaves the charge for
+// certain, which is no proof that nothing ran.
+func refundFailed(err error) error {
+	msg := "admit: Wait: the second bucket refused after the first bucket was charged its Cost, and the refund of that charge "
+	cause := err
+	var ce *callError
+	if errors.As(err, &ce) {
+		cause = ce.cause
+	}
+	if errors.Is(err, ErrNotExecuted) {
+		msg += "did not run, so the first bucket stays charged: " + err.Error()
+	} else {
+		msg += "may not have run, so the first bucket may stay charged: " + err.Error()
+	}
+	if ce != nil && ce.cause != nil { // the cause is in the chain: say it once
+		msg = strings.TrimSuffix(msg, ": "+ce.cause.Error())
+	}
+	return &callError{msg: msg, class: ErrOutcomeUnknown, cause: cause}
 }

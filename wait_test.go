@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -479,5 +480,47 @@ func TestWaitQueued(t *testing.T) {
 	})
 	if n := e.l.waits.len(); n != 0 {
 		t.Errorf("%d lines left after every Wait returned, want 0", n)
+	}
+}
+
+// cancelAfterFirstScript cancels a context once the first script's reply
+// is back: the refund that follows is then refused before sending.
+type cancelAfterFirstScript struct {
+	valkey.Client
+	cancel context.CancelFunc
+	n      atomic.Int32
+}
+
+func (c *cancelAfterFirstScript) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	r := c.Client.Do(ctx, cmd)
+	if c.n.Add(1) == 1 {
+		c.cancel()
+	}
+	return r
+}
+
+// TestWaitRefundNotRunIsOutcomeUnknown: when the refund of an attempt the
+// second bucket refused does not run (the context ended after the
+// attempt), the first bucket stays charged: Wait's error is outcome
+// unknown and only that, never also not executed. (Found by the property
+// test: before the fix the error matched both classes.)
+func TestWaitRefundNotRunIsOutcomeUnknown(t *testing.T) {
+	e := newUnitEnv(t)
+	std, shared := Request{Key: "wr:{c}:std", Spec: perSecond3}, Request{Key: "wr:{c}:shared", Spec: MustSpec(Every(time.Hour), 1)}
+	if d := e.allow(t, shared, nil); !d.Allowed() {
+		t.Fatal(d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := newLimiter(&cancelAfterFirstScript{Client: e.c, cancel: cancel}, e.l.script)
+	d, err := l.Wait(ctx, std, &shared)
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotExecuted) || d.Allowed() {
+		t.Fatalf("%v, %v; want ErrOutcomeUnknown alone", d, err)
+	}
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "did not run, so the first bucket stays charged") {
+		t.Errorf("%v; want context.Canceled in the chain and the message to say the charge stays", err)
+	}
+	if tk, _ := e.state(std.Key); tk != "2" {
+		t.Errorf("the first bucket holds %q tokens, want 2 (charged, not refunded)", tk)
 	}
 }

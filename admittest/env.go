@@ -289,9 +289,6 @@ func (e *env) serverTime(ctx context.Context, key string) (int64, error) {
 	return t[0]*1_000_000 + t[1], nil
 }
 
-// cmdStat is one command's line of INFO commandstats.
-type cmdStat struct{ calls, failed int64 }
-
 // stats returns INFO commandstats of the node that holds key, by
 // lower-case command name, on a quiet server; nil otherwise.
 func (e *env) stats(ctx context.Context, key string) (serverinfo.Stats, error) {

@@ -14,13 +14,21 @@
 // shortly before a chunk is due and spins for the rest. Elsewhere it sleeps
 // with time.Sleep while more than a few milliseconds remain and yields in a
 // loop for the rest, which costs more CPU.
+//
+// A Proxy can also lose a reply, the fault a retry-safe call must survive:
+// after LoseReply, the next command that holds a marker reaches the server,
+// and the first bytes the server sends back on that connection are
+// dropped and the connection cut, so the client sees its command fail
+// after the server ran it.
 package delayproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,6 +57,29 @@ type Proxy struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	lose atomic.Pointer[[]byte] // the marker of the command whose reply to lose; nil: none
+	lost atomic.Int64           // replies lost so far
+}
+
+// LoseReply arms the proxy to lose one reply: the next chunk a client
+// sends that contains marker (for a Valkey client, a command name such as
+// "EVALSHA") is forwarded to the server as usual, and the server's next
+// bytes on that connection are dropped instead of delivered, and both
+// sides of the connection closed. The client must send one command at a
+// time on that connection for those bytes to be that command's reply. A
+// second call before the first loss replaces the marker.
+func (p *Proxy) LoseReply(marker []byte) {
+	m := bytes.Clone(marker)
+	p.lose.Store(&m)
+}
+
+// Lost returns the number of replies lost so far.
+func (p *Proxy) Lost() int64 { return p.lost.Load() }
+
+// A link is the state one proxied connection's two directions share.
+type link struct {
+	cut atomic.Bool // the server's next bytes are lost, and the link cut
 }
 
 // Start listens on 127.0.0.1:0 and forwards every connection to target,
@@ -152,8 +183,9 @@ func (p *Proxy) serve(client net.Conn) {
 	}
 	defer p.untrack(client, server)
 	done := make(chan struct{}, 2)
-	go p.forward(server, client, done)
-	go p.forward(client, server, done)
+	l := &link{}
+	go p.forward(server, client, done, l, true)
+	go p.forward(client, server, done, l, false)
 	<-done
 	<-done
 }
@@ -168,21 +200,32 @@ type chunk struct {
 // forward copies src to dst, each chunk delayed by oneWay, and signals done
 // when src has ended and everything read from it has been written (or dst
 // has failed). On src's end of stream it half-closes dst, so a server sees
-// its client's FIN; on any error it closes both sides.
-func (p *Proxy) forward(dst, src net.Conn, done chan<- struct{}) {
+// its client's FIN; on any error it closes both sides. toServer is the
+// client's direction, where LoseReply's marker is looked for; the other
+// direction loses the reply.
+func (p *Proxy) forward(dst, src net.Conn, done chan<- struct{}, l *link, toServer bool) {
 	free := make(chan []byte, buffersPerDirection)
 	for range buffersPerDirection {
 		free <- make([]byte, bufferSize)
 	}
 	queue := make(chan chunk, buffersPerDirection)
 	go func() {
-		release(dst, src, queue, free)
+		var lose *link
+		if !toServer {
+			lose = l
+		}
+		p.release(dst, src, queue, free, lose)
 		done <- struct{}{}
 	}()
 	defer close(queue)
 	for {
 		buf := <-free
 		n, err := src.Read(buf)
+		if n > 0 && toServer {
+			if m := p.lose.Load(); m != nil && bytes.Contains(buf[:n], *m) && p.lose.CompareAndSwap(m, nil) {
+				l.cut.Store(true)
+			}
+		}
 		if n > 0 {
 			// Stamped as soon as the read returns: the chunk left the
 			// sender at about this time.
@@ -198,10 +241,18 @@ func (p *Proxy) forward(dst, src net.Conn, done chan<- struct{}) {
 
 // release writes each queued chunk to dst at its due time. It runs on a
 // thread of its own (see preciseThread) and returns when queue is closed.
-func release(dst, src net.Conn, queue <-chan chunk, free chan<- []byte) {
+// With lose set (the server's direction), a chunk that comes once lose is
+// cut is dropped and the connection closed: a lost reply.
+func (p *Proxy) release(dst, src net.Conn, queue <-chan chunk, free chan<- []byte, lose *link) {
 	defer preciseThread()()
 	var failed bool
 	for c := range queue {
+		if !failed && lose != nil && lose.cut.Load() {
+			p.lost.Add(1)
+			failed = true
+			dst.Close()
+			src.Close()
+		}
 		if !failed {
 			waitUntil(c.due)
 			if _, err := dst.Write(c.buf[:c.n]); err != nil {

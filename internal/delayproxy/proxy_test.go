@@ -323,3 +323,39 @@ func waitIdle(t *testing.T, p *Proxy) {
 	}
 	t.Fatal("proxied connections still open 10s after the client closed")
 }
+
+// TestLoseReply: after LoseReply, the command that holds the marker reaches
+// the server (the echo server answers it), its reply is dropped and the
+// connection cut; commands before it and on a new connection after it are
+// answered as usual.
+func TestLoseReply(t *testing.T) {
+	p := startProxy(t, startEcho(t), 0)
+	c := dial(t, p.Addr())
+	p.LoseReply([]byte("MARK"))
+	if _, err := c.Write([]byte("plain")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := io.ReadFull(c, buf[:5]); err != nil || string(buf[:n]) != "plain" {
+		t.Fatalf("a command without the marker: %q, %v; want its echo", buf[:n], err)
+	}
+	if _, err := c.Write([]byte("x MARK y")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(buf); err == nil {
+		t.Fatalf("the marked command's reply came through: %q", buf[:n])
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the connection stayed open after its reply was lost")
+	}
+	if got := p.Lost(); got != 1 {
+		t.Errorf("Lost() = %d, want 1", got)
+	}
+	c2 := dial(t, p.Addr())
+	if _, err := c2.Write([]byte("MARK again")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.ReadFull(c2, buf[:10]); err != nil || string(buf[:n]) != "MARK again" {
+		t.Errorf("after the loss: %q, %v; want the echo (one reply is lost per LoseReply)", buf[:n], err)
+	}
+}

@@ -1,0 +1,15 @@
+-- The one-bucket floor (issue 22): the commands a one-bucket admission must
+-- run, TIME, HMGET, HSET and PEXPIREAT, with no logic around them: no
+-- argument checked, no field validated, no refill, no decision, no ACL
+-- precheck, a constant reply. BenchmarkScriptSaturation calls it with the
+-- shipped script's keys and arguments (the server parses them alike) and
+-- reports shipped / floor: what the script's logic costs beyond the
+-- commands it cannot do without. It writes whole numbers shaped as the
+-- shipped script writes them (tokens about 2^30, ts in µs, an expiry in
+-- ms), so each command does the same work. Not a rate limiter.
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+redis.call('HSET', KEYS[1], 'tokens', 1073741823, 'ts', now)
+redis.call('PEXPIREAT', KEYS[1], t[1] * 1000 + 1073741824)
+return '0 0 1073741823 -1'
