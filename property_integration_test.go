@@ -122,8 +122,14 @@ func (b *realBackend) clock(ctx context.Context) (int64, error) {
 }
 
 // propDump returns every key with its type, expiry (PEXPIRETIME) and
-// value, in one round trip: a test's server is small.
-var propDump = valkey.NewLuaScript(`
+// value, in one round trip: a test's server is small. Built on first use:
+// valkey-go computes a script's SHA-1 when it builds it, which panics at
+// package init under GODEBUG=fips140=only (TestFIPSOnly's child).
+var propDump = sync.OnceValue(func() *valkey.Lua {
+	return valkey.NewLuaScript(propDumpSource)
+})
+
+const propDumpSource = `
 local out = {}
 for _, k in ipairs(redis.call('KEYS', '*')) do
   local t = redis.call('TYPE', k).ok
@@ -136,7 +142,7 @@ for _, k in ipairs(redis.call('KEYS', '*')) do
   out[#out + 1] = {k, t, redis.call('PEXPIRETIME', k), v}
 end
 return out
-`)
+`
 
 // reap touches every key with EXISTS (commands, not a script, which
 // would leave an expired key in place): the server drops those whose time
@@ -171,7 +177,7 @@ func (b *realBackend) snapshot(ctx context.Context) (propSnap, error) {
 }
 
 func dumpSnapshot(ctx context.Context, c valkey.Client) (propSnap, error) {
-	rows, err := propDump.Exec(ctx, c, nil, nil).ToArray()
+	rows, err := propDump().Exec(ctx, c, nil, nil).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
