@@ -2,6 +2,10 @@
 #                              root and each nested go.mod): go test -race -count=1 ./...
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
 #                              in every module; fails on any finding
+# make integration             the root package's real-server tests alone (files
+#                              *_integration_test.go, the conformance suite, the
+#                              property tests' real tier), with a missing server a
+#                              failure: VALKEY_SERVER=path, or valkey-server on PATH
 #
 # Benchmarks against a real server: see BENCHMARKS.md.
 #
@@ -24,13 +28,17 @@ BENCHSTAT   ?= $(shell command -v benchstat 2>/dev/null || echo go run golang.or
 # between releases. Through the Go toolchain, so a fresh machine needs only Go.
 STATICCHECK ?= go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test lint bench benchstat
+.PHONY: test lint integration bench benchstat
 
 # Every module: a nested go.mod is outside the root module's ./...
 MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 
 test:
 	@set -e; for m in $(MODULES); do echo "== go test -race -count=1 ./... in $$m"; (cd $$m && go test -race -count=1 ./...); done
+
+# Real-server tests are named TestIntegration* or TestConformance*, one switch.
+integration:
+	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/
 
 lint:
 	@echo "== gofmt -l"; out=$$(gofmt -l $$(git ls-files '*.go')); \

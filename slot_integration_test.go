@@ -9,10 +9,10 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// TestKeySlotMatchesServer: keySlot agrees with the server's CLUSTER
+// TestIntegrationKeySlotMatchesServer: keySlot agrees with the server's CLUSTER
 // KEYSLOT on thousands of keys, hash tags and odd bytes included, on a
 // cluster-enabled server the test starts.
-func TestKeySlotMatchesServer(t *testing.T) {
+func TestIntegrationKeySlotMatchesServer(t *testing.T) {
 	srv := testserver.Own(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
