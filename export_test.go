@@ -35,3 +35,10 @@ const RaceEnabled = raceEnabled
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
 	return &Limiter{client: client, script: script, peek: script}
 }
+
+// len is the number of Wait lines a Limiter holds.
+func (w *waitLines) len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lines)
+}

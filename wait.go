@@ -306,13 +306,6 @@ func (w *waitLines) forget(line *waitLine) {
 	line.denial = lineDenial{}
 }
 
-// len is the number of lines, for tests.
-func (w *waitLines) len() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.lines)
-}
-
 // refundFailed is Wait's error when the refund of an attempt the second
 // bucket refused failed: the attempt charged the first bucket, so a token
 // was taken, and ErrOutcomeUnknown is the class, with the refund's own
@@ -321,10 +314,10 @@ func (w *waitLines) len() int {
 // certain, which is no proof that nothing ran.
 func refundFailed(err error) error {
 	msg := "admit: Wait: the second bucket refused after the first bucket was charged its Cost, and the refund of that charge "
-	cause := err
+	cause, reason := err, error(nil)
 	var ce *callError
 	if errors.As(err, &ce) {
-		cause = ce.cause
+		cause, reason = ce.cause, ce.reason
 	}
 	if errors.Is(err, ErrNotExecuted) {
 		msg += "did not run, so the first bucket stays charged: " + err.Error()
@@ -334,5 +327,5 @@ func refundFailed(err error) error {
 	if ce != nil && ce.cause != nil { // the cause is in the chain: say it once
 		msg = strings.TrimSuffix(msg, ": "+ce.cause.Error())
 	}
-	return &callError{msg: msg, class: ErrOutcomeUnknown, cause: cause}
+	return &callError{msg: msg, reason: reason, class: ErrOutcomeUnknown, cause: cause}
 }
