@@ -580,6 +580,9 @@ type propRun struct {
 	maxStates int                      // the most states of the model at once
 	lost      *propLost                // the last call, if its reply was lost
 	learnt    int                      // clocks of lost calls learnt from a replay
+	// Keys whose time came while the clock was being stepped back, which
+	// the server had kept or dropped (stepBack).
+	keptLate, droppedLate int
 }
 
 // propExec runs ops on b and returns the first broken property, or nil.
@@ -604,8 +607,8 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFail
 		}
 		r.maxStates = max(r.maxStates, len(r.ms))
 	}
-	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays",
-		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt)
+	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays; %d keys kept and %d dropped whose time came during a step back",
+		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt, r.keptLate, r.droppedLate)
 	return nil
 }
 
@@ -644,24 +647,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 			d = max(r.lastRetry-time.Microsecond, 0)
 		}
 		if d < 0 && !r.b.exact() {
-			// Before the clock steps back, every key whose time has come
-			// must be gone, as the model has it: a real server drops an
-			// expired key when a command touches it (or its expiry cycle
-			// samples it), and after the step back one it left would live.
-			if err := r.awayFromExpiries(ctx); err != nil {
-				return r.fail("error", "%v", err)
-			}
-			if err := r.b.reap(ctx); err != nil {
-				return r.fail("error", "%v", err)
-			}
-			now, err := r.b.clock(ctx)
-			if err != nil {
-				return r.fail("error", "read the clock: %v", err)
-			}
-			for _, m := range r.ms {
-				m.SetNow(now)
-			}
-			r.observe(now)
+			return r.stepBack(ctx, d)
 		}
 		if err := r.b.advance(ctx, d); err != nil {
 			return r.fail("error", "advance the clock: %v", err)
@@ -1494,6 +1480,75 @@ func (r *propRun) unchanged(before, after propSnap) bool {
 		}
 	}
 	return true
+}
+
+// stepBack steps a real server's clock back by -d (d < 0). A server
+// drops an expired key only when a command touches it (or its expiry
+// cycle samples it), and after the step back a key it left would live
+// again; so every key whose time has come goes first: the harness reads
+// the clock (t0), then touches every key (reap). A key gone at t0 is gone
+// from the server after the reap, and the model drops it (SetNow(t0)).
+// The server's clock runs on until the step, to at most t1 - d, t1 read
+// after it; a key whose time came after t0 and by then was dropped or not
+// as the server's touches and its expiry cycle fell: the model keeps
+// exactly the keys the server kept (and notes the clock the server
+// reached, from the dropped keys' expiries). Every other key must be as
+// the model has it, which the next call checks.
+func (r *propRun) stepBack(ctx context.Context, d time.Duration) *propFailure {
+	t0, err := r.b.clock(ctx)
+	if err != nil {
+		return r.fail("error", "read the clock: %v", err)
+	}
+	if err := r.b.reap(ctx); err != nil {
+		return r.fail("error", "%v", err)
+	}
+	for _, m := range r.ms {
+		m.SetNow(t0)
+	}
+	r.observe(t0)
+	if err := r.b.advance(ctx, d); err != nil {
+		return r.fail("error", "advance the clock: %v", err)
+	}
+	t1, err := r.b.clock(ctx)
+	if err != nil {
+		return r.fail("error", "read the clock: %v", err)
+	}
+	s, err := r.b.snapshot(ctx)
+	if err != nil {
+		return r.fail("error", "snapshot: %v", err)
+	}
+	reached := t0
+	for _, m := range r.ms {
+		late := m.Clone()
+		late.SetNow(t1 - d.Microseconds())
+		drop := func(key string, at int64) bool {
+			if _, ok := s[key]; ok {
+				r.keptLate++
+				return false
+			}
+			r.droppedLate++
+			reached = max(reached, (at/1000+1)*1000) // the ms after at: the key was gone
+			return true
+		}
+		for k, b := range m.Buckets {
+			if _, ok := late.Buckets[k]; !ok && drop(k, b.ExpireAt) {
+				delete(m.Buckets, k)
+			}
+		}
+		for rid, rec := range m.Records {
+			name, err := admit.OnceKey(rid.Key, rid.ID)
+			if _, ok := late.Records[rid]; !ok && err == nil && drop(name, rec.ExpireAt) {
+				delete(m.Records, rid)
+			}
+		}
+		for k, at := range m.Foreign {
+			if _, ok := late.Foreign[k]; !ok && drop(k, at) {
+				delete(m.Foreign, k)
+			}
+		}
+	}
+	r.observe(reached)
+	return nil
 }
 
 // observe notes the server's clock read at t: the server time elapsed
