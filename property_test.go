@@ -550,6 +550,9 @@ type propGot struct {
 	err  error
 	sent bool // the cached Limiter sent a script
 	lost bool // the proxy lost the reply
+	// took is the host time the call took: a Wait whose deadline came
+	// before it sent anything took at least its deadline.
+	took time.Duration
 }
 
 // propRun is one run: the backend, the model, and the bookkeeping of the
@@ -961,6 +964,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	local0 := time.Now()
 	got := r.send(ctx, c)
 	local1 := time.Now()
+	got.took = local1.Sub(local0)
 	got.sent = r.b.sentCached() > sent0
 	got.lost = r.b.proxy().Lost() > lost0
 	if errors.Is(got.err, admit.ErrOutcomeUnknown) && !got.lost {
@@ -1056,23 +1060,25 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	r.callT0, r.callT1 = t0, t1
 	if l := r.lost; l != nil && got.err == nil && got.d.Replayed() && got.d.RetryAfter > 0 {
 		// The call before lost its reply, so the clock its script read
-		// was not known; this replay of its decision tells it: RetryAfter
-		// falls by as much as the clock moves on.
+		// was not known; this replay of its decision tells it: the
+		// candidates for the replayed RetryAfter hold the clock it was
+		// made at, and the states there that make exactly the decision
+		// replayed are added.
+		replayed := model.Of(got.d)
+		replayed.Replayed = false
+		var learnt []*model.Server
 		for _, p := range l.pre {
-			m := p.Clone()
-			m.SetNow(l.t0)
-			o, err := expect(m, l.c)
-			if err != nil || o.RetryAfter == 0 {
-				continue
-			}
-			if now := l.t0 + (o.RetryAfter - got.d.RetryAfter).Microseconds(); now > l.t0 && now <= l.t1 {
+			for _, x := range r.candidates(p, l.c, got, l.after, l.t0, l.t1) {
 				m := p.Clone()
-				m.SetNow(now)
-				expect(m, l.c)
-				r.ms = append(r.ms, m)
-				r.learnt++
+				m.SetNow(x)
+				if o, err := expect(m, l.c); err == nil && o == replayed &&
+					!slices.ContainsFunc(learnt, func(o *model.Server) bool { return propSameState(o, m) }) {
+					learnt = append(learnt, m)
+				}
 			}
 		}
+		r.ms = append(r.ms, learnt...)
+		r.learnt += len(learnt)
 	}
 	r.lost = nil
 	pre := r.ms
@@ -1085,7 +1091,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 		r.ms = append(r.ms, m.m)
 	}
 	if c.via == viaLossy && got.lost && !r.b.exact() {
-		r.lost = &propLost{pre: pre, c: c, t0: t0, t1: t1}
+		r.lost = &propLost{pre: pre, c: c, after: after, t0: t0, t1: t1}
 	}
 	want, werr := matches[0].want, matches[0].werr
 	if !r.b.exact() {
@@ -1103,6 +1109,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 type propLost struct {
 	pre    []*model.Server
 	c      propCall
+	after  propSnap // the state after it
 	t0, t1 int64
 }
 
@@ -1183,6 +1190,15 @@ func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64
 				}
 				if o, err := charged.AllowOrdered(c.first, c.second); err == nil && o.Denied == 2 && r.compareState(charged, after) == nil {
 					add(model.Outcome{}, nil, charged)
+					continue
+				}
+			}
+			if c.method == "Wait" && got.d == (admit.Decision{}) && errors.Is(got.err, admit.ErrNotExecuted) &&
+				errors.Is(got.err, context.DeadlineExceeded) && got.took >= c.deadline {
+				// The deadline came before the first attempt was sent (a
+				// loaded machine): nothing ran.
+				if none := m.Clone(); r.compareState(none, after) == nil {
+					add(model.Outcome{}, nil, none)
 					continue
 				}
 			}
@@ -1426,8 +1442,11 @@ func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after pro
 		}
 	}
 	for ms := t0/1000 + 1; ms*1000 <= t1; ms++ {
+		// Either side of a whole ms, and of rounding up to one (an
+		// expiry from max(ts, now) rounded up).
 		add(ms*1000 - 1)
 		add(ms * 1000)
+		add(ms*1000 + 1)
 	}
 	for _, req := range []*admit.Request{&c.first, c.second} {
 		if req == nil {
@@ -1456,11 +1475,16 @@ func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after pro
 			}
 		}
 	}
-	if got.d.RetryAfter > 0 { // Wait's error comes with its denial
-		m := h.Clone()
-		m.SetNow(t0)
-		if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
-			add(t0 + (o.RetryAfter - got.d.RetryAfter).Microseconds())
+	if got.d.RetryAfter > 0 { // a denial (Wait's error comes with its own)
+		// Between two of the clocks above the decision is the same, and
+		// its RetryAfter falls by as much as the clock moves on: the
+		// clock that gives got's RetryAfter is a candidate.
+		for _, x := range slices.Clone(cands) {
+			m := h.Clone()
+			m.SetNow(x)
+			if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
+				add(x + (o.RetryAfter - got.d.RetryAfter).Microseconds())
+			}
 		}
 	}
 	return cands
