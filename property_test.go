@@ -31,8 +31,10 @@ package admit_test
 //
 //	ADMIT_PROPERTY_SEED=n     replay seed n (the seed is logged on every run)
 //	ADMIT_PROPERTY_STEPS=n    operations a run (default: propSteps, or
-//	                          propIntegrationSteps on a real server; a
-//	                          quarter under -race, a tenth with -short)
+//	                          propIntegrationSteps on a real server, which
+//	                          stops when propIntegrationBudget is spent; a
+//	                          quarter under -race, a tenth with -short); n
+//	                          set here runs every operation, whatever the time
 //	ADMIT_PROPERTY_SKIP=a,b   leave these operation kinds out (propKinds), and
 //	                          with "cache", the Limiter WithDenialCache
 //
@@ -91,7 +93,7 @@ var propKinds = []struct {
 // TestProperty is the property test's fast tier: miniredis, whose clock
 // moves only when the test moves it.
 func TestProperty(t *testing.T) {
-	cfg := propConfigFromEnv(t, propScaled(propSteps))
+	cfg := propConfigFromEnv(t, propScaled(propSteps), 0)
 	propCheck(t, cfg, func(tb testing.TB) propBackend { return newMiniBackend(tb) })
 }
 
@@ -99,12 +101,15 @@ func TestProperty(t *testing.T) {
 type propConfig struct {
 	seed  uint64
 	steps int
-	skip  map[string]bool
+	// budget, when not 0, stops a run after that much time, at the
+	// operation it is at; ADMIT_PROPERTY_STEPS lifts it.
+	budget time.Duration
+	skip   map[string]bool
 }
 
-func propConfigFromEnv(tb testing.TB, steps int) propConfig {
+func propConfigFromEnv(tb testing.TB, steps int, budget time.Duration) propConfig {
 	tb.Helper()
-	cfg := propConfig{seed: rand.Uint64(), steps: steps, skip: map[string]bool{}}
+	cfg := propConfig{seed: rand.Uint64(), steps: steps, budget: budget, skip: map[string]bool{}}
 	if s := os.Getenv("ADMIT_PROPERTY_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -117,7 +122,7 @@ func propConfigFromEnv(tb testing.TB, steps int) propConfig {
 		if err != nil || n < 1 {
 			tb.Fatalf("ADMIT_PROPERTY_STEPS=%q: want a positive number", s)
 		}
-		cfg.steps = n
+		cfg.steps, cfg.budget = n, 0
 	}
 	for _, k := range strings.Split(os.Getenv("ADMIT_PROPERTY_SKIP"), ",") {
 		if k = strings.TrimSpace(k); k != "" {
@@ -143,9 +148,16 @@ func propCheck(t *testing.T, cfg propConfig, open func(testing.TB) propBackend) 
 	w := newPropWorld(rng)
 	ops := genPropOps(rng, w, cfg.steps, cfg.skip)
 	start := time.Now()
-	fail := propExec(t, open(t), w, ops)
+	var deadline time.Time
+	if cfg.budget > 0 {
+		deadline = start.Add(cfg.budget)
+	}
+	fail, ran := propExec(t, open(t), w, ops, deadline)
 	if fail == nil {
-		t.Logf("%d operations passed in %v", len(ops), time.Since(start).Round(time.Millisecond))
+		if ran < len(ops) {
+			t.Logf("the time budget (%v) ran out: %d of %d operations ran", cfg.budget, ran, len(ops))
+		}
+		t.Logf("%d operations passed in %v", ran, time.Since(start).Round(time.Millisecond))
 		return
 	}
 	t.Errorf("seed %d, operation %d of %d: %v", cfg.seed, fail.step+1, len(ops), fail)
@@ -167,7 +179,7 @@ func propShrink(t *testing.T, open func(testing.TB) propBackend, w propWorld, op
 		tries++
 		var f *propFailure
 		t.Run("shrink", func(t *testing.T) {
-			f = propExec(t, open(t), w, cand)
+			f, _ = propExec(t, open(t), w, cand, time.Time{})
 		})
 		if f == nil || f.category != fail.category {
 			return nil, false
@@ -588,31 +600,37 @@ type propRun struct {
 	keptLate, droppedLate int
 }
 
-// propExec runs ops on b and returns the first broken property, or nil.
-func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFailure {
+// propExec runs ops on b, until deadline unless it is zero, and returns
+// the first broken property, or nil, and the number of operations run.
+func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp, deadline time.Time) (*propFailure, int) {
 	ctx := context.Background()
 	now, err := b.clock(ctx)
 	if err != nil {
 		tb.Fatalf("read the server clock: %v", err)
 	}
+	ran := len(ops)
 	r := &propRun{
 		b: b, w: w, ms: []*model.Server{model.NewServer(now, b.expiry())}, cache: model.NewCache(), foreign: map[string]string{},
 		clock: now, net: map[string]int64{}, netFrom: map[string]int64{}, charged: map[model.RecordID]int64{},
 	}
 	for i, op := range ops {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			ran = i
+			break
+		}
 		r.step = i
 		if r.history = append(r.history, fmt.Sprintf("%d. %s", i+1, op.describe(w))); len(r.history) > 8 {
 			r.history = r.history[1:]
 		}
 		if f := r.exec(ctx, op); f != nil {
 			f.step, f.history = i, r.history
-			return f
+			return f, i + 1
 		}
 		r.maxStates = max(r.maxStates, len(r.ms))
 	}
 	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays; %d keys kept and %d dropped whose time came during a step back",
 		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt, r.keptLate, r.droppedLate)
-	return nil
+	return nil, ran
 }
 
 func (r *propRun) fail(category, format string, args ...any) *propFailure {
