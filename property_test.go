@@ -1078,29 +1078,33 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	}
 
 	// The server answered: compare with the model at the script's clock.
-	r.callT0, r.callT1 = t0, t1
 	if l := r.lost; l != nil && got.err == nil && got.d.Replayed() && got.d.RetryAfter > 0 {
 		// The call before lost its reply, so the clock its script read
 		// was not known; this replay of its decision tells it: the
 		// candidates for the replayed RetryAfter hold the clock it was
 		// made at, and the states there that make exactly the decision
-		// replayed are added.
+		// replayed, and every key as it was after that call (its record's
+		// expiry taken from the server, as compareState does), are added.
 		replayed := model.Of(got.d)
 		replayed.Replayed = false
+		snapAt := r.snapAt
+		r.callT0, r.callT1, r.snapAt = l.t0, l.t1, l.snapAt
 		var learnt []*model.Server
 		for _, p := range l.pre {
 			for _, x := range r.candidates(p, l.c, got, l.after, l.t0, l.t1) {
 				m := p.Clone()
 				m.SetNow(x)
-				if o, err := expect(m, l.c); err == nil && o == replayed &&
+				if o, err := expect(m, l.c); err == nil && o == replayed && r.compareState(m, l.after) == nil &&
 					!slices.ContainsFunc(learnt, func(o *model.Server) bool { return propSameState(o, m) }) {
 					learnt = append(learnt, m)
 				}
 			}
 		}
+		r.snapAt = snapAt
 		r.ms = append(r.ms, learnt...)
 		r.learnt += len(learnt)
 	}
+	r.callT0, r.callT1 = t0, t1
 	r.lost = nil
 	pre := r.ms
 	matches, diffs := r.expectAt(c, got, after, t0, t1)
@@ -1112,7 +1116,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 		r.ms = append(r.ms, m.m)
 	}
 	if c.via == viaLossy && got.lost && !r.b.exact() {
-		r.lost = &propLost{pre: pre, c: c, after: after, t0: t0, t1: t1}
+		r.lost = &propLost{pre: pre, c: c, after: after, snapAt: r.snapAt, t0: t0, t1: t1}
 	}
 	want, werr := matches[0].want, matches[0].werr
 	if !r.b.exact() {
@@ -1131,6 +1135,7 @@ type propLost struct {
 	pre    []*model.Server
 	c      propCall
 	after  propSnap // the state after it
+	snapAt int64    // the server's clock after that snapshot
 	t0, t1 int64
 }
 
@@ -1146,10 +1151,11 @@ type propMatch struct {
 // at which the model's answer to c is what the server did: the call's
 // outcome (as far as the test saw it) and the whole state. On a server
 // whose clock is exact, t0 = t1 is the model's clock. It returns every
-// distinct state that agrees (at most 64), or the differences at the first
-// clock tried, the first being their category.
+// distinct state that agrees (at most 64), or the differences at the clock
+// that came closest (the fewest), the first being their category.
 func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64) ([]propMatch, []string) {
-	var first []string
+	var first []string // the differences at the clock that came closest
+	tried := 0
 	var matches []propMatch
 	add := func(want model.Outcome, werr error, m *model.Server) {
 		for _, o := range matches {
@@ -1223,10 +1229,14 @@ func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64
 					continue
 				}
 			}
-			if first == nil {
-				first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, the call ran within [%d, %d]; %d state(s) of the model)", now, t0, t1, len(r.ms)))
+			tried++
+			if first == nil || len(diffs) < len(first)-1 {
+				first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, of the clocks tried the one with the fewest differences; the call ran within [%d, %d]; %d state(s) of the model)", now, t0, t1, len(r.ms)))
 			}
 		}
+	}
+	if matches == nil && first != nil {
+		first[len(first)-1] = strings.TrimSuffix(first[len(first)-1], ")") + fmt.Sprintf(", %d clocks tried)", tried)
 	}
 	if matches == nil {
 		return nil, first
