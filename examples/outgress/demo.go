@@ -194,7 +194,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			return nil, err
 		}
 		// Pause events on a dedicated NATS subject, as the plan asks.
-		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, Events: &pause.NATSEvents{Conn: r.events, Subject: "outgress-demo-" + run + ".pause"}})
+		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, NATS: r.events, Subject: "outgress-demo-" + run + ".pause"})
 		if err := met.RegisterPause(name, r.pause); err != nil {
 			return nil, err
 		}

@@ -130,7 +130,7 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 	if f.opEvents, err = nats.Connect(cfg.NATSURL, nats.Name("outgress-rollout-operator")); err != nil {
 		return nil, err
 	}
-	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, Events: &pause.NATSEvents{Conn: f.opEvents, Subject: f.subject}})
+	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, NATS: f.opEvents, Subject: f.subject})
 	if err := f.operator.Start(ctx); err != nil {
 		return nil, err
 	}
