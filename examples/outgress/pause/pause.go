@@ -642,10 +642,16 @@ type NATSEvents struct {
 	Subject string // for example "outgress.pause"
 }
 
-// Publish sends one event and flushes it to the server.
+// Publish sends one event and flushes it to the server, within ctx's
+// deadline, or 5 s when ctx has none.
 func (e *NATSEvents) Publish(ctx context.Context, msg string) error {
 	if err := e.Conn.Publish(e.Subject, []byte(msg)); err != nil {
 		return err
+	}
+	if _, ok := ctx.Deadline(); !ok { // FlushWithContext refuses a context without one
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 	}
 	return e.Conn.FlushWithContext(ctx)
 }
