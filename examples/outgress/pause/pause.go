@@ -154,6 +154,10 @@ type Stats struct {
 	// Subscriptions counts subscriptions confirmed by the server: 1 plus
 	// the resubscriptions.
 	Subscriptions int64
+	// Propagations counts the changes whose propagation was reported to
+	// Config.OnPropagation; PropagatedVersion is the newest such change's
+	// version (0 before any).
+	Propagations, PropagatedVersion int64
 }
 
 // snapshot is immutable once stored; Check reads it with one atomic load.
@@ -189,6 +193,8 @@ type Pause struct {
 	changedKey             string // the writer's wall time of the last change, Unix ms
 	onPropagation          func(time.Duration)
 	measured               atomic.Int64 // the last version whose propagation was measured
+	propagations           atomic.Int64 // reported to onPropagation
+	propagated             atomic.Int64 // the newest version reported to onPropagation
 	every, maxAge, timeout time.Duration
 	elapsed                func() time.Duration
 	now                    func() time.Time
@@ -351,6 +357,7 @@ func (p *Pause) Stats() Stats {
 		EventsApplied: p.applied.Load(), EventsIgnored: p.ignored.Load(), EventsMalformed: p.malformedEvents.Load(),
 		Reconciles: p.reconciles.Load(), ReconcileFailures: p.failures.Load(),
 		ServerBehind: p.behind.Load(), Subscriptions: p.subs.Load(),
+		Propagations: p.propagations.Load(), PropagatedVersion: p.propagated.Load(),
 	}
 	if e := p.lastErr.Load(); e != nil {
 		s.LastReconcileError = *e
@@ -546,6 +553,8 @@ func (p *Pause) measure(version int64, changed valkey.ValkeyMessage) {
 	p.measured.Store(version)
 	if p.snapshotsSinceStart(version) {
 		p.onPropagation(max(cur.applied.Sub(time.UnixMilli(ms)), 0))
+		p.propagations.Add(1)
+		p.propagated.Store(version)
 	}
 }
 

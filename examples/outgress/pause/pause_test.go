@@ -668,4 +668,7 @@ func TestPausePropagationMeasured(t *testing.T) {
 	if n := len(got()); n != 2 {
 		t.Errorf("%d measurements, want 2 (one per change)", n)
 	}
+	if st := reader.Stats(); st.Propagations != 2 || st.PropagatedVersion != 3 {
+		t.Errorf("stats: %d propagations, the newest version %d; want 2 and 3 (version 1 was loaded at start)", st.Propagations, st.PropagatedVersion)
+	}
 }
