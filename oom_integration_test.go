@@ -38,12 +38,19 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 		return out
 	}
 	before := read()
+	// Put back what the server had, whoever's server it is.
+	was, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory", "maxmemory-policy").Build()).AsStrMap()
+	if err != nil || was["maxmemory"] == "" || was["maxmemory-policy"] == "" {
+		t.Fatalf("CONFIG GET maxmemory maxmemory-policy: %v %v", was, err)
+	}
+	restore := func() {
+		c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", was["maxmemory"]).
+			ParameterValue("maxmemory-policy", was["maxmemory-policy"]).Build())
+	}
 	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", "noeviction").ParameterValue("maxmemory", "1").Build()).Error(); err != nil {
 		t.Fatalf("CONFIG SET maxmemory: %v", err)
 	}
-	t.Cleanup(func() {
-		c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build())
-	})
+	t.Cleanup(restore)
 
 	for _, tc := range []struct {
 		name   string
@@ -58,7 +65,7 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 			t.Errorf("%s: err = %v; want the server's OOM refusal", tc.name, err)
 		}
 	}
-	c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build())
+	restore()
 	after := read()
 	for i := range before {
 		if before[i] != after[i] {

@@ -3,6 +3,7 @@ package admit
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -89,6 +90,18 @@ func TestSpecString(t *testing.T) {
 	} {
 		if got := spec.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
+}
+
+// TestNewSpecZeroIntervalNamesTheInterval: Every(0) is how a caller gets an
+// infinite rate, so the error says that the interval was zero, not only
+// that +Inf is not finite.
+func TestNewSpecZeroIntervalNamesTheInterval(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := NewSpec(Every(d), 1)
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "interval between two tokens is zero or negative") {
+			t.Errorf("NewSpec(Every(%v), 1): %v, want ErrInvalidSpec naming the zero interval", d, err)
 		}
 	}
 }
