@@ -9,7 +9,7 @@
 #                       # another baseline: a script taking the shipped arguments
 #   CURRENT=/tmp/variant.lua scripts/script-instructions.sh   # a variant to weigh
 #   SERVER=/opt/admit-servers/bin/valkey-server-9.1.2 scripts/script-instructions.sh
-#                       # a server of ../shared/ci/server-matrix.sh: a shell
+#                       # a server of server-matrix.sh (the CI machine's): a shell
 #                       # wrapper, which valgrind follows into the server
 #   SCOPE=processCommand scripts/script-instructions.sh
 #                       # count only inside this server function (and what
