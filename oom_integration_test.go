@@ -38,19 +38,7 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 		return out
 	}
 	before := read()
-	// Put back what the server had, whoever's server it is.
-	was, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory", "maxmemory-policy").Build()).AsStrMap()
-	if err != nil || was["maxmemory"] == "" || was["maxmemory-policy"] == "" {
-		t.Fatalf("CONFIG GET maxmemory maxmemory-policy: %v %v", was, err)
-	}
-	restore := func() {
-		c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", was["maxmemory"]).
-			ParameterValue("maxmemory-policy", was["maxmemory-policy"]).Build())
-	}
-	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", "noeviction").ParameterValue("maxmemory", "1").Build()).Error(); err != nil {
-		t.Fatalf("CONFIG SET maxmemory: %v", err)
-	}
-	t.Cleanup(restore)
+	restore := overMaxmemory(t, c)
 
 	for _, tc := range []struct {
 		name   string
@@ -112,12 +100,7 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 		return out
 	}
 	before := read()
-	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", "noeviction").ParameterValue("maxmemory", "1").Build()).Error(); err != nil {
-		t.Fatalf("CONFIG SET maxmemory: %v", err)
-	}
-	t.Cleanup(func() {
-		c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build())
-	})
+	restore := overMaxmemory(t, c)
 
 	denied := func(name string, d Decision, err error) {
 		t.Helper()
@@ -138,11 +121,32 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 	if !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || !strings.Contains(err.Error(), "OOM") {
 		t.Errorf("second-bucket denial under OOM: err = %v; want ErrNotExecuted with the server's OOM refusal", err)
 	}
-	c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build())
+	restore()
 	after := read()
 	for i := range before {
 		if before[i] != after[i] {
 			t.Errorf("%s changed under OOM: %s -> %s", keys[i], before[i], after[i])
 		}
 	}
+}
+
+// overMaxmemory puts the server over maxmemory (1 byte, noeviction), so that
+// every write is refused with OOM, and returns a function, also run at the
+// end of the test, that puts back the server's own maxmemory and policy.
+func overMaxmemory(t *testing.T, c valkey.Client) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	was, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory", "maxmemory-policy").Build()).AsStrMap()
+	if err != nil || was["maxmemory"] == "" || was["maxmemory-policy"] == "" {
+		t.Fatalf("CONFIG GET maxmemory maxmemory-policy: %v %v", was, err)
+	}
+	restore = func() {
+		c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", was["maxmemory"]).
+			ParameterValue("maxmemory-policy", was["maxmemory-policy"]).Build())
+	}
+	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", "noeviction").ParameterValue("maxmemory", "1").Build()).Error(); err != nil {
+		t.Fatalf("CONFIG SET maxmemory: %v", err)
+	}
+	t.Cleanup(restore)
+	return restore
 }
