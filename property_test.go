@@ -699,7 +699,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		_, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
 		return f
 	case "settle":
-		// Reserve then settle (README): refund the unused part of a fresh
+		// Reserve then settle (docs/budgets.md): refund the unused part of a fresh
 		// admission, never of a replay.
 		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
 		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {

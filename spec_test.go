@@ -96,6 +96,18 @@ func TestSpecString(t *testing.T) {
 	}
 }
 
+// TestNewSpecZeroIntervalNamesTheInterval: Every(0) is how a caller gets an
+// infinite rate, so the error says that the interval was zero, not only
+// that +Inf is not finite.
+func TestNewSpecZeroIntervalNamesTheInterval(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := NewSpec(Every(d), 1)
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "interval between two tokens is zero or negative") {
+			t.Errorf("NewSpec(Every(%v), 1): %v, want ErrInvalidSpec naming the zero interval", d, err)
+		}
+	}
+}
+
 // TestNeverFasterThanAsked: the rate the server enforces (one token per
 // whole microsecond Interval) is never faster than the rate asked, at most
 // RateTolerance slower, and it is what Limit reports. (Before the fix,

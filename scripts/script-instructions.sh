@@ -8,6 +8,15 @@
 #   BASELINE=testdata/script_5550b58.lua scripts/script-instructions.sh
 #                       # another baseline: a script taking the shipped arguments
 #   CURRENT=/tmp/variant.lua scripts/script-instructions.sh   # a variant to weigh
+#   SERVER=/opt/admit-servers/bin/valkey-server-9.1.2 scripts/script-instructions.sh
+#                       # a server of server-matrix.sh (the CI machine's): a shell
+#                       # wrapper, which valgrind follows into the server
+#   SCOPE=processCommand scripts/script-instructions.sh
+#                       # count only inside this server function (and what
+#                       # it calls): leaves out the server's timers (serverCron
+#                       # at hz 10 runs more often the slower the machine)
+#                       # and the network, whose share of a call varies by a
+#                       # few per cent from run to run; for weighing variants
 #
 # The server runs under valgrind --tool=callgrind on 127.0.0.1 (a free port
 # from 7390 up); valkey-benchmark (or redis-benchmark) sends CALLS EVALSHAs
@@ -25,7 +34,10 @@ CLI=$(command -v valkey-cli || command -v redis-cli)
 port=7390
 while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
 out=$(mktemp -d)
-valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no \
+opts=() # a wrapper script (#!) execs the server: valgrind must follow it
+[ "$(head -c2 "$(command -v "$SERVER")")" = '#!' ] && opts+=(--trace-children=yes)
+[ -n "${SCOPE:-}" ] && opts+=(--toggle-collect="$SCOPE")
+valgrind "${opts[@]}" --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no \
   "$SERVER" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$out"' EXIT
@@ -67,4 +79,4 @@ for p in "${paths[@]}"; do
   done
   awk -v n="$name" -v b="${got[baseline]}" -v c="${got[current]}" 'BEGIN { printf "%-20s %12d %12d %8.3f\n", n, b, c, c / b }'
 done
-echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call less a PING's)"
+echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call less a PING's${SCOPE:+, inside $SCOPE only})"

@@ -10,6 +10,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
 	"os"
@@ -67,7 +68,8 @@ type replica struct {
 	worker   *worker.Worker
 	bus      *bus.Bus   // the current connection
 	buses    []*bus.Bus // every connection it had, for the counters
-	events   *nats.Conn // the pause events' connection (B's bus restarts; this does not)
+	events   *nats.Conn // the pause events' and management requests' connection (B's bus restarts; this does not)
+	mgmt     *mgmt.Server
 }
 
 // startBus connects the replica to the stream and starts its workers on
@@ -87,6 +89,9 @@ func (r *replica) startBus(ctx context.Context, res *demoResult, url string, cfg
 }
 
 func (r *replica) close() {
+	if r.mgmt != nil {
+		r.mgmt.Stop()
+	}
 	if r.bus != nil {
 		r.bus.Close()
 	}
@@ -173,6 +178,15 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	defer publisher.JetStream().DeleteStream(context.Background(), busCfg.Stream)
 
+	// The operator's management requests: SetPaused executed by one
+	// replica of the queue group, status answered from Valkey.
+	mgmtCfg := mgmt.Config{Prefix: "outgress-demo-" + run + ".mgmt"}
+	operator, err := nats.Connect(natsURL, nats.Name("outgress-demo-operator"))
+	if err != nil {
+		return nil, err
+	}
+	defer operator.Close()
+
 	concurrency := 0
 	for _, n := range laneWorkers {
 		concurrency += n
@@ -194,12 +208,15 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			return nil, err
 		}
 		// Pause events on a dedicated NATS subject, as the plan asks.
-		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, Events: &pause.NATSEvents{Conn: r.events, Subject: "outgress-demo-" + run + ".pause"}})
+		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, NATS: r.events, Subject: "outgress-demo-" + run + ".pause"})
 		if err := met.RegisterPause(name, r.pause); err != nil {
 			return nil, err
 		}
 		// Subscribe, then load, before consuming anything.
 		if err := r.pause.Start(ctx); err != nil {
+			return nil, fmt.Errorf("replica %s: %w", name, err)
+		}
+		if r.mgmt, err = mgmt.Serve(r.events, mgmtCfg, name, r.pause); err != nil {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
 		}
 		r.channels = channels.New(r.client, channels.Config{Prefix: prefix})
@@ -237,7 +254,11 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		res.pauseLog = demo.PauseMidRun(ctx, start, cfg.PauseAt, cfg.PauseFor, a.pause, b.pause)
+		set := func(ctx context.Context, paused bool) (int64, string, error) {
+			r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused)
+			return r.Version, r.Replica, err
+		}
+		res.pauseLog = demo.PauseMidRun(ctx, start, cfg.PauseAt, cfg.PauseFor, set, a.pause, b.pause)
 	}()
 	go func() { // replica B's bus restarts: Close, then Connect and Consume again
 		defer wg.Done()
@@ -274,9 +295,10 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	if p := firstErr.Load(); p != nil {
 		res.firstError = *p
 	}
+	res.status, res.statusErr = mgmt.SystemStatus(ctx, operator, mgmtCfg)
 	for _, r := range replicas {
 		snap, _ := r.pause.Snapshot()
-		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(), stats: r.pause.Stats()})
+		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(), stats: r.pause.Stats(), mgmt: r.mgmt.Stats()})
 	}
 	res.helixConns = fake.Conns()
 	res.helixRequests = fake.Requests()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -80,14 +81,32 @@ func checkDemo(t *testing.T, res *demoResult) {
 		t.Fatalf("%d pause changes, want 2", len(res.pauseLog))
 	}
 	for i, ev := range res.pauseLog {
-		if ev.Err != nil || ev.Version != int64(i+1) {
-			t.Errorf("pause change %d: version %d, %v", i, ev.Version, ev.Err)
+		if ev.Err != nil || ev.Version != int64(i+1) || (ev.By != "A" && ev.By != "B") {
+			t.Errorf("pause change %d: version %d executed by %q, %v; want version %d executed by A or B", i, ev.Version, ev.By, ev.Err, i+1)
 		}
 		for r, d := range ev.Seen {
 			if d < 0 {
 				t.Errorf("pause change %d: replica %d never saw it", i, r)
 			}
 		}
+	}
+	// The two set_paused requests: each executed by exactly one replica
+	// (the queue group), as the replies said; the status request answered
+	// once, from Valkey: resumed at version 2.
+	executed, answered := map[string]int64{}, int64(0)
+	for _, r := range res.replicas {
+		executed[r.name] = r.mgmt.SetPaused
+		answered += r.mgmt.Status
+	}
+	by := map[string]int64{}
+	for _, ev := range res.pauseLog {
+		by[ev.By]++
+	}
+	if executed["A"]+executed["B"] != 2 || executed["A"] != by["A"] || executed["B"] != by["B"] {
+		t.Errorf("set_paused executed %v by the replicas' counts, %v by the replies; want 2 in all, the same", executed, by)
+	}
+	if s := res.status; res.statusErr != nil || answered != 1 || s.Paused || s.Version != 2 {
+		t.Errorf("status %+v, %v, answered %d times; want resumed at version 2, answered once", s, res.statusErr, answered)
 	}
 	b := res.bus
 	if res.reported != 0 || b.Errors != 0 {
@@ -106,4 +125,13 @@ func checkDemo(t *testing.T, res *demoResult) {
 	if res.metrics.Status(helix.Status2xx) != b.Acked {
 		t.Errorf("%d 2xx responses for %d acks", res.metrics.Status(helix.Status2xx), b.Acked)
 	}
+}
+
+// TestMain stops the shared test server and the embedded NATS server after
+// the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	testenv.StopNATS()
+	os.Exit(code)
 }

@@ -8,9 +8,18 @@
 //
 // It starts two worker replicas, a fake Helix server and NATS JetStream,
 // pushes a mix of standard and premium chat plus Helix calls through them for
-// a few seconds, pauses and resumes sending mid-run, and prints the Valkey
-// commands each message cost by path, the decisions by lane, the delivery
-// outcomes and the latency of each stage. See README.md.
+// a few seconds, pauses and resumes sending mid-run (a management request
+// that one replica executes), and prints the Valkey commands each message
+// cost by path, the decisions by lane, the delivery outcomes and the latency
+// of each stage. See README.md.
+//
+// Its subcommands run a fleet on a shared Valkey and NATS (VALKEY_ADDR and
+// NATS_URL):
+//
+//	go run . worker -name A -metrics 127.0.0.1:9101   # one replica, until interrupted
+//	go run . publish -rate 300 -for 1m                # the demo's traffic for it
+//	go run . mgmt pause|resume|status                 # a management request, answered by one replica
+//	go run . canary -baseline URL -canary URL         # the rollout's gates over two replicas' /metrics
 package main
 
 import (
@@ -28,8 +37,17 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "canary" {
-		os.Exit(canaryMain(os.Args[2:]))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "canary":
+			os.Exit(canaryMain(os.Args[2:]))
+		case "worker":
+			os.Exit(workerMain(os.Args[2:]))
+		case "mgmt":
+			os.Exit(mgmtMain(os.Args[2:]))
+		case "publish":
+			os.Exit(publishMain(os.Args[2:]))
+		}
 	}
 	cfg := defaultDemo()
 	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")

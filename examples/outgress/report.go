@@ -6,6 +6,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
 
@@ -25,6 +26,7 @@ type replicaReport struct {
 	snap  pause.Snapshot
 	age   time.Duration
 	stats pause.Stats
+	mgmt  mgmt.Stats
 }
 
 // demoResult is everything a run measured.
@@ -37,6 +39,8 @@ type demoResult struct {
 	oldShape       worker.PathTable
 	metrics        *metrics.Metrics
 	pauseLog       []demo.PauseChange
+	status         mgmt.Status // the status request after the run
+	statusErr      error
 	natsWhere      string
 	published      int
 	refused        int          // publishes the stream did not acknowledge
@@ -100,7 +104,8 @@ func (r *demoResult) Print(out io.Writer) {
 		fmt.Fprintf(out, "   which cost %d: the server had the script cached already.\n\n", r.warmupCommands)
 	}
 
-	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by its event on a NATS subject")
+	fmt.Fprintln(out, "2. Pause (the kill switch), set mid-run by an operator's set_paused request: one replica of the queue group")
+	fmt.Fprintln(out, "   executes it, the other learns by its event on a NATS subject")
 	for _, ev := range r.pauseLog {
 		if ev.Err != nil {
 			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Err)
@@ -113,13 +118,13 @@ func (r *demoResult) Print(out io.Writer) {
 				seen = append(seen, name+" not within 2s")
 			} else {
 				how := "NATS event"
-				if i == 0 {
-					how = "the writer"
+				if name == ev.By {
+					how = "executed it"
 				}
 				seen = append(seen, fmt.Sprintf("%s (%s) after %v", name, how, d.Round(10*time.Microsecond)))
 			}
 		}
-		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
+		fmt.Fprintf(out, "   %6v  set_paused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
 	}
 	for _, rep := range r.replicas {
 		st := "running"
@@ -128,6 +133,13 @@ func (r *demoResult) Print(out io.Writer) {
 		}
 		fmt.Fprintf(out, "   at the end, %s: %s at version %d, confirmed by Valkey %v ago; %d events applied, %d ignored; %d reconciles, %d failed\n",
 			rep.name, st, rep.snap.Version, rep.age.Round(time.Millisecond), rep.stats.EventsApplied, rep.stats.EventsIgnored, rep.stats.Reconciles, rep.stats.ReconcileFailures)
+		fmt.Fprintf(out, "              it executed %d set_paused requests and answered %d status requests\n", rep.mgmt.SetPaused, rep.mgmt.Status)
+	}
+	if r.statusErr != nil {
+		fmt.Fprintf(out, "   status request after the run failed: %v\n", r.statusErr)
+	} else {
+		s := r.status
+		fmt.Fprintf(out, "   status request after the run, answered by %s from a Valkey lookup (not its snapshot): paused %v at version %d\n", s.Replica, s.Paused, s.Version)
 	}
 	fmt.Fprintln(out)
 

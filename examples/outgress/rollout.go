@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -130,7 +131,7 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 	if f.opEvents, err = nats.Connect(cfg.NATSURL, nats.Name("outgress-rollout-operator")); err != nil {
 		return nil, err
 	}
-	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, Events: &pause.NATSEvents{Conn: f.opEvents, Subject: f.subject}})
+	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, NATS: f.opEvents, Subject: f.subject})
 	if err := f.operator.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -288,16 +289,31 @@ type windowConfig struct {
 	Server      canary.Server
 }
 
-// window publishes the demo's mix while canary.Watch observes both replicas,
-// and returns the gates' report.
+// propagationWait is how long a window may go on past its publishing and
+// tail for both replicas to measure its last pause change: each measures a
+// change's propagation at its first reconcile after it, within 1.2 s with
+// the default reconcile interval (2.4 s for the tests' slow canary).
+const propagationWait = 3 * time.Second
+
+// window publishes the demo's mix while canary.WatchUntil observes both
+// replicas, and returns the gates' report. With a pause change (PauseAt),
+// the window goes on until both replicas have measured the propagation of
+// its last change (propagationWait at most), so that the propagation gate
+// judges it.
 func (f *fleet) window(ctx context.Context, wc windowConfig) (*canary.Report, error) {
 	var wg sync.WaitGroup
 	var win *canary.Window
-	var werr error
+	var werr, opErr error
+	var last atomic.Int64 // the version of the window's last pause change
+	measured := func() bool {
+		v := last.Load()
+		return wc.PauseAt <= 0 ||
+			v > 0 && f.baseline.pause.Stats().PropagatedVersion >= v && f.canary.pause.Stats().PropagatedVersion >= v
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		win, werr = canary.Watch(ctx, f.baseline.url, f.canary.url, wc.Duration+wc.Tail, 100*time.Millisecond, wc.Server)
+		win, werr = canary.WatchUntil(ctx, f.baseline.url, f.canary.url, wc.Duration+wc.Tail, 100*time.Millisecond, wc.Server, measured, propagationWait)
 	}()
 	if wc.PauseAt > 0 {
 		wg.Add(1)
@@ -311,13 +327,28 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*canary.Report, er
 			if wc.BeforePause != nil {
 				wc.BeforePause()
 			}
-			f.operator.SetPaused(ctx, true)
-			time.Sleep(100 * time.Millisecond)
-			f.operator.SetPaused(ctx, false)
+			// A change stored but not published (ErrNotPublished) still
+			// reaches the replicas, by their reconcile; another error is
+			// the window's.
+			for _, paused := range []bool{true, false} {
+				v, err := f.operator.SetPaused(ctx, paused)
+				if err != nil && !errors.Is(err, pause.ErrNotPublished) {
+					opErr = fmt.Errorf("the operator's SetPaused(%v): %w", paused, err)
+					return
+				}
+				if paused {
+					time.Sleep(100 * time.Millisecond)
+				} else {
+					last.Store(v)
+				}
+			}
 		}()
 	}
 	demo.Publish(ctx, f.publisher, f.busCfg.Subjects, wc.Rate, wc.Duration, f.cfg.Channels, wc.Seed)
 	wg.Wait()
+	if werr == nil {
+		werr = opErr
+	}
 	if werr != nil {
 		return nil, werr
 	}

@@ -18,8 +18,13 @@ import (
 // TestRolloutDemo runs the rollout on the real server: a baseline with
 // every step off, a canary turning the steps on one by one; every gate
 // passes at every step, and the server's script runs match the workers'.
-// The pre-HTTP latency gates are printed, not asserted: timing belongs to
-// benchmarks (a loaded machine moved a 50-message p99 by four buckets).
+// The latency gates' verdicts (pre-HTTP p95 and p99) are printed, not
+// asserted: timing belongs to benchmarks (a loaded machine moved a
+// 50-message p99 by four buckets); their logic is TestEvaluateEachGateFails'
+// (package canary), on constructed samples. What is asserted is that every
+// latency gate was computed from observations on both sides: pre-HTTP
+// latencies, pause changes (each window waits for both replicas to measure
+// its last one) and snapshot age readings.
 func TestRolloutDemo(t *testing.T) {
 	t.Setenv("VALKEY_ADDR", testserver.Shared(t).Addr)
 	var out strings.Builder
@@ -35,6 +40,12 @@ func TestRolloutDemo(t *testing.T) {
 			if !g.Pass && g.Name != canary.GateP95 && g.Name != canary.GateP99 {
 				t.Errorf("step %d (%s): gate %q failed:\n%s", i+1, res.steps[i], g.Name, out.String())
 				return
+			}
+		}
+		for _, name := range []string{canary.GateP95, canary.GateP99, canary.GatePropagation, canary.GatePauseAge} {
+			if g, ok := rep.Gate(name); !ok || g.BaselineN <= 0 || g.CanaryN <= 0 {
+				t.Errorf("step %d (%s): gate %q computed from %v baseline and %v canary observations; want some on both sides:\n%s",
+					i+1, res.steps[i], name, g.BaselineN, g.CanaryN, out.String())
 			}
 		}
 	}
@@ -130,8 +141,15 @@ func TestCanaryGatesFail(t *testing.T) {
 		if err := f.deploy(f.canary, 0, worker.Config{}); err != nil {
 			t.Fatal(err)
 		}
+		measured := func(rep *canary.Report) {
+			t.Helper()
+			if g, _ := rep.Gate(canary.GatePropagation); g.CanaryN <= 0 {
+				t.Errorf("the propagation gate judged %v canary observations; want the window's changes", g.CanaryN)
+			}
+		}
 		rep := window(t, windowConfig{PauseAt: 100 * time.Millisecond})
 		gate(t, rep, canary.GatePropagation, true) // events arrive: milliseconds
+		measured(rep)
 
 		f.canary.drop.Store(true)
 		defer f.canary.drop.Store(false)
@@ -141,5 +159,6 @@ func TestCanaryGatesFail(t *testing.T) {
 			testenv.WaitFor(func() bool { return f.canary.pause.Stats().Reconciles > n })
 		}})
 		gate(t, rep, canary.GatePropagation, false)
+		measured(rep)
 	})
 }

@@ -143,5 +143,6 @@ func StartClockShifted(tb testing.TB) (*Server, *Clock) {
 	clock.c = NewClient(tb, srv)
 	clock.Set(tb, -time.Hour)
 	clock.Set(tb, 0)
+	tally(tb, "ran")
 	return srv, clock
 }

@@ -171,11 +171,8 @@ func Valkey() (dial func() (valkey.Client, error), where string, stop func(), er
 			return nil, "", nil, err
 		}
 		// miniredis answers CLUSTER SLOTS; without ForceSingleClient
-		// valkey-go would treat it as a cluster. Over RESP3, valkey-go runs a
-		// subscription on the connection it shares with other commands, which
-		// miniredis refuses in subscribed mode; RESP2 gives the subscription
-		// a connection of its own.
-		opt.InitAddress, opt.ForceSingleClient, opt.AlwaysRESP2 = []string{srv.Addr()}, true, true
+		// valkey-go would treat it as a cluster.
+		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
 		where = "in-process miniredis (set VALKEY_ADDR=host:port to use a real Valkey)"
 		stop = srv.Close
 	}

@@ -91,19 +91,24 @@ func isScript(cmd valkey.Completed) bool {
 }
 
 // PauseChange is one SetPaused of PauseMidRun: when (from the start), to
-// what, the version written or the error, and when each replica started
-// acting on it (-1: not within 2 s).
+// what, the replica that executed it, the version written or the error,
+// and when each replica started acting on it (-1: not within 2 s).
 type PauseChange struct {
 	At      time.Duration
 	Paused  bool
+	By      string
 	Version int64
 	Err     error
 	Seen    []time.Duration
 }
 
-// PauseMidRun has the first replica pause sending at at and resume dur
-// later, and records when each replica saw each change.
-func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, replicas ...*pause.Pause) []PauseChange {
+// SetPausedFunc asks the fleet to pause or resume, and returns the version
+// written and the replica that executed the request.
+type SetPausedFunc func(ctx context.Context, paused bool) (version int64, by string, err error)
+
+// PauseMidRun pauses sending with set at at and resumes dur later, and
+// records when each of the replicas saw each change.
+func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, set SetPausedFunc, replicas ...*pause.Pause) []PauseChange {
 	var log []PauseChange
 	for _, step := range []struct {
 		at     time.Duration
@@ -114,9 +119,10 @@ func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, re
 			return log
 		case <-time.After(time.Until(start.Add(step.at))):
 		}
-		// Every replica watches its own snapshot from before the write, so
+		// Every replica watches its own snapshot from before the request, so
 		// each time is when that replica started acting on the change: the
-		// writer once its transaction returned, the others on the event.
+		// one that executed it once its transaction returned, the others on
+		// the event.
 		before := make([]int64, len(replicas))
 		for i, r := range replicas {
 			s, _ := r.Snapshot()
@@ -139,7 +145,7 @@ func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, re
 			}()
 		}
 		ev.At = t0.Sub(start)
-		ev.Version, ev.Err = replicas[0].SetPaused(ctx, step.paused)
+		ev.Version, ev.By, ev.Err = set(ctx, step.paused)
 		wg.Wait()
 		log = append(log, ev)
 	}
