@@ -155,13 +155,16 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	var reported, expired atomic.Int64
 	var firstErr atomic.Pointer[string]
-	var taken atomic.Int64 // first deliveries settled: messages the fleet has taken off the stream once
+	var taken atomic.Int64 // messages with a settled delivery: taken off the stream once
+	var seen sync.Map      // of their stream sequences
 	busCfg := bus.Config{
 		Stream:   "OUTGRESS_DEMO_" + run,
 		Subjects: []string{"outgress-demo-" + run + ".standard", "outgress-demo-" + run + ".premium", "outgress-demo-" + run + ".system"},
 		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
 			met.Delivery(m, o, reason)
-			if m.Attempt == 1 {
+			// Whichever delivery settles first (a first delivery the
+			// client dropped comes back after AckWait).
+			if _, dup := seen.LoadOrStore(m.Seq, true); !dup {
 				taken.Add(1)
 			}
 			if o.Final() {
