@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
@@ -28,12 +29,20 @@ func TestDemo(t *testing.T) {
 				addr = testserver.Shared(t).Addr
 			}
 			t.Setenv("VALKEY_ADDR", addr)
+			// 240 messages, the pause after 80 of them, 80 more published
+			// while every replica is paused, B's restart after 160: by
+			// count, so a loaded machine runs the same mix (slower). The
+			// drain's bound is generous: it ends once every message is
+			// finished, at most 5 s (their lifetime) after the last is
+			// taken, which a loaded machine delays.
 			cfg := demoConfig{
 				Duration: 600 * time.Millisecond, Rate: 400, Channels: 20,
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
-				Drain: 6 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
+				Drain: 30 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
-			res, err := runDemo(testenv.Ctx(t), cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			res, err := runDemo(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,8 +118,12 @@ func checkDemo(t *testing.T, res *demoResult) {
 		t.Errorf("status %+v, %v, answered %d times; want resumed at version 2, answered once", s, res.statusErr, answered)
 	}
 	b := res.bus
-	if res.reported != 0 || b.Errors != 0 {
-		t.Errorf("%d errors reported (first: %s); want none", res.reported, res.firstError)
+	// A call cut short by its message's lifetime (a loaded machine delays
+	// a redelivery that had little of it left) is reported, as it should
+	// be, and is not a fault of the path; any other error is.
+	if res.reported != res.reportedExpired || b.Errors != 0 {
+		t.Errorf("%d errors reported, %d of them the message's lifetime ending during a call, %d redelivered after an error (first other: %s); want none but those",
+			res.reported, res.reportedExpired, b.Errors, res.firstError)
 	}
 	if got := b.Acked + sum(b.Dropped[:]); got != int64(res.published) || res.unfinished != 0 || res.refused != 0 {
 		t.Errorf("acked %d + dropped %d = %d, %d unfinished, %d refused; want the %d published, all finished",
@@ -118,6 +131,9 @@ func checkDemo(t *testing.T, res *demoResult) {
 	}
 	if res.restartErr != nil || b.AckFailures != 0 {
 		t.Errorf("restart: %v; %d unconfirmed acks", res.restartErr, b.AckFailures)
+	}
+	if res.published != 240 || res.pausedMsgs != 80 {
+		t.Errorf("%d messages published, %d of them while paused; want 240 and 80 (the mix is by count)", res.published, res.pausedMsgs)
 	}
 	if b.Nacked[bus.NackPaused] == 0 || b.Dropped[bus.DropMalformed] == 0 {
 		t.Errorf("stats %+v: the mix should include paused and malformed messages", b)

@@ -54,7 +54,8 @@ func main() {
 	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
 	off := flag.String("off", "none", "rollout `steps` switched off in both replicas: none, all, or a comma-separated list of "+
 		"metrics, transport, ordered_script, pause_snapshot, nack_suppression, precomputed (README, \"Rollout steps\")")
-	rollout := flag.Duration("rollout", 1500*time.Millisecond, "publishing time of each rollout step's canary window (0 skips the rollout)")
+	rollout := flag.Duration("rollout", 1500*time.Millisecond, "size of each rollout step's canary window, as publishing time at "+strconv.Itoa(rolloutRate)+
+		" messages/s (a window is that many messages, whatever the time they take; 0 skips the rollout)")
 	flag.Parse()
 	var err error
 	if cfg.Off, err = worker.ParseSteps(*off); err != nil {
@@ -77,13 +78,15 @@ func main() {
 	}
 	fmt.Println()
 	fmt.Println("8. Rollout: a baseline replica with every step off and a canary turning the six steps on one at a time,")
-	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(rolloutRate) + " messages/s for " + rollout.String() + " a step;")
+	messages := int(rollout.Seconds() * rolloutRate)
+	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(messages) + " messages a step (" +
+		rollout.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until each replica has 20 warm ones per lane;")
 	fmt.Println("   the canary program (package canary; `go run . canary` against real replicas) scrapes both /metrics")
 	fmt.Println("   over each window and prints the plan's gates. Caveats: latency here is the embedded stand-ins'")
 	fmt.Println("   (miniredis, a loopback fake Helix), not representative of production; a window is a few hundred")
 	fmt.Println("   messages, so rates carry a slack of three standard errors; on miniredis the server's script runs")
 	fmt.Println("   cannot be read (no INFO commandstats), so the workers' counters are not checked against it.")
-	if _, err := runRollout(ctx, rolloutRate, *rollout, os.Stdout); err != nil {
+	if _, err := runRollout(ctx, rolloutRate, messages, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "outgress: rollout:", err)
 		os.Exit(1)
 	}

@@ -194,41 +194,73 @@ func Watch(ctx context.Context, baselineURL, canaryURL string, window, sampleEve
 // a window that must hold what the replicas measure late (a pause change's
 // propagation is measured at the reconcile after it). done may be nil.
 func WatchUntil(ctx context.Context, baselineURL, canaryURL string, window, sampleEvery time.Duration, srv Server, done func() bool, limit time.Duration) (*Window, error) {
-	w := &Window{ServerScripts: -1}
-	// The server is read before and after each edge's scrapes: calls made
-	// while the replicas are scraped land in one count and not the other,
-	// so the server's figure is a range (ServerScripts to ServerScriptsMax).
-	var reads [4]int64
-	read := func(i int) {
-		if srv == nil {
-			return
-		}
-		n, err := srv.ScriptRuns(ctx)
-		if err != nil {
-			w.ServerNote = err.Error()
-			srv = nil
-			return
-		}
-		reads[i] = n
-	}
-	if srv == nil {
-		w.ServerNote = "no server given"
-	}
-	scrapeBoth := func(b, c *Sample) error {
-		var err error
-		if *b, err = Scrape(ctx, baselineURL); err != nil {
-			return err
-		}
-		*c, err = Scrape(ctx, canaryURL)
-		return err
-	}
-	read(0)
-	if err := scrapeBoth(&w.Baseline.Start, &w.Canary.Start); err != nil {
+	wa, err := Begin(ctx, baselineURL, canaryURL, srv)
+	if err != nil {
 		return nil, err
 	}
-	read(1)
-	start := time.Now()
-	end, last := start.Add(window), start.Add(window+max(limit, 0))
+	return wa.Until(ctx, window, sampleEvery, done, limit)
+}
+
+// A Watching is a window begun: both replicas scraped at its start.
+type Watching struct {
+	w                      *Window
+	baselineURL, canaryURL string
+	srv                    Server
+	reads                  [4]int64 // the server's script runs around the start's and the end's scrapes
+	start                  time.Time
+}
+
+// Begin starts a window: it scrapes both replicas, reading srv (which may
+// be nil) on both sides of the scrapes. What the replicas do from its
+// return on is in the window: a caller that drives the traffic starts it
+// after Begin.
+func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server) (*Watching, error) {
+	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, srv: srv}
+	if srv == nil {
+		wa.w.ServerNote = "no server given"
+	}
+	wa.read(ctx, 0)
+	if err := wa.scrapeBoth(ctx, &wa.w.Baseline.Start, &wa.w.Canary.Start); err != nil {
+		return nil, err
+	}
+	wa.read(ctx, 1)
+	wa.start = time.Now()
+	return wa, nil
+}
+
+// read reads the server's script runs into reads[i]. The server is read
+// before and after each edge's scrapes: calls made while the replicas are
+// scraped land in one count and not the other, so the server's figure is a
+// range (ServerScripts to ServerScriptsMax).
+func (wa *Watching) read(ctx context.Context, i int) {
+	if wa.srv == nil {
+		return
+	}
+	n, err := wa.srv.ScriptRuns(ctx)
+	if err != nil {
+		wa.w.ServerNote = err.Error()
+		wa.srv = nil
+		return
+	}
+	wa.reads[i] = n
+}
+
+func (wa *Watching) scrapeBoth(ctx context.Context, b, c *Sample) error {
+	var err error
+	if *b, err = Scrape(ctx, wa.baselineURL); err != nil {
+		return err
+	}
+	*c, err = Scrape(ctx, wa.canaryURL)
+	return err
+}
+
+// Until ends the window: once window has passed since Begin and done
+// reports true (checked every sampleEvery; nil: at once), or limit after
+// window at the latest, it scrapes both replicas again. Meanwhile it
+// samples their pause snapshot age every sampleEvery. Call it once.
+func (wa *Watching) Until(ctx context.Context, window, sampleEvery time.Duration, done func() bool, limit time.Duration) (*Window, error) {
+	w := wa.w
+	end, last := wa.start.Add(window), wa.start.Add(window+max(limit, 0))
 	for {
 		now := time.Now()
 		if !now.Before(last) || !now.Before(end) && (done == nil || done()) {
@@ -246,21 +278,21 @@ func WatchUntil(ctx context.Context, baselineURL, canaryURL string, window, samp
 		for _, r := range []struct {
 			url string
 			rep *Replica
-		}{{baselineURL, &w.Baseline}, {canaryURL, &w.Canary}} {
+		}{{wa.baselineURL, &w.Baseline}, {wa.canaryURL, &w.Canary}} {
 			if s, err := Scrape(ctx, r.url); err == nil {
 				r.rep.MaxAge = max(r.rep.MaxAge, s.Get(MetricAge))
 				r.rep.AgeSamples++
 			}
 		}
 	}
-	read(2)
-	if err := scrapeBoth(&w.Baseline.End, &w.Canary.End); err != nil {
+	wa.read(ctx, 2)
+	if err := wa.scrapeBoth(ctx, &w.Baseline.End, &w.Canary.End); err != nil {
 		return nil, err
 	}
-	read(3)
-	w.Duration = time.Since(start)
-	if srv != nil {
-		w.ServerScripts, w.ServerScriptsMax = reads[2]-reads[1], reads[3]-reads[0]
+	wa.read(ctx, 3)
+	w.Duration = time.Since(wa.start)
+	if wa.srv != nil {
+		w.ServerScripts, w.ServerScriptsMax = wa.reads[2]-wa.reads[1], wa.reads[3]-wa.reads[0]
 	}
 	for _, r := range []*Replica{&w.Baseline, &w.Canary} {
 		r.MaxAge = max(r.MaxAge, r.End.Get(MetricAge))

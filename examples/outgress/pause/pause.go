@@ -374,12 +374,17 @@ func (p *Pause) Stats() Stats {
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
 //
-// If the version written is not newer than the one this replica holds,
-// Valkey has lost the version key (or a concurrent write overtook this
-// one): no replica would apply it. SetPaused then applies and publishes
-// nothing and returns an error wrapping ErrOvertaken when Valkey's version
-// has moved past this write's since (another writer won the race: the fleet
-// follows it), or ErrVersionBehind when it has not. In that second case the
+// This replica's own reconcile may read the write back between the
+// transaction and the rest of SetPaused (a loaded machine delays the
+// caller): a snapshot of the version written, in the state written,
+// confirmed after the transaction was sent, is this write, and SetPaused
+// goes on to publish it. Otherwise, if the version written is not newer
+// than the one this replica holds, Valkey has lost the version key (or a
+// concurrent write overtook this one): no replica would apply it.
+// SetPaused then applies and publishes nothing and returns an error
+// wrapping ErrOvertaken when Valkey's version has moved past this write's
+// since (another writer won the race: the fleet follows it), or
+// ErrVersionBehind when it has not. In that second case the
 // replicas' reconciles read an older version, which confirms nothing, so
 // the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
 // operator sets the version key above the replicas' (the error names the
@@ -391,6 +396,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 		write = b.Set().Key(p.flagKey).Value("1").Build()
 	}
 	stamp := b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build()
+	sent := p.elapsed()
 	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), stamp, b.Exec().Build())
 	for _, r := range res[:4] {
 		if err := r.Error(); err != nil {
@@ -411,7 +417,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
-	if held, ok := p.confirm(paused, version, true); !ok {
+	if held, ok := p.confirm(paused, version, &sent); !ok {
 		// Either another writer's change overtook this one (Valkey's
 		// version has moved past ours), or Valkey lost the keys (it has not).
 		vals, err := p.c.Do(ctx, b.Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
@@ -531,7 +537,7 @@ func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
 			return fmt.Errorf("outgress: pause version %q is not a counter", s)
 		}
 	}
-	if held, ok := p.confirm(paused, version, false); !ok {
+	if held, ok := p.confirm(paused, version, nil); !ok {
 		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
 	}
 	p.measure(version, vals[2])
@@ -563,15 +569,17 @@ func (p *Pause) measure(version int64, changed valkey.ValkeyMessage) {
 func (p *Pause) snapshotsSinceStart(version int64) bool { return version > p.loaded.Load() }
 
 // confirm applies a state read from (or written to) Valkey just now. A
-// read (newerOnly false) may equal the snapshot's version; a write must
-// exceed it. ok is false when the snapshot already holds a version at
-// least that new (held): the read raced a newer event, or the version key
-// went backwards (data loss). That is counted in ServerBehind and is no
-// confirmation: the snapshot keeps its state and its confirmation time, so
-// a replica whose Valkey lost the version ages into failing closed instead
-// of sending on. (A read that merely raced an event is followed by a
+// read (written nil) may equal the snapshot's version; a write, sent at
+// *written on the Elapsed clock, must exceed it, unless the snapshot holds
+// this very write: the same version and state, confirmed by a read since
+// the write was sent. ok is false when the snapshot already holds a
+// version at least that new (held): the read raced a newer event, or the
+// version key went backwards (data loss). That is counted in ServerBehind
+// and is no confirmation: the snapshot keeps its state and its
+// confirmation time, so a replica whose Valkey lost the version ages into
+// failing closed instead of sending on. (A read that merely raced an event is followed by a
 // current one at the next reconcile.)
-func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64, ok bool) {
+func (p *Pause) confirm(paused bool, version int64, written *time.Duration) (held int64, ok bool) {
 	at, wall := p.elapsed(), p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -587,7 +595,8 @@ func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64,
 			paused, version = pend.paused, pend.version
 		}
 	}
-	if cur != nil && (cur.version > version || newerOnly && cur.version == version) {
+	readBack := cur != nil && written != nil && cur.version == version && cur.paused == paused && cur.confirmed >= *written
+	if cur != nil && (cur.version > version || written != nil && cur.version == version && !readBack) {
 		p.behind.Add(1)
 		return cur.version, false
 	}

@@ -672,3 +672,62 @@ func TestPausePropagationMeasured(t *testing.T) {
 		t.Errorf("stats: %d propagations, the newest version %d; want 2 and 3 (version 1 was loaded at start)", st.Propagations, st.PropagatedVersion)
 	}
 }
+
+// afterExec runs a hook after each DoMulti (SetPaused's MULTI/EXEC) has
+// its replies, before they are returned.
+type afterExec struct {
+	valkey.Client
+	hook func()
+}
+
+func (c *afterExec) DoMulti(ctx context.Context, multi ...valkey.Completed) []valkey.ValkeyResult {
+	res := c.Client.DoMulti(ctx, multi...)
+	if c.hook != nil {
+		c.hook()
+	}
+	return res
+}
+
+// TestPauseWriteReadBackByOwnReconcile: the writer's own reconcile runs
+// between its MULTI/EXEC and the rest of SetPaused, and reads the version
+// just written (on a loaded machine, a reconcile that was due does). The
+// snapshot then holds that version already; it is this write, not a lost
+// version key: SetPaused succeeds, returns the version and publishes the
+// event, so that the other replicas learn it at once.
+func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
+	srv := testserver.Shared(t)
+	raw := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, raw)
+	c := &afterExec{Client: raw}
+	writer := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
+	t.Cleanup(writer.Close)
+	if err := writer.Start(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	events := countSubject(t, prefix)
+	c.hook = func() {
+		if err := writer.reconcile(testenv.Ctx(t)); err != nil {
+			t.Errorf("the interleaved reconcile: %v", err)
+		}
+	}
+	for i, paused := range []bool{true, false} {
+		v, err := writer.SetPaused(testenv.Ctx(t), paused)
+		if err != nil || v != int64(i+1) {
+			t.Fatalf("SetPaused(%v) with its write read back first: version %d, %v; want version %d, nil", paused, v, err, i+1)
+		}
+		if s := snapshotOf(t, writer); s.Paused != paused || s.Version != v {
+			t.Errorf("writer: %+v, want paused %v at version %d", s, paused, v)
+		}
+		if !testenv.WaitFor(func() bool { s := snapshotOf(t, observer); return s.Version == v && s.Paused == paused }) {
+			t.Errorf("observer: %+v, stats %+v; want paused %v at version %d, by the event", snapshotOf(t, observer), observer.Stats(), paused, v)
+		}
+	}
+	testenv.WaitFor(func() bool { return len(events.got()) >= 2 })
+	if got := events.got(); !slices.Equal(got, []string{"1:1", "0:2"}) {
+		t.Errorf("events published %q, want [1:1 0:2]", got)
+	}
+	if st := writer.Stats(); st.ServerBehind != 0 {
+		t.Errorf("writer stats %+v: its own write counted as behind", st)
+	}
+}
