@@ -30,7 +30,7 @@ func TestIntegrationACL(t *testing.T) {
 	p := "rl:{acl}:"
 	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 5)}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 5)}
 
-	user := func(name, rules string, selectors ...string) *Limiter {
+	client := func(name, rules string, selectors ...string) valkey.Client {
 		t.Helper()
 		args := append(append([]string{name, "reset", "on", ">pw"}, strings.Fields(rules)...), selectors...)
 		if err := admin.Do(ctx, admin.B().AclSetuser().Username(args[0]).Rule(args[1:]...).Build()).Error(); err != nil {
@@ -44,7 +44,11 @@ func TestIntegrationACL(t *testing.T) {
 			t.Fatalf("connect as %s: %v", name, err)
 		}
 		t.Cleanup(c.Close)
-		return New(c)
+		return c
+	}
+	user := func(name, rules string, selectors ...string) *Limiter {
+		t.Helper()
+		return New(client(name, rules, selectors...))
 	}
 
 	good := user("admit", leastPrivilege+" ~"+p+"*")
@@ -107,6 +111,54 @@ func TestIntegrationACL(t *testing.T) {
 			t.Errorf("got %v, %v; want NOPERM naming HSET on bucket 1, not executed", d, err)
 		}
 		if after := keysState(t, admin, std.Key, shared.Key); after != before {
+			t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	// The script writes each bucket in lines of its own, so each bucket's
+	// PEXPIREAT check is proven on its own: a one-bucket admission (bucket
+	// 1's check alone stands between HSET and a key with no expiry), then
+	// PEXPIREAT granted on bucket 1's key only, for an admission (bucket 2
+	// STORE) and for a second-bucket denial (bucket 2 KEEP).
+	t.Run("no pexpireat, one bucket", func(t *testing.T) {
+		l := user("no-pexpireat-one", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*")
+		before := keysState(t, admin, std.Key)
+		d, err := l.AllowOrdered(ctx, std, nil)
+		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 1") || d.Allowed() {
+			t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT on bucket 1, not executed", d, err)
+		}
+		if after := keysState(t, admin, std.Key); after != before {
+			t.Errorf("the bucket changed:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	stdOnly := user("pexpireat-std-only", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*", "(+pexpireat ~"+std.Key+")")
+	drained2 := Request{Key: p + "drained2", Spec: MustSpec(Every(time.Hour), 1)}
+	if d, err := good.AllowOrdered(ctx, drained2, nil); err != nil || !d.Allowed() {
+		t.Fatalf("drain: %v, %v", d, err)
+	}
+	for _, second := range []Request{shared, drained2} {
+		t.Run("pexpireat on the standard bucket only, second bucket "+strings.TrimPrefix(second.Key, p), func(t *testing.T) {
+			before := keysState(t, admin, std.Key, second.Key)
+			d, err := stdOnly.AllowOrdered(ctx, std, &second)
+			if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 2") || d.Allowed() {
+				t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT on bucket 2, not executed", d, err)
+			}
+			if after := keysState(t, admin, std.Key, second.Key); after != before {
+				t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+	// Bucket 2's HSET is the first write only in a refund whose bucket 1
+	// has no key (it is full already: nothing to write): the refusal of
+	// that first write, run under pcall, must name HSET on bucket 2.
+	t.Run("hset on the standard bucket only, refund of an absent first bucket", func(t *testing.T) {
+		c := client("hset-std-only-refund", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+p+"absent)")
+		keys := []string{p + "absent", shared.Key}
+		before := keysState(t, admin, keys...)
+		err := valkey.NewLuaScript(scriptSource).Exec(ctx, c, keys, append(takeArgs(std.Spec, shared.Spec), modeRefund)).Error()
+		if err == nil || !strings.Contains(err.Error(), "NOPERM admit: the ACL user may not run HSET on bucket 2") {
+			t.Errorf("got %v; want NOPERM naming HSET on bucket 2", err)
+		}
+		if after := keysState(t, admin, keys...); after != before {
 			t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, after)
 		}
 	})

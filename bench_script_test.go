@@ -3,10 +3,10 @@ package admit
 import (
 	"context"
 	_ "embed"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit/internal/mutate"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -63,9 +63,9 @@ func BenchmarkScriptServerCost(b *testing.B) {
 	// The baseline takes 3 arguments a bucket (the third the expiry); the
 	// current script 3 a bucket too (the third the cost), and no mode for
 	// a take.
-	noACL := strings.Replace(scriptSource, "local acl = redis.acl_check_cmd\n", "local acl = false\n", 1)
-	if noACL == scriptSource {
-		b.Fatal("the ACL pre-check is not where the benchmark expects it")
+	noACL, err := mutate.Apply(scriptSource, "--", mutate.Edit{At: "acl", Old: "redis.acl_check_cmd", New: "false"})
+	if err != nil {
+		b.Fatalf("the ACL pre-check is not where the benchmark expects it: %v", err)
 	}
 	type variant struct {
 		name, src string

@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,25 +112,36 @@ func TestIntegrationDenialWritesNothing(t *testing.T) {
 // TestIntegrationDenialKeepsSlowerSpecAlive: a denial writes no fields,
 // but when the Spec was made slower since the last write, it lengthens the
 // key's expiry to the new time to full, so the key cannot expire early and
-// come back as a full bucket.
+// come back as a full bucket; for a bucket alone and for the second bucket
+// of a call (the script writes each bucket in lines of its own).
 func TestIntegrationDenialKeepsSlowerSpecAlive(t *testing.T) {
 	srv := testserver.Shared(t)
 	c := testserver.NewClient(t, srv)
 	l := New(c)
 	ctx := context.Background()
-	r := Request{Key: testserver.Prefix(t, c) + "slower", Spec: MustSpec(Every(time.Second), 2)}
-	for range 2 {
-		if d, err := l.AllowOrdered(ctx, r, nil); err != nil || !d.Allowed() {
-			t.Fatalf("drain: %v, %v", d, err)
+	p := testserver.Prefix(t, c)
+	open := Request{Key: p + "open", Spec: MustSpec(Every(time.Second), 1000)}
+	for _, bucket := range []uint8{1, 2} {
+		allow := func(r Request) (Decision, error) {
+			if bucket == 1 {
+				return l.AllowOrdered(ctx, r, nil)
+			}
+			return l.AllowOrdered(ctx, open, &r)
 		}
-	}
-	r.Spec = MustSpec(Every(time.Hour), 2) // full again only in about 2 h now
-	if d, err := l.AllowOrdered(ctx, r, nil); err != nil || d.Denied != 1 {
-		t.Fatalf("after the change: %v, %v; want denied", d, err)
-	}
-	pttl, err := c.Do(ctx, c.B().Pttl().Key(r.Key).Build()).AsInt64()
-	if want := (2 * time.Hour).Milliseconds(); err != nil || pttl < want-2000 || pttl > want+1 { // +1: rounded up to a ms
-		t.Errorf("PTTL %d ms, %v; want about %d (the new Spec's time to full), not the old 2 s", pttl, err, want)
+		r := Request{Key: fmt.Sprintf("%sslower:%d", p, bucket), Spec: MustSpec(Every(time.Second), 2)}
+		for range 2 {
+			if d, err := allow(r); err != nil || !d.Allowed() {
+				t.Fatalf("bucket %d: drain: %v, %v", bucket, d, err)
+			}
+		}
+		r.Spec = MustSpec(Every(time.Hour), 2) // full again only in about 2 h now
+		if d, err := allow(r); err != nil || d.Denied != bucket {
+			t.Fatalf("bucket %d: after the change: %v, %v; want denied by it", bucket, d, err)
+		}
+		pttl, err := c.Do(ctx, c.B().Pttl().Key(r.Key).Build()).AsInt64()
+		if want := (2 * time.Hour).Milliseconds(); err != nil || pttl < want-2000 || pttl > want+1 { // +1: rounded up to a ms
+			t.Errorf("bucket %d: PTTL %d ms, %v; want about %d (the new Spec's time to full), not the old 2 s", bucket, pttl, err, want)
+		}
 	}
 }
 

@@ -42,19 +42,22 @@ func (m mutant) apply(src string) (string, error) {
 // at is one edit at a marker: see mutate.Edit.
 func at(marker, old, new string) mutate.Edit { return mutate.Edit{At: marker, Old: old, New: new} }
 
+// scriptMutants: a mutant of a line that bucket 2 repeats in lines of its
+// own (marker name with a 2) has a twin, -bucket2, that breaks bucket 2's
+// copy alone, so each copy is proven covered.
 var scriptMutants = []mutant{
 	{name: "second-charged-on-first-denial", // what a pipeline of two scripts does
 		edits: []mutate.Edit{at("deny1", "", "if n == 2 then\n  if tk2 >= 1 then\n    tk2 = tk2 - 1\n  end\n  how2 = STORE\nend")}},
 	{name: "second-refreshed-on-first-denial",
 		edits: []mutate.Edit{at("deny1", "", "if n == 2 then\n  how2 = STORE\nend")}},
 	{name: "first-written-before-second-read", // bucket 1's take is stored before bucket 2's HMGET, which may then fail
-		edits: []mutate.Edit{at("hmget", "local v = ",
-			"if i == 2 and (mode == 't' or mode == 'o') and tk1 >= c1 then\n"+
+		edits: []mutate.Edit{at("hmget2", "v = ",
+			"if mode ~= 'p' and mode ~= 'r' and tk1 >= c1 then\n"+
 				"  redis.call('HSET', keys[1], 'tokens', tk1 - c1, 'ts', ts1)\n"+
 				"  local at, ttl = math.max(ts1, now) / 1000, max1 * per1 / 1000\n"+
 				"  redis.call('PEXPIREAT', keys[1], (at + (-at) % 1) + (ttl + (-ttl) % 1))\n"+
 				"end\n"+
-				"local v = ")}},
+				"v = ")}},
 	{name: "token-taken-on-first-denial", // the denied bucket is stored one token lower; the reply is unchanged
 		edits: []mutate.Edit{at("deny1", "pulled1 and STORE or KEEP", "STORE"), at("deny1-reply", "", "tk1 = tk1 - 1")}},
 	{name: "second-token-taken-on-second-denial",
@@ -62,34 +65,55 @@ var scriptMutants = []mutant{
 	{name: "first-not-charged-on-second-denial", // the reply still says charged
 		edits: []mutate.Edit{at("deny2-charge", "tk1 = tk1 - c1", ""), at("deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
 	{name: "expiry-dropped",
-		edits: []mutate.Edit{at("store-expire", "redis.call('PEXPIREAT', keys[i], at)", "")}},
+		edits: []mutate.Edit{at("store-expire", "redis.call('PEXPIREAT', keys[1], at)", "")}},
+	{name: "expiry-dropped-bucket2",
+		edits: []mutate.Edit{at("store-expire2", "redis.call('PEXPIREAT', keys[2], at)", "")}},
 	{name: "expiry-shorter-than-refill",
 		edits: []mutate.Edit{at("store-at", "(ttl + (-ttl) % 1)", "math.floor((ttl + (-ttl) % 1) / 2)")}},
+	{name: "expiry-shorter-than-refill-bucket2",
+		edits: []mutate.Edit{at("store-at2", "(ttl + (-ttl) % 1)", "math.floor((ttl + (-ttl) % 1) / 2)")}},
 	{name: "expiry-from-now-not-ts", // a clock step back would let the key expire before the bucket refills
-		edits: []mutate.Edit{at("store-later", "if now > ts then\nat = now / 1000\nend", "at = now / 1000")}},
+		edits: []mutate.Edit{at("store-later", "if now > ts1 then\nat = now / 1000\nend", "at = now / 1000")}},
+	{name: "expiry-from-now-not-ts-bucket2",
+		edits: []mutate.Edit{at("store-later2", "if now > ts2 then\nat = now / 1000\nend", "at = now / 1000")}},
 	{name: "denial-rewrites-bucket", // what every denial did before: HSET + PEXPIRE
-		edits: []mutate.Edit{at("write-store", "how == STORE", "how")}},
+		edits: []mutate.Edit{at("write-store", "how1 == STORE", "how1")}},
+	{name: "denial-rewrites-bucket-bucket2",
+		edits: []mutate.Edit{at("write-store2", "how2 == STORE", "how2")}},
 	{name: "denial-expiry-not-lengthened", // a Spec made slower lets a denied key expire early
 		edits: []mutate.Edit{at("keep-expire", "'GT'", "'LT'")}},
+	{name: "denial-expiry-not-lengthened-bucket2",
+		edits: []mutate.Edit{at("keep-expire2", "'GT'", "'LT'")}},
 	{name: "denial-expiry-always-set", // shortens a key's expiry: no GT
 		edits: []mutate.Edit{at("keep-expire", ", 'GT')", ")")}},
+	{name: "denial-expiry-always-set-bucket2",
+		edits: []mutate.Edit{at("keep-expire2", ", 'GT')", ")")}},
 	{name: "le-where-lt-is-meant",
 		edits: []mutate.Edit{at("deny1-test", "<", "<=")}},
 	{name: "field-validation-skipped",
-		edits: []mutate.Edit{
-			at("field-digits", "#tk > 16 or #ts > 16 or not (find(tk, '^%d+$') and find(ts, '^%d+$'))", "false"),
-			at("field-range", "tk >= EXACT or ts >= EXACT", "false"),
-		}},
+		edits: []mutate.Edit{at("field-digits", "#tk1 > 16 or #ts1 > 16 or not (find(tk1, '^%d+$') and find(ts1, '^%d+$'))", "false"), at("field-range", "tk1 >= 2 ^ 53 or ts1 >= 2 ^ 53", "false")}},
+	{name: "field-validation-skipped-bucket2",
+		edits: []mutate.Edit{at("field-digits2", "#tk2 > 16 or #ts2 > 16 or not (find(tk2, '^%d+$') and find(ts2, '^%d+$'))", "false"), at("field-range2", "tk2 >= 2 ^ 53 or ts2 >= 2 ^ 53", "false")}},
 	{name: "wrong-type-read-as-fresh",
-		edits: []mutate.Edit{at("hmget-err", "return refusal(v.err, 'HMGET', i)", "v = {false, false}")}},
+		edits: []mutate.Edit{at("hmget-err", "ecmd, eerr, ei = 'HMGET', v.err, 1\nbreak", "v = {false, false}")}},
+	{name: "wrong-type-read-as-fresh-bucket2",
+		edits: []mutate.Edit{at("hmget-err2", "ecmd, eerr, ei = 'HMGET', v.err, 2\nbreak", "v = {false, false}")}},
 	{name: "timestamp-moves-backwards",
-		edits: []mutate.Edit{at("refill", "if now > ts then", "if now < ts then ts = now end if now > ts then")}},
+		edits: []mutate.Edit{at("refill", "if now > ts1 then", "if now < ts1 then ts1 = now end if now > ts1 then")}},
+	{name: "timestamp-moves-backwards-bucket2",
+		edits: []mutate.Edit{at("refill2", "if now > ts2 then", "if now < ts2 then ts2 = now end if now > ts2 then")}},
 	{name: "refill-drops-remainder",
-		edits: []mutate.Edit{at("refill-partial", "ts + gained * per", "now")}},
+		edits: []mutate.Edit{at("refill-partial", "ts1 + gained * per1", "now")}},
+	{name: "refill-drops-remainder-bucket2",
+		edits: []mutate.Edit{at("refill-partial2", "ts2 + gained * per2", "now")}},
 	{name: "burst-not-capped",
-		edits: []mutate.Edit{at("cap", "if tk > max then\ntk = max\nend", "")}},
+		edits: []mutate.Edit{at("cap", "if tk1 > max1 then\ntk1 = max1\nend", "")}},
+	{name: "burst-not-capped-bucket2",
+		edits: []mutate.Edit{at("cap2", "if tk2 > max2 then\ntk2 = max2\nend", "")}},
 	{name: "fresh-bucket-not-full",
-		edits: []mutate.Edit{at("fresh", "max, now, true", "max - 1, now, true")}},
+		edits: []mutate.Edit{at("fresh", "max1, now, true", "max1 - 1, now, true")}},
+	{name: "fresh-bucket-not-full-bucket2",
+		edits: []mutate.Edit{at("fresh2", "max2, now, true", "max2 - 1, now, true")}},
 	{name: "retry-rounded-down-to-ms",
 		edits: []mutate.Edit{at("deny1-reply", "ts1 + (c1 - tk1) * per1 - now,", "math.floor((ts1 + (c1 - tk1) * per1 - now) / 1000) * 1000,")}},
 	{name: "retry-returned-in-ms",
@@ -103,6 +127,8 @@ var scriptMutants = []mutant{
 		edits: []mutate.Edit{at("both-reply", "tk1, tk2", "tk1 + c1, tk2")}},
 	{name: "foreign-hash-accepted", // a user's hash gains tokens, ts and an expiry
 		edits: []mutate.Edit{at("foreign", "e == 1", "e == 2")}},
+	{name: "foreign-hash-accepted-bucket2",
+		edits: []mutate.Edit{at("foreign2", "e == 1", "e == 2")}},
 	{name: "once-record-written-not-read", // every retry decides again
 		edits: []mutate.Edit{at("record-found", "if r then", "if false then")}},
 	{name: "once-record-read-but-charged", // the retry returns the old Decision and charges again
@@ -122,9 +148,9 @@ var scriptMutants = []mutant{
 	{name: "once-foreign-record-trusted",
 		edits: []mutate.Edit{at("record-shape", "not bar or not find(r, '^[012] %d+ %d+ %-?%d+|%d+ %d+ %d+')", "false")}},
 	{name: "undeclared-key-outside-prefix", // only a count of the node's keys shows it
-		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', 'admit-mutant-stray', ts)")}},
+		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', 'admit-mutant-stray', ts1)")}},
 	{name: "undeclared-key-written",
-		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', keys[i] .. ':last', ts)")}},
+		edits: []mutate.Edit{at("store-expire", "", "redis.call('SET', keys[1] .. ':last', ts1)")}},
 
 	// The Budget API (issue 9).
 	{name: "cost-ignored-on-second-bucket", // a take decides and charges bucket 2 at cost 1
@@ -136,7 +162,7 @@ var scriptMutants = []mutant{
 	{name: "refund-creates-absent-key",
 		edits: []mutate.Edit{at("refund1-how", "not new1 and STORE or nil", "STORE"), at("refund2-how", "not new2 and STORE or nil", "STORE")}},
 	{name: "peek-writes",
-		edits: []mutate.Edit{at("writes", "mode == 'r' then", "mode == 'r' or mode == 'p' then")}},
+		edits: []mutate.Edit{at("writes", "mode ~= 'p'", "true")}},
 	{name: "remaining-off-by-cost",
 		edits: []mutate.Edit{at("both-reply", "tk1, tk2", "tk1, tk2 + c2")}},
 	{name: "remaining-off-by-cost-one-bucket",

@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -117,6 +118,11 @@ var badArgv = func() []argvCase {
 		one("cost "+cost, "1000000", "3", cost)
 	}
 	one("burst x per over 2^50", "1099511627776", "2048", "1")
+	// The same numbers in the second bucket, the first one valid: the
+	// script checks each bucket's numbers in its own lines.
+	for _, c := range slices.Clone(cs) {
+		cs = append(cs, argvCase{"second bucket, " + c.name, []string{"b1", "b2"}, append([]string{"1000000", "3", "1"}, c.args...)})
+	}
 	for _, w := range []string{"abc", "0", "-1", "1.5", "", "nan"} {
 		cs = append(cs, argvCase{"record window " + w, []string{"b1", "rec"}, []string{"1000000", "3", "1", "o", w}})
 	}

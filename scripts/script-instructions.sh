@@ -12,17 +12,23 @@
 #                       # a server of server-matrix.sh (the CI machine's): a shell
 #                       # wrapper, which valgrind follows into the server
 #   SCOPE=processCommand scripts/script-instructions.sh
-#                       # count only inside this server function (and what
-#                       # it calls): leaves out the server's timers (serverCron
-#                       # at hz 10 runs more often the slower the machine)
-#                       # and the network, whose share of a call varies by a
-#                       # few per cent from run to run; for weighing variants
+#                       # count inside another server function (default
+#                       # evalShaCommand); processCommand adds the command's
+#                       # dispatch
 #
 # The server runs under valgrind --tool=callgrind on 127.0.0.1 (a free port
-# from 7390 up); valkey-benchmark (or redis-benchmark) sends CALLS EVALSHAs
-# per script and path on one connection; each figure is the instructions of
-# that run, less those of as many PINGs, divided by CALLS. It needs valgrind
-# (callgrind_control) and about a minute.
+# from 7390 up), counting only inside evalShaCommand (or SCOPE): the script, the
+# commands it runs and the Lua garbage collector's steps, as commandstats'
+# usec for EVALSHA times them (reading the request and writing the reply
+# are left out, and so is the server's cron, whose share grew with the
+# machine's load). valkey-benchmark (or redis-benchmark) sends CALLS
+# EVALSHAs per script and path on one connection; each figure is the
+# instructions of that run divided by CALLS. Each script is loaded alone
+# after SCRIPT FLUSH: the collector's work grows with the Lua heap, so a
+# script measured beside others loaded earlier would pay for them (40
+# more scripts loaded: 2% more instructions a call). Two runs agree within
+# about 1%. It needs valgrind (callgrind_control) and
+# about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SERVER=${SERVER:-valkey-server}
@@ -34,9 +40,10 @@ CLI=$(command -v valkey-cli || command -v redis-cli)
 port=7390
 while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
 out=$(mktemp -d)
-opts=() # a wrapper script (#!) execs the server: valgrind must follow it
+SCOPE=${SCOPE:-evalShaCommand}
+opts=(--toggle-collect="$SCOPE")
+# a wrapper script (#!) execs the server: valgrind must follow it
 [ "$(head -c2 "$(command -v "$SERVER")")" = '#!' ] && opts+=(--trace-children=yes)
-[ -n "${SCOPE:-}" ] && opts+=(--toggle-collect="$SCOPE")
 valgrind "${opts[@]}" --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no \
   "$SERVER" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$out/server.log" 2>&1 &
 server=$!
@@ -47,10 +54,15 @@ for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.2; done
 run() {
   callgrind_control -z $server >/dev/null 2>&1
   "$BENCH" -p $port -c 1 -n "$CALLS" -q "$@" >/dev/null
-  callgrind_control -d $server >/dev/null 2>&1
+  local before
+  before=$(ls "$out" | grep -c '^cg.out.' || true)
+  for _ in $(seq 20); do # a loaded machine may take a while to write the dump
+    callgrind_control -d $server >/dev/null 2>&1 || true
+    [ "$(ls "$out" | grep -c '^cg.out.' || true)" -gt "$before" ] && break
+    sleep 0.5
+  done
   grep -h -E '^(summary|totals):' "$(ls -t "$out"/cg.out.* | head -1)" | head -1 | awk '{print $2}'
 }
-ping=$(run ping)
 open="1 1073741824"     # MaxLimit, burst 2^30: never runs dry
 shut="3600000000 1"     # one per hour, burst 1: denies once drained
 # each path: keys, then the buckets' specs
@@ -65,6 +77,7 @@ for p in "${paths[@]}"; do
       baseline) src=$BASELINE ;; # 0b7bc55: µs per token, burst, expiry (ms)
       current) src=$CURRENT ;;   # µs per token, burst, cost
     esac
+    cli script flush >/dev/null
     sha=$(cli script load "$(cat $src)")
     args=()
     for spec in "$s1" ${s2:+"$s2"}; do
@@ -75,8 +88,8 @@ for p in "${paths[@]}"; do
     cli evalsha "$sha" "$n" "${keys[@]}" "${args[@]}" >/dev/null # drains a shut bucket
     cli evalsha "$sha" "$n" "${keys[@]}" "${args[@]}" >/dev/null
     total=$(run evalsha "$sha" "$n" "${keys[@]}" "${args[@]}")
-    got[$script]=$(((total - ping) / CALLS))
+    got[$script]=$((total / CALLS))
   done
   awk -v n="$name" -v b="${got[baseline]}" -v c="${got[current]}" 'BEGIN { printf "%-20s %12d %12d %8.3f\n", n, b, c, c / b }'
 done
-echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call less a PING's${SCOPE:+, inside $SCOPE only})"
+echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call inside $SCOPE)"
