@@ -1,5 +1,8 @@
-# make test                    the tests of every module of the repository (the
-#                              root and each nested go.mod): go test -race -count=1 ./...
+# make test                    go test -race -count=1 ./... in every module of the
+#                              repository (the root and each nested go.mod; containertest
+#                              only with VALKEY_IMAGE, peerbench, benchmarks only, never),
+#                              every module even if one fails, with a count per module of
+#                              the real-server tests that ran and skipped (scripts/test.sh)
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
 #                              in every module; fails on any finding
 # make integration             the root package's real-server tests alone (files
@@ -34,7 +37,7 @@ STATICCHECK ?= go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 
 test:
-	@set -e; for m in $(MODULES); do echo "== go test -race -count=1 ./... in $$m"; (cd $$m && go test -race -count=1 ./...); done
+	@bash scripts/test.sh
 
 # Real-server tests are named TestIntegration* or TestConformance*, one switch.
 integration:

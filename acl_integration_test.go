@@ -12,7 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// leastPrivilege is the README's least-privilege ACL for admit, without the
+// leastPrivilege is docs/acl.md's least-privilege ACL for admit, without the
 // key pattern.
 const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set"
 
@@ -36,6 +36,9 @@ func TestIntegrationACL(t *testing.T) {
 		if err := admin.Do(ctx, admin.B().AclSetuser().Username(args[0]).Rule(args[1:]...).Build()).Error(); err != nil {
 			t.Fatalf("ACL SETUSER %s %s: %v", name, rules, err)
 		}
+		// Registered before the client's Close, so it runs after it: on a
+		// shared server (VALKEY_ADDR with VALKEY_ALLOW_DESTRUCTIVE=1) no user stays.
+		t.Cleanup(func() { admin.Do(context.Background(), admin.B().AclDeluser().Username(name).Build()) })
 		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: name, Password: "pw", DisableCache: true})
 		if err != nil {
 			t.Fatalf("connect as %s: %v", name, err)

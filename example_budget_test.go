@@ -11,6 +11,11 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
+// exampleNow is the examples' server clock. It stands still (miniredis
+// answers TIME with it), so an example prints the same on every run
+// however slowly the machine runs it.
+var exampleNow = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
 // inProcessClient is a client to an in-process miniredis, for the
 // examples; use a real Valkey in production.
 func inProcessClient() (valkey.Client, func()) {
@@ -18,6 +23,7 @@ func inProcessClient() (valkey.Client, func()) {
 	if err := srv.Start(); err != nil {
 		log.Fatal(err)
 	}
+	srv.SetTime(exampleNow)
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
 		log.Fatal(err)

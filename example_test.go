@@ -48,6 +48,7 @@ func ExampleLimiter_AllowOrdered() {
 		log.Fatal(err)
 	}
 	defer srv.Close()
+	srv.SetTime(exampleNow) // a clock that stands still: the same output on every run
 	client, err := valkey.NewClient(valkey.ClientOption{
 		InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true,
 	})

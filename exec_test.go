@@ -28,6 +28,7 @@ var errclassSpec = MustSpec(Every(time.Hour), 5)
 func ecMini(t *testing.T) valkey.Client {
 	t.Helper()
 	srv := miniredis.RunT(t)
+	srv.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)) // the test's clock, not the machine's
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
 		t.Fatal(err)

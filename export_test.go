@@ -16,7 +16,7 @@ func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 	return &Limiter{client: c, script: valkey.NewLuaScript(src), peek: valkey.NewLuaScriptReadOnly(src)}
 }
 
-// LeastPrivilegeACL is the README's least-privilege ACL rules for admit's
+// LeastPrivilegeACL is docs/acl.md's least-privilege ACL rules for admit's
 // user, without the key pattern.
 const LeastPrivilegeACL = leastPrivilege
 

@@ -134,14 +134,14 @@ func TestConformanceTLS(t *testing.T) {
 	admittest.Run(t, c, describe(t, srv.Version+", standalone, TLS only, started by the test", true, opt)...)
 }
 
-// aclRules are the least-privilege rules of a Limiter's ACL user (README,
+// aclRules are the least-privilege rules of a Limiter's ACL user (docs/acl.md,
 // "Least-privilege ACL"): the script and the commands it calls, on the
 // keys under one prefix.
 const aclRules = admit.LeastPrivilegeACL
 
 // TestConformanceACL runs the suite with a Limiter client logged in as a
 // user that may run only what admit needs, on the suite's key prefix (the
-// README documents these ACL rules); an admin client prepares and inspects.
+// docs/acl.md documents these ACL rules); an admin client prepares and inspects.
 // It also checks the user is refused outside that, so the run proves the
 // rules suffice, not that the user could do anything.
 func TestConformanceACL(t *testing.T) {

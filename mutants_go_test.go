@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -213,6 +214,10 @@ func TestGoMutants(t *testing.T) {
 // goMutantRows runs every Go mutant and returns rows of mutant name and
 // the tests that caught it ("NOT CAUGHT" when its catcher passed), for
 // TestGoMutants or TestMutants to print.
+//
+// Mutants run on goMutantWorkers copies of the package at once: a run is
+// about half compiling (CPU) and half waiting on servers and timeouts, so
+// two copies on two CPUs take about half the time of one.
 func goMutantRows(t *testing.T) [][2]string {
 	t.Helper()
 	// go test puts its own GOROOT/bin first on the test's PATH, so this
@@ -221,8 +226,80 @@ func goMutantRows(t *testing.T) [][2]string {
 	if err != nil {
 		t.Fatalf("Go mutants need the go command: %v", err)
 	}
-	dir := t.TempDir()
-	// The package, its tests, and the packages and data they use.
+	workers := max(2, runtime.GOMAXPROCS(0))
+	dirs := make(chan string, workers)
+	for range workers {
+		dir := t.TempDir()
+		goMutantCopyPackage(t, dir)
+		dirs <- dir
+	}
+	failLine := regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+	run := func(dir string) (failed []string, out string) {
+		cmd := exec.Command(goBin, "test", "-vet=off", "-count=1", "-run", goMutantTests, ".") // vet runs once, in make lint
+		cmd.Dir = dir
+		// Offline: everything needed is in the module cache already.
+		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local")
+		b, err := cmd.CombinedOutput()
+		for _, m := range failLine.FindAllStringSubmatch(string(b), -1) {
+			failed = append(failed, m[1])
+		}
+		if err != nil && len(failed) == 0 {
+			failed = []string{"(did not build or run)"}
+		}
+		return failed, string(b)
+	}
+	dir := <-dirs
+	if failed, out := run(dir); len(failed) > 0 {
+		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
+	}
+	dirs <- dir
+	sources := map[string]string{}
+	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go", "wait.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sources[f] = string(b)
+	}
+	rows := make([][2]string, len(goMutants))
+	t.Run("mutants", func(t *testing.T) { // returns when every parallel subtest has
+		for i, m := range goMutants {
+			t.Run(m.name, func(t *testing.T) {
+				t.Parallel()
+				src, err := m.apply(sources[m.file])
+				if err != nil {
+					t.Fatal(err)
+				}
+				dir := <-dirs
+				defer func() { dirs <- dir }()
+				goMutantWrite(t, filepath.Join(dir, m.file), src)
+				defer goMutantWrite(t, filepath.Join(dir, m.file), sources[m.file])
+				failed, out := run(dir)
+				if !slices.Contains(failed, m.catcher) {
+					t.Errorf("mutant %s: its catching test %s did not fail (failed: %v)\n%s", m.name, m.catcher, failed, out)
+					rows[i] = [2]string{m.name, "NOT CAUGHT by " + m.catcher}
+					return
+				}
+				// The catcher first, then the other leaves that failed.
+				caught := []string{m.catcher}
+				for _, f := range failed {
+					leaf := !slices.ContainsFunc(failed, func(g string) bool { return strings.HasPrefix(g, f+"/") })
+					if leaf && f != m.catcher && !strings.HasPrefix(m.catcher, f+"/") {
+						caught = append(caught, f)
+					}
+				}
+				t.Logf("caught by %s", strings.Join(caught, ", "))
+				rows[i] = [2]string{m.name, strings.Join(caught, ", ")}
+			})
+		}
+	})
+	return rows
+}
+
+// goMutantCopyPackage copies the package, its tests, and the packages and
+// data they use into dir.
+func goMutantCopyPackage(t *testing.T, dir string) {
+	t.Helper()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
@@ -248,60 +325,6 @@ func goMutantRows(t *testing.T) [][2]string {
 			t.Fatal(err)
 		}
 	}
-	failLine := regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
-	run := func() (failed []string, out string) {
-		cmd := exec.Command(goBin, "test", "-vet=off", "-count=1", "-run", goMutantTests, ".") // vet runs once, in make lint
-		cmd.Dir = dir
-		// Offline: everything needed is in the module cache already.
-		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local")
-		b, err := cmd.CombinedOutput()
-		for _, m := range failLine.FindAllStringSubmatch(string(b), -1) {
-			failed = append(failed, m[1])
-		}
-		if err != nil && len(failed) == 0 {
-			failed = []string{"(did not build or run)"}
-		}
-		return failed, string(b)
-	}
-	if failed, out := run(); len(failed) > 0 {
-		t.Fatalf("the error-class tests fail on an unmutated copy of the package:\n%s", out)
-	}
-	sources := map[string]string{}
-	for _, f := range []string{"exec.go", "limiter.go", "decode.go", "once.go", "budget.go", "denialcache.go", "wait.go"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sources[f] = string(b)
-	}
-	var rows [][2]string
-	for _, m := range goMutants {
-		t.Run(m.name, func(t *testing.T) {
-			src, err := m.apply(sources[m.file])
-			if err != nil {
-				t.Fatal(err)
-			}
-			goMutantWrite(t, filepath.Join(dir, m.file), src)
-			defer goMutantWrite(t, filepath.Join(dir, m.file), sources[m.file])
-			failed, out := run()
-			if !slices.Contains(failed, m.catcher) {
-				t.Errorf("mutant %s: its catching test %s did not fail (failed: %v)\n%s", m.name, m.catcher, failed, out)
-				rows = append(rows, [2]string{m.name, "NOT CAUGHT by " + m.catcher})
-				return
-			}
-			// The catcher first, then the other leaves that failed.
-			caught := []string{m.catcher}
-			for _, f := range failed {
-				leaf := !slices.ContainsFunc(failed, func(g string) bool { return strings.HasPrefix(g, f+"/") })
-				if leaf && f != m.catcher && !strings.HasPrefix(m.catcher, f+"/") {
-					caught = append(caught, f)
-				}
-			}
-			t.Logf("caught by %s", strings.Join(caught, ", "))
-			rows = append(rows, [2]string{m.name, strings.Join(caught, ", ")})
-		})
-	}
-	return rows
 }
 
 func goMutantCopy(t *testing.T, from, to string) {

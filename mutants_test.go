@@ -307,7 +307,7 @@ func firstLine(s string) string {
 }
 
 // specMutantRows builds each Spec mutant in a copy of the package (the
-// library's files, script.lua and spec_bounds_test.go) and runs
+// library's files, script.lua and spec_test.go) and runs
 // TestSpecBounds there, which must pass unmutated and fail on every
 // mutant. It returns rows of mutant name and catching check.
 func specMutantRows(t *testing.T) [][2]string {
@@ -324,7 +324,7 @@ func specMutantRows(t *testing.T) [][2]string {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if !strings.HasSuffix(f, "_test.go") || f == "spec_bounds_test.go" {
+		if !strings.HasSuffix(f, "_test.go") || f == "spec_test.go" {
 			copyFile(t, f, filepath.Join(dir, f))
 		}
 	}
@@ -366,7 +366,7 @@ func specMutantRows(t *testing.T) [][2]string {
 				rows = append(rows, [2]string{m.name, ""})
 			default:
 				rows = append(rows, [2]string{m.name, "spec-bounds"})
-				if i := strings.Index(out, "spec_bounds_test.go"); i >= 0 {
+				if i := strings.Index(out, "spec_test.go"); i >= 0 {
 					t.Logf("evidence: %s", firstLine(out[i:]))
 				}
 			}

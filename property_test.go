@@ -31,8 +31,10 @@ package admit_test
 //
 //	ADMIT_PROPERTY_SEED=n     replay seed n (the seed is logged on every run)
 //	ADMIT_PROPERTY_STEPS=n    operations a run (default: propSteps, or
-//	                          propIntegrationSteps on a real server; a
-//	                          quarter under -race, a tenth with -short)
+//	                          propIntegrationSteps on a real server, which
+//	                          stops when propIntegrationBudget is spent; a
+//	                          quarter under -race, a tenth with -short); n
+//	                          set here runs every operation, whatever the time
 //	ADMIT_PROPERTY_SKIP=a,b   leave these operation kinds out (propKinds), and
 //	                          with "cache", the Limiter WithDenialCache
 //
@@ -91,7 +93,7 @@ var propKinds = []struct {
 // TestProperty is the property test's fast tier: miniredis, whose clock
 // moves only when the test moves it.
 func TestProperty(t *testing.T) {
-	cfg := propConfigFromEnv(t, propScaled(propSteps))
+	cfg := propConfigFromEnv(t, propScaled(propSteps), 0)
 	propCheck(t, cfg, func(tb testing.TB) propBackend { return newMiniBackend(tb) })
 }
 
@@ -99,12 +101,15 @@ func TestProperty(t *testing.T) {
 type propConfig struct {
 	seed  uint64
 	steps int
-	skip  map[string]bool
+	// budget, when not 0, stops a run after that much time, at the
+	// operation it is at; ADMIT_PROPERTY_STEPS lifts it.
+	budget time.Duration
+	skip   map[string]bool
 }
 
-func propConfigFromEnv(tb testing.TB, steps int) propConfig {
+func propConfigFromEnv(tb testing.TB, steps int, budget time.Duration) propConfig {
 	tb.Helper()
-	cfg := propConfig{seed: rand.Uint64(), steps: steps, skip: map[string]bool{}}
+	cfg := propConfig{seed: rand.Uint64(), steps: steps, budget: budget, skip: map[string]bool{}}
 	if s := os.Getenv("ADMIT_PROPERTY_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -117,7 +122,7 @@ func propConfigFromEnv(tb testing.TB, steps int) propConfig {
 		if err != nil || n < 1 {
 			tb.Fatalf("ADMIT_PROPERTY_STEPS=%q: want a positive number", s)
 		}
-		cfg.steps = n
+		cfg.steps, cfg.budget = n, 0
 	}
 	for _, k := range strings.Split(os.Getenv("ADMIT_PROPERTY_SKIP"), ",") {
 		if k = strings.TrimSpace(k); k != "" {
@@ -143,9 +148,16 @@ func propCheck(t *testing.T, cfg propConfig, open func(testing.TB) propBackend) 
 	w := newPropWorld(rng)
 	ops := genPropOps(rng, w, cfg.steps, cfg.skip)
 	start := time.Now()
-	fail := propExec(t, open(t), w, ops)
+	var deadline time.Time
+	if cfg.budget > 0 {
+		deadline = start.Add(cfg.budget)
+	}
+	fail, ran := propExec(t, open(t), w, ops, deadline)
 	if fail == nil {
-		t.Logf("%d operations passed in %v", len(ops), time.Since(start).Round(time.Millisecond))
+		if ran < len(ops) {
+			t.Logf("the time budget (%v) ran out: %d of %d operations ran", cfg.budget, ran, len(ops))
+		}
+		t.Logf("%d operations passed in %v", ran, time.Since(start).Round(time.Millisecond))
 		return
 	}
 	t.Errorf("seed %d, operation %d of %d: %v", cfg.seed, fail.step+1, len(ops), fail)
@@ -167,7 +179,7 @@ func propShrink(t *testing.T, open func(testing.TB) propBackend, w propWorld, op
 		tries++
 		var f *propFailure
 		t.Run("shrink", func(t *testing.T) {
-			f = propExec(t, open(t), w, cand)
+			f, _ = propExec(t, open(t), w, cand, time.Time{})
 		})
 		if f == nil || f.category != fail.category {
 			return nil, false
@@ -550,6 +562,9 @@ type propGot struct {
 	err  error
 	sent bool // the cached Limiter sent a script
 	lost bool // the proxy lost the reply
+	// took is the host time the call took: a Wait whose deadline came
+	// before it sent anything took at least its deadline.
+	took time.Duration
 }
 
 // propRun is one run: the backend, the model, and the bookkeeping of the
@@ -580,33 +595,42 @@ type propRun struct {
 	maxStates int                      // the most states of the model at once
 	lost      *propLost                // the last call, if its reply was lost
 	learnt    int                      // clocks of lost calls learnt from a replay
+	// Keys whose time came while the clock was being stepped back, which
+	// the server had kept or dropped (stepBack).
+	keptLate, droppedLate int
 }
 
-// propExec runs ops on b and returns the first broken property, or nil.
-func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp) *propFailure {
+// propExec runs ops on b, until deadline unless it is zero, and returns
+// the first broken property, or nil, and the number of operations run.
+func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp, deadline time.Time) (*propFailure, int) {
 	ctx := context.Background()
 	now, err := b.clock(ctx)
 	if err != nil {
 		tb.Fatalf("read the server clock: %v", err)
 	}
+	ran := len(ops)
 	r := &propRun{
 		b: b, w: w, ms: []*model.Server{model.NewServer(now, b.expiry())}, cache: model.NewCache(), foreign: map[string]string{},
 		clock: now, net: map[string]int64{}, netFrom: map[string]int64{}, charged: map[model.RecordID]int64{},
 	}
 	for i, op := range ops {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			ran = i
+			break
+		}
 		r.step = i
 		if r.history = append(r.history, fmt.Sprintf("%d. %s", i+1, op.describe(w))); len(r.history) > 8 {
 			r.history = r.history[1:]
 		}
 		if f := r.exec(ctx, op); f != nil {
 			f.step, f.history = i, r.history
-			return f
+			return f, i + 1
 		}
 		r.maxStates = max(r.maxStates, len(r.ms))
 	}
-	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays",
-		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt)
-	return nil
+	tb.Logf("%d replies lost; slept %v (away from expiries, for commands in flight); at most %d states of the model at once; %d clocks of lost calls learnt from their replays; %d keys kept and %d dropped whose time came during a step back",
+		b.proxy().Lost(), r.waited.Round(time.Millisecond), r.maxStates, r.learnt, r.keptLate, r.droppedLate)
+	return nil, ran
 }
 
 func (r *propRun) fail(category, format string, args ...any) *propFailure {
@@ -644,24 +668,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 			d = max(r.lastRetry-time.Microsecond, 0)
 		}
 		if d < 0 && !r.b.exact() {
-			// Before the clock steps back, every key whose time has come
-			// must be gone, as the model has it: a real server drops an
-			// expired key when a command touches it (or its expiry cycle
-			// samples it), and after the step back one it left would live.
-			if err := r.awayFromExpiries(ctx); err != nil {
-				return r.fail("error", "%v", err)
-			}
-			if err := r.b.reap(ctx); err != nil {
-				return r.fail("error", "%v", err)
-			}
-			now, err := r.b.clock(ctx)
-			if err != nil {
-				return r.fail("error", "read the clock: %v", err)
-			}
-			for _, m := range r.ms {
-				m.SetNow(now)
-			}
-			r.observe(now)
+			return r.stepBack(ctx, d)
 		}
 		if err := r.b.advance(ctx, d); err != nil {
 			return r.fail("error", "advance the clock: %v", err)
@@ -692,7 +699,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		_, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
 		return f
 	case "settle":
-		// Reserve then settle (README): refund the unused part of a fresh
+		// Reserve then settle (docs/budgets.md): refund the unused part of a fresh
 		// admission, never of a replay.
 		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
 		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
@@ -975,6 +982,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	local0 := time.Now()
 	got := r.send(ctx, c)
 	local1 := time.Now()
+	got.took = local1.Sub(local0)
 	got.sent = r.b.sentCached() > sent0
 	got.lost = r.b.proxy().Lost() > lost0
 	if errors.Is(got.err, admit.ErrOutcomeUnknown) && !got.lost {
@@ -1051,6 +1059,9 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 		}
 		switch {
 		case c.method == "Wait" && got.err != nil && got.d == (admit.Decision{}):
+			if errors.Is(got.err, admit.ErrNotExecuted) && errors.Is(got.err, context.DeadlineExceeded) && got.took >= c.deadline {
+				break // the deadline came before anything was sent (a loaded machine)
+			}
 			if !r.cache.Holds(c.first, local0) {
 				return got, r.fail("cache", "%s: Wait ended with %v without sending anything, with no cached denial in force", c, got.err)
 			}
@@ -1067,27 +1078,33 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 	}
 
 	// The server answered: compare with the model at the script's clock.
-	r.callT0, r.callT1 = t0, t1
 	if l := r.lost; l != nil && got.err == nil && got.d.Replayed() && got.d.RetryAfter > 0 {
 		// The call before lost its reply, so the clock its script read
-		// was not known; this replay of its decision tells it: RetryAfter
-		// falls by as much as the clock moves on.
+		// was not known; this replay of its decision tells it: the
+		// candidates for the replayed RetryAfter hold the clock it was
+		// made at, and the states there that make exactly the decision
+		// replayed, and every key as it was after that call (its record's
+		// expiry taken from the server, as compareState does), are added.
+		replayed := model.Of(got.d)
+		replayed.Replayed = false
+		snapAt := r.snapAt
+		r.callT0, r.callT1, r.snapAt = l.t0, l.t1, l.snapAt
+		var learnt []*model.Server
 		for _, p := range l.pre {
-			m := p.Clone()
-			m.SetNow(l.t0)
-			o, err := expect(m, l.c)
-			if err != nil || o.RetryAfter == 0 {
-				continue
-			}
-			if now := l.t0 + (o.RetryAfter - got.d.RetryAfter).Microseconds(); now > l.t0 && now <= l.t1 {
+			for _, x := range r.candidates(p, l.c, got, l.after, l.t0, l.t1) {
 				m := p.Clone()
-				m.SetNow(now)
-				expect(m, l.c)
-				r.ms = append(r.ms, m)
-				r.learnt++
+				m.SetNow(x)
+				if o, err := expect(m, l.c); err == nil && o == replayed && r.compareState(m, l.after) == nil &&
+					!slices.ContainsFunc(learnt, func(o *model.Server) bool { return propSameState(o, m) }) {
+					learnt = append(learnt, m)
+				}
 			}
 		}
+		r.snapAt = snapAt
+		r.ms = append(r.ms, learnt...)
+		r.learnt += len(learnt)
 	}
+	r.callT0, r.callT1 = t0, t1
 	r.lost = nil
 	pre := r.ms
 	matches, diffs := r.expectAt(c, got, after, t0, t1)
@@ -1099,7 +1116,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 		r.ms = append(r.ms, m.m)
 	}
 	if c.via == viaLossy && got.lost && !r.b.exact() {
-		r.lost = &propLost{pre: pre, c: c, t0: t0, t1: t1}
+		r.lost = &propLost{pre: pre, c: c, after: after, snapAt: r.snapAt, t0: t0, t1: t1}
 	}
 	want, werr := matches[0].want, matches[0].werr
 	if !r.b.exact() {
@@ -1117,6 +1134,8 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 type propLost struct {
 	pre    []*model.Server
 	c      propCall
+	after  propSnap // the state after it
+	snapAt int64    // the server's clock after that snapshot
 	t0, t1 int64
 }
 
@@ -1132,10 +1151,11 @@ type propMatch struct {
 // at which the model's answer to c is what the server did: the call's
 // outcome (as far as the test saw it) and the whole state. On a server
 // whose clock is exact, t0 = t1 is the model's clock. It returns every
-// distinct state that agrees (at most 64), or the differences at the first
-// clock tried, the first being their category.
+// distinct state that agrees (at most 64), or the differences at the clock
+// that came closest (the fewest), the first being their category.
 func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64) ([]propMatch, []string) {
-	var first []string
+	var first []string // the differences at the clock that came closest
+	tried := 0
 	var matches []propMatch
 	add := func(want model.Outcome, werr error, m *model.Server) {
 		for _, o := range matches {
@@ -1200,10 +1220,23 @@ func (r *propRun) expectAt(c propCall, got propGot, after propSnap, t0, t1 int64
 					continue
 				}
 			}
-			if first == nil {
-				first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, the call ran within [%d, %d]; %d state(s) of the model)", now, t0, t1, len(r.ms)))
+			if c.method == "Wait" && got.d == (admit.Decision{}) && errors.Is(got.err, admit.ErrNotExecuted) &&
+				errors.Is(got.err, context.DeadlineExceeded) && got.took >= c.deadline {
+				// The deadline came before the first attempt was sent (a
+				// loaded machine): nothing ran.
+				if none := m.Clone(); r.compareState(none, after) == nil {
+					add(model.Outcome{}, nil, none)
+					continue
+				}
+			}
+			tried++
+			if first == nil || len(diffs) < len(first)-1 {
+				first = append(diffs, fmt.Sprintf("(the model at server clock %d µs, of the clocks tried the one with the fewest differences; the call ran within [%d, %d]; %d state(s) of the model)", now, t0, t1, len(r.ms)))
 			}
 		}
+	}
+	if matches == nil && first != nil {
+		first[len(first)-1] = strings.TrimSuffix(first[len(first)-1], ")") + fmt.Sprintf(", %d clocks tried)", tried)
 	}
 	if matches == nil {
 		return nil, first
@@ -1327,8 +1360,13 @@ func (r *propRun) compareState(m *model.Server, s propSnap) []string {
 			m.Records[rid] = rec
 			w.exp = g.exp
 		}
-		if wok && !gok && !r.b.exact() && r.snapAt/1000 > w.exp/1000 {
-			continue // gone between the call and the snapshot
+		if wok && !gok && !r.b.exact() && r.snapAt/1000 >= w.exp/1000 {
+			// Gone between the call and the snapshot; or in its last ms:
+			// Redis 7.0 deletes a key whose PEXPIREAT time is not after
+			// its clock's ms when the command runs (checkAlreadyExpired:
+			// when <= mstime()), which a script preempted for the
+			// bucket's TTL between its TIME and its PEXPIREAT reaches.
+			continue
 		}
 		if w == g && wok == gok {
 			continue
@@ -1440,8 +1478,11 @@ func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after pro
 		}
 	}
 	for ms := t0/1000 + 1; ms*1000 <= t1; ms++ {
+		// Either side of a whole ms, and of rounding up to one (an
+		// expiry from max(ts, now) rounded up).
 		add(ms*1000 - 1)
 		add(ms * 1000)
+		add(ms*1000 + 1)
 	}
 	for _, req := range []*admit.Request{&c.first, c.second} {
 		if req == nil {
@@ -1470,11 +1511,16 @@ func (r *propRun) candidates(h *model.Server, c propCall, got propGot, after pro
 			}
 		}
 	}
-	if got.d.RetryAfter > 0 { // Wait's error comes with its denial
-		m := h.Clone()
-		m.SetNow(t0)
-		if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
-			add(t0 + (o.RetryAfter - got.d.RetryAfter).Microseconds())
+	if got.d.RetryAfter > 0 { // a denial (Wait's error comes with its own)
+		// Between two of the clocks above the decision is the same, and
+		// its RetryAfter falls by as much as the clock moves on: the
+		// clock that gives got's RetryAfter is a candidate.
+		for _, x := range slices.Clone(cands) {
+			m := h.Clone()
+			m.SetNow(x)
+			if o, err := expect(m, c); err == nil && o.Denied == got.d.Denied && o.RetryAfter > 0 {
+				add(x + (o.RetryAfter - got.d.RetryAfter).Microseconds())
+			}
 		}
 	}
 	return cands
@@ -1494,6 +1540,75 @@ func (r *propRun) unchanged(before, after propSnap) bool {
 		}
 	}
 	return true
+}
+
+// stepBack steps a real server's clock back by -d (d < 0). A server
+// drops an expired key only when a command touches it (or its expiry
+// cycle samples it), and after the step back a key it left would live
+// again; so every key whose time has come goes first: the harness reads
+// the clock (t0), then touches every key (reap). A key gone at t0 is gone
+// from the server after the reap, and the model drops it (SetNow(t0)).
+// The server's clock runs on until the step, to at most t1 - d, t1 read
+// after it; a key whose time came after t0 and by then was dropped or not
+// as the server's touches and its expiry cycle fell: the model keeps
+// exactly the keys the server kept (and notes the clock the server
+// reached, from the dropped keys' expiries). Every other key must be as
+// the model has it, which the next call checks.
+func (r *propRun) stepBack(ctx context.Context, d time.Duration) *propFailure {
+	t0, err := r.b.clock(ctx)
+	if err != nil {
+		return r.fail("error", "read the clock: %v", err)
+	}
+	if err := r.b.reap(ctx); err != nil {
+		return r.fail("error", "%v", err)
+	}
+	for _, m := range r.ms {
+		m.SetNow(t0)
+	}
+	r.observe(t0)
+	if err := r.b.advance(ctx, d); err != nil {
+		return r.fail("error", "advance the clock: %v", err)
+	}
+	t1, err := r.b.clock(ctx)
+	if err != nil {
+		return r.fail("error", "read the clock: %v", err)
+	}
+	s, err := r.b.snapshot(ctx)
+	if err != nil {
+		return r.fail("error", "snapshot: %v", err)
+	}
+	reached := t0
+	for _, m := range r.ms {
+		late := m.Clone()
+		late.SetNow(t1 - d.Microseconds())
+		drop := func(key string, at int64) bool {
+			if _, ok := s[key]; ok {
+				r.keptLate++
+				return false
+			}
+			r.droppedLate++
+			reached = max(reached, (at/1000+1)*1000) // the ms after at: the key was gone
+			return true
+		}
+		for k, b := range m.Buckets {
+			if _, ok := late.Buckets[k]; !ok && drop(k, b.ExpireAt) {
+				delete(m.Buckets, k)
+			}
+		}
+		for rid, rec := range m.Records {
+			name, err := admit.OnceKey(rid.Key, rid.ID)
+			if _, ok := late.Records[rid]; !ok && err == nil && drop(name, rec.ExpireAt) {
+				delete(m.Records, rid)
+			}
+		}
+		for k, at := range m.Foreign {
+			if _, ok := late.Foreign[k]; !ok && drop(k, at) {
+				delete(m.Foreign, k)
+			}
+		}
+	}
+	r.observe(reached)
+	return nil
 }
 
 // observe notes the server's clock read at t: the server time elapsed

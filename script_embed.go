@@ -10,13 +10,17 @@ import (
 
 // scriptSource is the one server-side step of every decision.
 //
-// It has no "#!lua" shebang line, on purpose. The shebang would make a server
-// over maxmemory refuse the script before it runs; without it the server
-// refuses the script's first write instead, and the script writes only after
-// every read, so either way an OOM leaves no key changed (proven against a
-// real server by TestIntegrationOOMWritesNothing). Without the shebang the
-// same bytes also run on miniredis, so the unit tests and the in-process
-// quickstart run exactly the script that ships.
+// It has no "#!lua" shebang line, on purpose (docs/newer-servers.md, measured
+// on Valkey 8.0 to 9.1 and Redis 7.0 and 8.0). A shebang without
+// flags=no-writes makes every *_RO command refuse the script, so Peek could
+// not run, on a replica or anywhere; with no-writes a take cannot write: one
+// source for both can carry none. Without one, a server over maxmemory refuses
+// only the script's first write, which follows every read: an admission fails
+// with no key changed (TestIntegrationOOMWritesNothing), and denials and Peek
+// are still decided (TestIntegrationOOMStillDenies), where a shebang would
+// have the server refuse every call up front. Without the shebang the same
+// bytes also run on miniredis, so the unit tests and the in-process quickstart
+// run exactly the script that ships.
 //
 //go:embed script.lua
 var scriptSource string

@@ -83,6 +83,10 @@ type Spec struct {
 func NewSpec(rate Limit, burst int) (Spec, error) {
 	r := float64(rate)
 	switch {
+	case math.IsInf(r, 1):
+		// Every(d) gives +Inf for d <= 0, the usual way to get here.
+		return Spec{}, fmt.Errorf("%w: the interval between two tokens is zero or negative (Every(d) with d <= 0 gives an infinite rate); "+
+			"use an interval of at least 1µs, such as Every(time.Second)", ErrInvalidSpec)
 	case math.IsNaN(r) || math.IsInf(r, 0):
 		return Spec{}, fmt.Errorf("%w: rate %v is not a finite number of tokens per second", ErrInvalidSpec, r)
 	case r <= 0:

@@ -14,7 +14,7 @@ import (
 )
 
 // checkLiveSpecChange: a new Spec on a bucket that holds state takes effect
-// on the next call without resetting it (README, "Changing a Spec on a live
+// on the next call without resetting it (docs/key-schema.md, "Changing a Spec on a live
 // bucket"): a raised burst grants no instant tokens, a lowered burst caps
 // the tokens, a changed rate recounts the part-token at the new interval,
 // and the next write gives the new Spec's TTL.

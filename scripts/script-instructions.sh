@@ -8,9 +8,16 @@
 #   BASELINE=testdata/script_5550b58.lua scripts/script-instructions.sh
 #                       # another baseline: a script taking the shipped arguments
 #   CURRENT=/tmp/variant.lua scripts/script-instructions.sh   # a variant to weigh
+#   SERVER=/opt/admit-servers/bin/valkey-server-9.1.2 scripts/script-instructions.sh
+#                       # a server of server-matrix.sh (the CI machine's): a shell
+#                       # wrapper, which valgrind follows into the server
+#   SCOPE=processCommand scripts/script-instructions.sh
+#                       # count inside another server function (default
+#                       # evalShaCommand); processCommand adds the command's
+#                       # dispatch
 #
 # The server runs under valgrind --tool=callgrind on 127.0.0.1 (a free port
-# from 7390 up), counting only inside evalShaCommand: the script, the
+# from 7390 up), counting only inside evalShaCommand (or SCOPE): the script, the
 # commands it runs and the Lua garbage collector's steps, as commandstats'
 # usec for EVALSHA times them (reading the request and writing the reply
 # are left out, and so is the server's cron, whose share grew with the
@@ -33,7 +40,11 @@ CLI=$(command -v valkey-cli || command -v redis-cli)
 port=7390
 while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
 out=$(mktemp -d)
-valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no --toggle-collect=evalShaCommand \
+SCOPE=${SCOPE:-evalShaCommand}
+opts=(--toggle-collect="$SCOPE")
+# a wrapper script (#!) execs the server: valgrind must follow it
+[ "$(head -c2 "$(command -v "$SERVER")")" = '#!' ] && opts+=(--trace-children=yes)
+valgrind "${opts[@]}" --tool=callgrind --callgrind-out-file="$out/cg.out" --dump-instr=no \
   "$SERVER" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$out"' EXIT
@@ -81,4 +92,4 @@ for p in "${paths[@]}"; do
   done
   awk -v n="$name" -v b="${got[baseline]}" -v c="${got[current]}" 'BEGIN { printf "%-20s %12d %12d %8.3f\n", n, b, c, c / b }'
 done
-echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call inside EVALSHA)"
+echo "($("$SERVER" --version | cut -d' ' -f1-3), $CALLS calls a run, instructions per call inside $SCOPE)"

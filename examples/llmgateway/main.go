@@ -48,7 +48,7 @@ func main() {
 }
 
 func start(addr string) error {
-	client, where, stop, err := connect()
+	client, where, stop, err := connect(time.Time{}) // the machine's clock
 	if err != nil {
 		return err
 	}
@@ -148,8 +148,11 @@ func run(ctx context.Context, w io.Writer, client valkey.Client, g *gateway) (su
 	return sum, nil
 }
 
-// connect dials VALKEY_ADDR, or starts an in-process miniredis.
-func connect() (valkey.Client, string, func(), error) {
+// connect dials VALKEY_ADDR, or starts an in-process miniredis. A
+// non-zero fixedClock stops the in-process server's clock there (tests do
+// this, so that the story does not depend on the machine's speed); zero
+// leaves it on the machine's clock.
+func connect(fixedClock time.Time) (valkey.Client, string, func(), error) {
 	opt := valkey.ClientOption{DisableCache: true}
 	where, stopServer := "", func() {}
 	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
@@ -162,6 +165,9 @@ func connect() (valkey.Client, string, func(), error) {
 		}
 		// miniredis answers CLUSTER SLOTS; without this valkey-go would treat
 		// it as a cluster.
+		if !fixedClock.IsZero() {
+			srv.SetTime(fixedClock)
+		}
 		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
 		where = "an in-process miniredis (set VALKEY_ADDR=host:port to use your Valkey)"
 		stopServer = srv.Close

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/testserver"
@@ -85,7 +86,7 @@ func TestRunOnServer(t *testing.T) {
 // on an in-process miniredis.
 func TestRunInProcess(t *testing.T) {
 	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect()
+	c, _, stop, err := connect(testClock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func serverMicros(t *testing.T, c valkey.Client) int64 {
 // reaches the buckets.
 func TestRefusedBeforeTheLimiter(t *testing.T) {
 	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect()
+	c, _, stop, err := connect(testClock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,3 +173,7 @@ func TestRefusedBeforeTheLimiter(t *testing.T) {
 		t.Errorf("%d keys written (%v); want none", n, err)
 	}
 }
+
+// testClock is the in-process server's clock in these tests: it stands
+// still, so no bucket refills while a slow machine runs the story.
+var testClock = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)

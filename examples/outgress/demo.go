@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
@@ -10,6 +11,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
 	"os"
@@ -24,15 +26,20 @@ import (
 
 // demoConfig shapes a demo run.
 type demoConfig struct {
-	Duration time.Duration // how long messages are published
-	Rate     int           // messages published per second
+	Duration time.Duration // the mix is Duration×Rate messages (the schedule is by count: see PauseAt)
+	Rate     int           // messages published per second, at most
 	Channels int           // channels in the mix; the first three are hot
-	PauseAt  time.Duration // when replica A pauses sending, from the start
-	PauseFor time.Duration // how long sending stays paused
+	// PauseAt is when an operator's request pauses sending: after the
+	// messages of PauseAt at Rate, once published. The messages of PauseFor
+	// are published once every replica acts on the pause, and sending
+	// resumes once the pause has stopped one of them and PauseFor has
+	// passed.
+	PauseAt  time.Duration
+	PauseFor time.Duration
 	Drain    time.Duration // the most to wait for redeliveries after publishing: past a message's 5 s lifetime, all are finished
 	Seed     uint64        // the mix's random seed
 	// RestartAt is when replica B's bus connection restarts (Close, then
-	// Connect and Consume), from the start.
+	// Connect and Consume): after the messages of RestartAt at Rate.
 	RestartAt time.Duration
 
 	Off worker.Steps // rollout steps switched off in both replicas
@@ -67,7 +74,8 @@ type replica struct {
 	worker   *worker.Worker
 	bus      *bus.Bus   // the current connection
 	buses    []*bus.Bus // every connection it had, for the counters
-	events   *nats.Conn // the pause events' connection (B's bus restarts; this does not)
+	events   *nats.Conn // the pause events' and management requests' connection (B's bus restarts; this does not)
+	mgmt     *mgmt.Server
 }
 
 // startBus connects the replica to the stream and starts its workers on
@@ -87,6 +95,9 @@ func (r *replica) startBus(ctx context.Context, res *demoResult, url string, cfg
 }
 
 func (r *replica) close() {
+	if r.mgmt != nil {
+		r.mgmt.Stop()
+	}
 	if r.bus != nil {
 		r.bus.Close()
 	}
@@ -142,19 +153,34 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	defer stopNATS()
 	res.natsWhere = natsWhere
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
-	var reported atomic.Int64
+	var reported, expired atomic.Int64
 	var firstErr atomic.Pointer[string]
+	var taken atomic.Int64 // messages with a settled delivery: taken off the stream once
+	var seen sync.Map      // of their stream sequences
 	busCfg := bus.Config{
 		Stream:   "OUTGRESS_DEMO_" + run,
 		Subjects: []string{"outgress-demo-" + run + ".standard", "outgress-demo-" + run + ".premium", "outgress-demo-" + run + ".system"},
 		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
 			met.Delivery(m, o, reason)
+			// Whichever delivery settles first (a first delivery the
+			// client dropped comes back after AckWait).
+			if _, dup := seen.LoadOrStore(m.Seq, true); !dup {
+				taken.Add(1)
+			}
 			if o.Final() {
 				res.finals.Add(1)
 			}
 		},
 		OnError: func(_ string, err error) {
 			reported.Add(1)
+			// The handler's only deadline is the message's lifetime
+			// (worker.Process): a call it cut short is the message
+			// expiring mid-call, on a slow machine or a slow Valkey,
+			// not a fault of the path.
+			if errors.Is(err, context.DeadlineExceeded) {
+				expired.Add(1)
+				return
+			}
 			msg := err.Error()
 			firstErr.CompareAndSwap(nil, &msg)
 		},
@@ -172,6 +198,15 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		return nil, err
 	}
 	defer publisher.JetStream().DeleteStream(context.Background(), busCfg.Stream)
+
+	// The operator's management requests: SetPaused executed by one
+	// replica of the queue group, status answered from Valkey.
+	mgmtCfg := mgmt.Config{Prefix: "outgress-demo-" + run + ".mgmt"}
+	operator, err := nats.Connect(natsURL, nats.Name("outgress-demo-operator"))
+	if err != nil {
+		return nil, err
+	}
+	defer operator.Close()
 
 	concurrency := 0
 	for _, n := range laneWorkers {
@@ -194,12 +229,15 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			return nil, err
 		}
 		// Pause events on a dedicated NATS subject, as the plan asks.
-		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, Events: &pause.NATSEvents{Conn: r.events, Subject: "outgress-demo-" + run + ".pause"}})
+		r.pause = pause.New(r.client, pause.Config{Prefix: prefix, NATS: r.events, Subject: "outgress-demo-" + run + ".pause"})
 		if err := met.RegisterPause(name, r.pause); err != nil {
 			return nil, err
 		}
 		// Subscribe, then load, before consuming anything.
 		if err := r.pause.Start(ctx); err != nil {
+			return nil, fmt.Errorf("replica %s: %w", name, err)
+		}
+		if r.mgmt, err = mgmt.Serve(r.events, mgmtCfg, name, r.pause); err != nil {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
 		}
 		r.channels = channels.New(r.client, channels.Config{Prefix: prefix})
@@ -232,26 +270,65 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		}
 	}
 
+	// The schedule is by message count, at Rate: the pause after the
+	// messages of PauseAt, the paused batch (the messages of PauseFor)
+	// published once every replica acts on the pause, the resume once the
+	// pause has stopped a message and PauseFor has passed, B's restart after
+	// the messages of RestartAt. A loaded machine publishes the same
+	// messages in the same order relative to each event, only more slowly.
 	start := time.Now()
+	mix := demo.NewMix(cfg.Seed, cfg.Channels)
+	count := func(d time.Duration) int { return int(d.Seconds() * float64(cfg.Rate)) }
+	restartAt := count(cfg.RestartAt)
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		res.pauseLog = demo.PauseMidRun(ctx, start, cfg.PauseAt, cfg.PauseFor, a.pause, b.pause)
-	}()
-	go func() { // replica B's bus restarts: Close, then Connect and Consume again
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Until(start.Add(cfg.RestartAt))):
+	defer wg.Wait()
+	restart := func() { // replica B's bus restarts: Close, then Connect and Consume again
+		res.restartedAt = time.Since(start)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.bus.Close()
+			if err := b.startBus(ctx, res, natsURL, busCfg); err != nil {
+				res.restartErr = err
+			}
+		}()
+	}
+	// publishTo publishes until target messages were sent, restarting B on
+	// the way.
+	sent := func() int { return res.published + res.refused }
+	// Publishing waits while the fleet holds a message for each of its
+	// workers and one fetched beside it, untaken: no queue builds up
+	// behind them on a slow machine, where messages would wait out their
+	// lifetime.
+	room := func() bool { return int64(res.published)-taken.Load() < int64(2*len(replicas)*concurrency) }
+	publishTo := func(target int) {
+		for _, to := range []int{min(restartAt, target), target} {
+			p, r := demo.PublishMix(ctx, publisher, busCfg.Subjects, mix, to-sent(), cfg.Rate, room)
+			res.published, res.refused = res.published+p, res.refused+r
+			if to == restartAt && sent() == restartAt && res.restartedAt == 0 {
+				restart()
+			}
 		}
-		b.bus.Close()
-		if err := b.startBus(ctx, res, natsURL, busCfg); err != nil {
-			res.restartErr = err
-		}
-	}()
-	res.published, res.refused = demo.Publish(ctx, publisher, busCfg.Subjects, cfg.Rate, cfg.Duration, cfg.Channels, cfg.Seed)
+	}
+	set := func(ctx context.Context, paused bool) (int64, string, error) {
+		r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused)
+		return r.Version, r.Replica, err
+	}
+	publishTo(count(cfg.PauseAt))
+	res.pauseLog = append(res.pauseLog, demo.ChangePause(ctx, start, true, set, a.pause, b.pause))
+	pausedAt := time.Now()
+	before := sent()
+	publishTo(before + max(count(cfg.PauseFor), 1))
+	res.pausedMsgs = sent() - before
+	for deadline := time.Now().Add(demo.SeenWithin); (res.rows.Row(worker.RowPaused).N == 0 || time.Since(pausedAt) < cfg.PauseFor) &&
+		time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	res.pauseLog = append(res.pauseLog, demo.ChangePause(ctx, start, false, set, a.pause, b.pause))
+	publishTo(max(count(cfg.Duration), sent()))
+	if res.restartedAt == 0 { // RestartAt past the mix: at its end
+		restart()
+	}
 	for deadline := time.Now().Add(cfg.Drain); res.finals.Load() < int64(res.published) && time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -270,13 +347,14 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			res.unfinished = int64(info.State.Msgs)
 		}
 	}
-	res.reported = reported.Load()
+	res.reported, res.reportedExpired = reported.Load(), expired.Load()
 	if p := firstErr.Load(); p != nil {
 		res.firstError = *p
 	}
+	res.status, res.statusErr = mgmt.SystemStatus(ctx, operator, mgmtCfg)
 	for _, r := range replicas {
 		snap, _ := r.pause.Snapshot()
-		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(), stats: r.pause.Stats()})
+		res.replicas = append(res.replicas, replicaReport{name: r.name, snap: snap, age: r.pause.Age(), stats: r.pause.Stats(), mgmt: r.mgmt.Stats()})
 	}
 	res.helixConns = fake.Conns()
 	res.helixRequests = fake.Requests()

@@ -8,9 +8,18 @@
 //
 // It starts two worker replicas, a fake Helix server and NATS JetStream,
 // pushes a mix of standard and premium chat plus Helix calls through them for
-// a few seconds, pauses and resumes sending mid-run, and prints the Valkey
-// commands each message cost by path, the decisions by lane, the delivery
-// outcomes and the latency of each stage. See README.md.
+// a few seconds, pauses and resumes sending mid-run (a management request
+// that one replica executes), and prints the Valkey commands each message
+// cost by path, the decisions by lane, the delivery outcomes and the latency
+// of each stage. See README.md.
+//
+// Its subcommands run a fleet on a shared Valkey and NATS (VALKEY_ADDR and
+// NATS_URL):
+//
+//	go run . worker -name A -metrics 127.0.0.1:9101   # one replica, until interrupted
+//	go run . publish -rate 300 -for 1m                # the demo's traffic for it
+//	go run . mgmt pause|resume|status                 # a management request, answered by one replica
+//	go run . canary -baseline URL -canary URL         # the rollout's gates over two replicas' /metrics
 package main
 
 import (
@@ -28,15 +37,25 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "canary" {
-		os.Exit(canaryMain(os.Args[2:]))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "canary":
+			os.Exit(canaryMain(os.Args[2:]))
+		case "worker":
+			os.Exit(workerMain(os.Args[2:]))
+		case "mgmt":
+			os.Exit(mgmtMain(os.Args[2:]))
+		case "publish":
+			os.Exit(publishMain(os.Args[2:]))
+		}
 	}
 	cfg := defaultDemo()
 	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
 	off := flag.String("off", "none", "rollout `steps` switched off in both replicas: none, all, or a comma-separated list of "+
 		"metrics, transport, ordered_script, pause_snapshot, nack_suppression, precomputed (README, \"Rollout steps\")")
-	rollout := flag.Duration("rollout", 1500*time.Millisecond, "publishing time of each rollout step's canary window (0 skips the rollout)")
+	rollout := flag.Duration("rollout", 1500*time.Millisecond, "size of each rollout step's canary window, as publishing time at "+strconv.Itoa(rolloutRate)+
+		" messages/s (a window is that many messages, whatever the time they take; 0 skips the rollout)")
 	flag.Parse()
 	var err error
 	if cfg.Off, err = worker.ParseSteps(*off); err != nil {
@@ -59,13 +78,15 @@ func main() {
 	}
 	fmt.Println()
 	fmt.Println("8. Rollout: a baseline replica with every step off and a canary turning the six steps on one at a time,")
-	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(rolloutRate) + " messages/s for " + rollout.String() + " a step;")
+	messages := int(rollout.Seconds() * rolloutRate)
+	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(messages) + " messages a step (" +
+		rollout.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until each replica has 20 warm ones per lane;")
 	fmt.Println("   the canary program (package canary; `go run . canary` against real replicas) scrapes both /metrics")
 	fmt.Println("   over each window and prints the plan's gates. Caveats: latency here is the embedded stand-ins'")
 	fmt.Println("   (miniredis, a loopback fake Helix), not representative of production; a window is a few hundred")
 	fmt.Println("   messages, so rates carry a slack of three standard errors; on miniredis the server's script runs")
 	fmt.Println("   cannot be read (no INFO commandstats), so the workers' counters are not checked against it.")
-	if _, err := runRollout(ctx, rolloutRate, *rollout, os.Stdout); err != nil {
+	if _, err := runRollout(ctx, rolloutRate, messages, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "outgress: rollout:", err)
 		os.Exit(1)
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
 
@@ -25,6 +26,7 @@ type replicaReport struct {
 	snap  pause.Snapshot
 	age   time.Duration
 	stats pause.Stats
+	mgmt  mgmt.Stats
 }
 
 // demoResult is everything a run measured.
@@ -37,22 +39,30 @@ type demoResult struct {
 	oldShape       worker.PathTable
 	metrics        *metrics.Metrics
 	pauseLog       []demo.PauseChange
+	status         mgmt.Status // the status request after the run
+	statusErr      error
 	natsWhere      string
 	published      int
 	refused        int          // publishes the stream did not acknowledge
 	finals         atomic.Int64 // deliveries that ended a message: acked or dropped
 	unfinished     int64        // still in the stream at the end
 	restartErr     error
+	restartedAt    time.Duration // when B's restart began, from the start
+	pausedMsgs     int           // the paused batch: published while every replica was paused
 	contract       []demo.ContractCase
 	elapsed        time.Duration
 	bus            bus.Stats // summed over every replica's connections
 	reported       int64
-	firstError     string
-	replicas       []replicaReport
-	helixConns     int64
-	helixRequests  int64
-	metricsURL     string
-	scrape         []string // the /metrics excerpt
+	// reportedExpired is how many of the errors reported were the
+	// message's lifetime ending during a call (context.DeadlineExceeded);
+	// firstError is the first of the others.
+	reportedExpired int64
+	firstError      string
+	replicas        []replicaReport
+	helixConns      int64
+	helixRequests   int64
+	metricsURL      string
+	scrape          []string // the /metrics excerpt
 }
 
 // Print writes the report for a newcomer.
@@ -65,9 +75,14 @@ func (r *demoResult) Print(out io.Writer) {
 	fmt.Fprintf(out, "  Helix   fake server at %s (HTTP/1.1)\n", r.helixURL)
 	fmt.Fprintf(out, "  fleet   2 replicas (A, B), each with its own Valkey client, pause snapshot,\n")
 	fmt.Fprintf(out, "          channel cache and HTTP transport, and %s\n", workers)
-	fmt.Fprintf(out, "  mix     %d messages in %v on %d channels (3 of them hot); sending paused\n",
-		r.published, r.cfg.Duration, r.cfg.Channels)
-	fmt.Fprintf(out, "          from %v to %v; run took %v\n\n", r.cfg.PauseAt, r.cfg.PauseAt+r.cfg.PauseFor, r.elapsed.Round(10*time.Millisecond))
+	fmt.Fprintf(out, "  mix     %d messages (%v at %d/s) on %d channels (3 of them hot); sending paused\n",
+		r.published, r.cfg.Duration, r.cfg.Rate, r.cfg.Channels)
+	if len(r.pauseLog) == 2 {
+		fmt.Fprintf(out, "          from %v to %v, after %v of them, with %d published meanwhile; run took %v\n\n",
+			r.pauseLog[0].At.Round(10*time.Millisecond), r.pauseLog[1].At.Round(10*time.Millisecond), r.cfg.PauseAt, r.pausedMsgs, r.elapsed.Round(10*time.Millisecond))
+	} else {
+		fmt.Fprintf(out, "          after %v of them; run took %v\n\n", r.cfg.PauseAt, r.elapsed.Round(10*time.Millisecond))
+	}
 
 	fmt.Fprintln(out, "1. Valkey commands per message, by path (each message's commands counted by a wrapped client)")
 	fmt.Fprintln(w, "   \tbefore\t\tafter\t\t\t\t")
@@ -100,7 +115,8 @@ func (r *demoResult) Print(out io.Writer) {
 		fmt.Fprintf(out, "   which cost %d: the server had the script cached already.\n\n", r.warmupCommands)
 	}
 
-	fmt.Fprintln(out, "2. Pause (the kill switch), set by replica A mid-run; the other replica learns by its event on a NATS subject")
+	fmt.Fprintln(out, "2. Pause (the kill switch), set mid-run by an operator's set_paused request: one replica of the queue group")
+	fmt.Fprintln(out, "   executes it, the other learns by its event on a NATS subject")
 	for _, ev := range r.pauseLog {
 		if ev.Err != nil {
 			fmt.Fprintf(out, "   %6v  SetPaused(%v) failed: %v\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Err)
@@ -110,16 +126,16 @@ func (r *demoResult) Print(out io.Writer) {
 		for i, d := range ev.Seen {
 			name := r.replicas[i].name
 			if d < 0 {
-				seen = append(seen, name+" not within 2s")
+				seen = append(seen, name+" not within "+demo.SeenWithin.String())
 			} else {
 				how := "NATS event"
-				if i == 0 {
-					how = "the writer"
+				if name == ev.By {
+					how = "executed it"
 				}
 				seen = append(seen, fmt.Sprintf("%s (%s) after %v", name, how, d.Round(10*time.Microsecond)))
 			}
 		}
-		fmt.Fprintf(out, "   %6v  SetPaused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
+		fmt.Fprintf(out, "   %6v  set_paused(%v) -> version %d; replicas acting on it: %s\n", ev.At.Round(time.Millisecond), ev.Paused, ev.Version, strings.Join(seen, ", "))
 	}
 	for _, rep := range r.replicas {
 		st := "running"
@@ -128,6 +144,13 @@ func (r *demoResult) Print(out io.Writer) {
 		}
 		fmt.Fprintf(out, "   at the end, %s: %s at version %d, confirmed by Valkey %v ago; %d events applied, %d ignored; %d reconciles, %d failed\n",
 			rep.name, st, rep.snap.Version, rep.age.Round(time.Millisecond), rep.stats.EventsApplied, rep.stats.EventsIgnored, rep.stats.Reconciles, rep.stats.ReconcileFailures)
+		fmt.Fprintf(out, "              it executed %d set_paused requests and answered %d status requests\n", rep.mgmt.SetPaused, rep.mgmt.Status)
+	}
+	if r.statusErr != nil {
+		fmt.Fprintf(out, "   status request after the run failed: %v\n", r.statusErr)
+	} else {
+		s := r.status
+		fmt.Fprintf(out, "   status request after the run, answered by %s from a Valkey lookup (not its snapshot): paused %v at version %d\n", s.Replica, s.Paused, s.Version)
 	}
 	fmt.Fprintln(out)
 
@@ -160,13 +183,18 @@ func (r *demoResult) Print(out io.Writer) {
 
 	b := r.bus
 	fmt.Fprintln(out, "4. Delivery on NATS JetStream (a work-queue stream, one durable consumer per lane shared by")
-	fmt.Fprintf(out, "   both replicas; a message lives 5s); replica B's connection restarted at %v\n", r.cfg.RestartAt)
+	fmt.Fprintf(out, "   both replicas; a message lives 5s); replica B's connection restarted at %v, after %v of the mix\n",
+		r.restartedAt.Round(10*time.Millisecond), r.cfg.RestartAt)
 	fmt.Fprintf(w, "   published\t%d\t(refused by the stream: %d)\t\n", r.published, r.refused)
 	fmt.Fprintf(w, "   handler calls\t%d\t\t\n", b.Delivered)
 	fmt.Fprintf(w, "   acked: sent\t%d\t\t\n", b.Acked)
 	fmt.Fprintf(w, "   dropped (Term)\t%d\t%s\t\n", sum(b.Dropped[:]), labelled(b.Dropped[:], bus.DropReason.String))
 	fmt.Fprintf(w, "   redelivered: expected nacks\t%d\t%s (NakWithDelay, no error report)\t\n", sum(b.Nacked[:]), labelled(b.Nacked[:], bus.NackReason.String))
-	fmt.Fprintf(w, "   redelivered: errors\t%d\treported %d%s\t\n", b.Errors, r.reported, prefixed(": ", r.firstError))
+	expired := ""
+	if r.reportedExpired > 0 {
+		expired = fmt.Sprintf(" (%d of them the message's lifetime ending during a call)", r.reportedExpired)
+	}
+	fmt.Fprintf(w, "   redelivered: errors\t%d\treported %d%s%s\t\n", b.Errors, r.reported, expired, prefixed(": ", r.firstError))
 	fmt.Fprintf(w, "   redelivered: released\t%d\t(fetched by B as it restarted, handed back unhandled)\t\n", b.Released)
 	fmt.Fprintf(w, "   unconfirmed acks\t%d\t\t\n", b.AckFailures)
 	fmt.Fprintf(w, "   unfinished\t%d\t(still in the stream when the run ended)\t\n", r.unfinished)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -72,7 +73,9 @@ type fleet struct {
 	opEvents  *nats.Conn
 	subject   string // the pause events' NATS subject
 	admin     valkey.Client
-	finals    atomic.Int64
+	finals    atomic.Int64 // final outcomes: messages finished
+	seen      sync.Map     // of stream sequences with a settled delivery
+	taken     atomic.Int64 // messages with a settled delivery: taken off the stream once
 }
 
 // fleetConfig shapes a fleet.
@@ -107,6 +110,11 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 		Stream:   "OUTGRESS_ROLLOUT_" + run,
 		Subjects: []string{"outgress-rollout-" + run + ".standard", "outgress-rollout-" + run + ".premium", "outgress-rollout-" + run + ".system"},
 		Observe: func(m *bus.Message, o bus.Outcome, reason uint8) {
+			// Whichever delivery settles first (a first delivery the
+			// client dropped comes back after AckWait).
+			if _, dup := f.seen.LoadOrStore(m.Seq, true); !dup {
+				f.taken.Add(1)
+			}
 			if o.Final() {
 				f.finals.Add(1)
 			}
@@ -130,7 +138,7 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 	if f.opEvents, err = nats.Connect(cfg.NATSURL, nats.Name("outgress-rollout-operator")); err != nil {
 		return nil, err
 	}
-	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, Events: &pause.NATSEvents{Conn: f.opEvents, Subject: f.subject}})
+	f.operator = pause.New(f.opClient, pause.Config{Prefix: cfg.Prefix, NATS: f.opEvents, Subject: f.subject})
 	if err := f.operator.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -272,15 +280,23 @@ func (f *fleet) close() {
 	}
 }
 
-// windowConfig shapes one canary window.
+// windowConfig shapes one canary window. A window is sized by message
+// counts, not by time: a loaded machine takes longer over it, and its gates
+// judge as many messages.
 type windowConfig struct {
-	Rate     int           // messages a second
-	Duration time.Duration // of publishing; the window runs Tail longer
-	Tail     time.Duration
-	Seed     uint64
-	// PauseAt, when > 0, pauses sending that long into the window (from the
-	// operator's writer) and resumes 100 ms later: the pause gates' change.
-	PauseAt time.Duration
+	Rate     int // messages a second, at most
+	Messages int // published in the window, at least
+	// MinWarm: publishing goes on past Messages, Messages/2 at a time,
+	// until each replica has admitted at least MinWarm messages with a
+	// warm channel cache on the standard lane and on the premium lane in
+	// the window (the commands-per-warm-message gates' samples, and the
+	// Helix responses of the 429 gate's), 10 x Messages at most.
+	MinWarm int
+	Seed    uint64
+	// PauseAfter, when > 0, pauses sending (the operator's writer) once
+	// that many messages were published, and resumes 100 ms later: the
+	// pause gates' change.
+	PauseAfter int
 	// BeforePause, if set, runs before the pause (a test waits there for a
 	// canary reconcile).
 	BeforePause func()
@@ -288,40 +304,197 @@ type windowConfig struct {
 	Server      canary.Server
 }
 
-// window publishes the demo's mix while canary.Watch observes both replicas,
-// and returns the gates' report.
-func (f *fleet) window(ctx context.Context, wc windowConfig) (*canary.Report, error) {
+// windowLimit bounds a window: publishing, every message taken, and both
+// replicas' measure of its pause change. Past it the window fails, saying
+// what it was waiting for. Each replica measures a change's propagation at
+// its first reconcile after it, within 1.2 s with the default reconcile
+// interval (2.4 s for the tests' slow canary); a first delivery that the
+// client dropped comes back after AckWait (6 s); the rest is the machine's
+// load.
+const windowLimit = time.Minute
+
+// window publishes the demo's mix, by count, while canary.Begin and Until
+// observe both replicas, and returns the gates' report. The window starts
+// once both are scraped, and ends once every message published in it has
+// been taken off the stream (its first delivery settled), and, with a
+// pause change (PauseAfter), once both replicas have measured the
+// propagation of its last change, so that the propagation gate judges it.
+// A message's redeliveries may finish in the next window (the rate gates
+// count what each replica finished; the commands and script-run gates
+// allow for calls at the edges). Publishing waits while the replicas hold
+// two messages per worker, untaken: no queue builds up on a slow machine,
+// where messages would wait out their lifetime.
+// windowResult is a window's report, with how many messages it published
+// and how long it took from its start to its end.
+type windowResult struct {
+	*canary.Report
+	Messages int64
+	Took     time.Duration
+}
+
+func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, windowLimit)
+	defer cancel()
+	watching, err := canary.Begin(ctx, f.baseline.url, f.canary.url, wc.Server)
+	if err != nil {
+		return nil, err
+	}
+	taken0 := f.taken.Load()
+	type warm struct{ base, can [limits.NumLanes]int64 }
+	warmNow := func() (w warm) {
+		for lane := range limits.NumLanes {
+			w.base[lane], _ = f.baseline.met.WarmCalls(lane)
+			w.can[lane], _ = f.canary.met.WarmCalls(lane)
+		}
+		return w
+	}
+	warm0 := warmNow()
+	var published atomic.Int64
+	var publishing atomic.Bool
+	publishing.Store(true)
+	taken := func() int64 { return f.taken.Load() - taken0 }
+	var last atomic.Int64 // the version of the window's last pause change
+	measured := func() bool {
+		v := last.Load()
+		return wc.PauseAfter <= 0 ||
+			v > 0 && f.baseline.pause.Stats().PropagatedVersion >= v && f.canary.pause.Stats().PropagatedVersion >= v
+	}
+	done := func() bool { return !publishing.Load() && taken() >= published.Load() && measured() }
+
 	var wg sync.WaitGroup
 	var win *canary.Window
-	var werr error
+	var werr, opErr error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		win, werr = canary.Watch(ctx, f.baseline.url, f.canary.url, wc.Duration+wc.Tail, 100*time.Millisecond, wc.Server)
+		win, werr = watching.Until(ctx, 0, 100*time.Millisecond, done, windowLimit)
 	}()
-	if wc.PauseAt > 0 {
+	pauseNow := make(chan struct{})
+	if wc.PauseAfter > 0 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wc.PauseAt):
+			case <-pauseNow:
 			}
 			if wc.BeforePause != nil {
 				wc.BeforePause()
 			}
-			f.operator.SetPaused(ctx, true)
-			time.Sleep(100 * time.Millisecond)
-			f.operator.SetPaused(ctx, false)
+			// A change stored but not published (ErrNotPublished) still
+			// reaches the replicas, by their reconcile; another error is
+			// the window's.
+			for _, paused := range []bool{true, false} {
+				v, err := f.operator.SetPaused(ctx, paused)
+				if err != nil && !errors.Is(err, pause.ErrNotPublished) {
+					opErr = fmt.Errorf("the operator's SetPaused(%v): %w", paused, err)
+					return
+				}
+				if paused {
+					time.Sleep(100 * time.Millisecond)
+				} else {
+					last.Store(v)
+				}
+			}
 		}()
 	}
-	demo.Publish(ctx, f.publisher, f.busCfg.Subjects, wc.Rate, wc.Duration, f.cfg.Channels, wc.Seed)
+
+	pubErr := f.publishWindow(ctx, wc, &published, pauseNow, func() error {
+		// Every message published so far taken: its first decision made.
+		for ctx.Err() == nil && taken() < published.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			return f.stuck(ctx, "its messages to be taken", published.Load(), taken0)
+		}
+		return nil
+	}, func() bool {
+		w := warmNow()
+		for _, lane := range []limits.Lane{limits.LaneStandard, limits.LanePremium} {
+			if w.base[lane]-warm0.base[lane] < int64(wc.MinWarm) || w.can[lane]-warm0.can[lane] < int64(wc.MinWarm) {
+				return false
+			}
+		}
+		return true
+	}, taken0)
+	publishing.Store(false)
+	if pubErr != nil {
+		cancel()
+	}
 	wg.Wait()
-	if werr != nil {
+	switch {
+	case pubErr != nil:
+		return nil, pubErr
+	case opErr != nil:
+		return nil, opErr
+	case werr != nil && ctx.Err() == nil:
+		return nil, werr
+	case !done():
+		return nil, f.stuck(ctx, fmt.Sprintf("the propagation of pause version %d (measured by baseline: %v, canary: %v) and its messages",
+			last.Load(), f.baseline.pause.Stats().PropagatedVersion >= last.Load(), f.canary.pause.Stats().PropagatedVersion >= last.Load()),
+			published.Load(), taken0)
+	case werr != nil:
 		return nil, werr
 	}
-	return canary.Evaluate(win, wc.Bounds), nil
+	return &windowResult{Report: canary.Evaluate(win, wc.Bounds), Messages: published.Load(), Took: win.Duration}, nil
+}
+
+// publishWindow publishes a window's messages: wc.Messages (closing
+// pauseNow after wc.PauseAfter of them), then, while enough reports
+// false once settle has returned (every message taken), wc.Messages/2
+// more at a time, 10 x wc.Messages in all at most. published counts them
+// as they go.
+func (f *fleet) publishWindow(ctx context.Context, wc windowConfig, published *atomic.Int64, pauseNow chan struct{}, settle func() error, enough func() bool, taken0 int64) error {
+	mix := demo.NewMix(wc.Seed, f.cfg.Channels)
+	room := func() bool { return published.Load()-(f.taken.Load()-taken0) < int64(4*fleetWorkers()) }
+	publish := func(n int) error {
+		p, refused := demo.PublishMix(ctx, f.publisher, f.busCfg.Subjects, mix, n, wc.Rate, room)
+		published.Add(int64(p))
+		switch {
+		case refused > 0:
+			return fmt.Errorf("the stream refused %d of %d messages", refused, n)
+		case ctx.Err() != nil:
+			return f.stuck(ctx, "room to publish", published.Load(), taken0)
+		}
+		return nil
+	}
+	first := wc.Messages
+	if wc.PauseAfter > 0 {
+		if err := publish(min(wc.PauseAfter, wc.Messages)); err != nil {
+			return err
+		}
+		close(pauseNow)
+		first -= min(wc.PauseAfter, wc.Messages)
+	}
+	if err := publish(first); err != nil {
+		return err
+	}
+	for {
+		if err := settle(); err != nil {
+			return err
+		}
+		if enough() {
+			return nil
+		}
+		if published.Load() >= int64(10*wc.Messages) {
+			w := func(r *fleetReplica, lane limits.Lane) int64 { n, _ := r.met.WarmCalls(lane); return n }
+			return fmt.Errorf("after %d messages, a replica has admitted fewer than %d warm messages on the standard or premium lane "+
+				"in the window (baseline standard %d, premium %d; canary standard %d, premium %d, since the process started): "+
+				"one replica is taking almost nothing off the stream", published.Load(), wc.MinWarm,
+				w(f.baseline, limits.LaneStandard), w(f.baseline, limits.LanePremium), w(f.canary, limits.LaneStandard), w(f.canary, limits.LanePremium))
+		}
+		if err := publish(max(wc.Messages/2, 1)); err != nil {
+			return err
+		}
+	}
+}
+
+// stuck is the error of a window that ran out of time (or was cancelled)
+// while waiting for what.
+func (f *fleet) stuck(ctx context.Context, what string, published, taken0 int64) error {
+	return fmt.Errorf("rollout window: %v while waiting for %s (%d of %d messages taken off the stream); "+
+		"a window is bounded by %v", context.Cause(ctx), what, f.taken.Load()-taken0, published, windowLimit)
 }
 
 // valkeyServer counts script runs from INFO commandstats of c's server.
@@ -344,8 +517,10 @@ type rolloutResult struct {
 
 // runRollout runs the rollout: a baseline with every step off and a canary
 // that turns the six steps on one at a time, side by side on one Valkey and
-// one bus, with the gate table after each step.
-func runRollout(ctx context.Context, rate int, d time.Duration, out io.Writer) (*rolloutResult, error) {
+// one bus, with the gate table after each step. Each step's window is
+// messages messages at most rate a second, and more until each replica
+// has admitted 20 warm messages on each of the standard and premium lanes.
+func runRollout(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult, error) {
 	dial, where, stopServer, err := demo.Valkey()
 	if err != nil {
 		return nil, err
@@ -372,15 +547,15 @@ func runRollout(ctx context.Context, rate int, d time.Duration, out io.Writer) (
 		if err := f.deploy(f.canary, worker.AllSteps&^on, worker.Config{}); err != nil {
 			return nil, err
 		}
-		rep, err := f.window(ctx, windowConfig{Rate: rate, Duration: d, Tail: 300 * time.Millisecond, Seed: uint64(10 + i),
-			PauseAt: d / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetWorkers()}})
+		rep, err := f.window(ctx, windowConfig{Rate: rate, Messages: messages, MinWarm: 20, Seed: uint64(10 + i),
+			PauseAfter: messages / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetWorkers()}})
 		if err != nil {
 			return nil, err
 		}
 		res.steps = append(res.steps, step.String())
-		res.reports = append(res.reports, rep)
+		res.reports = append(res.reports, rep.Report)
 		if out != nil {
-			fmt.Fprintf(out, "\nStep %d of 6: canary turns on %s (baseline: every step off)\n", i+1, step)
+			fmt.Fprintf(out, "\nStep %d of 6: canary turns on %s (baseline: every step off); %d messages in %v\n", i+1, step, rep.Messages, rep.Took.Round(10*time.Millisecond))
 			rep.Print(out)
 		}
 	}

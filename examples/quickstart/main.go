@@ -35,14 +35,16 @@ const (
 )
 
 func main() {
-	if err := run(context.Background(), os.Stdout); err != nil {
+	if err := run(context.Background(), os.Stdout, time.Time{}); err != nil { // the machine's clock
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, w io.Writer) error {
-	client, where, stop, err := connect()
+// run tells the story on VALKEY_ADDR's server, or on an in-process one
+// whose clock is fixedClock when that is not zero (see connect).
+func run(ctx context.Context, w io.Writer, fixedClock time.Time) error {
+	client, where, stop, err := connect(fixedClock)
 	if err != nil {
 		return err
 	}
@@ -90,8 +92,11 @@ func describe(d admit.Decision, first, second string) string {
 	}
 }
 
-// connect dials VALKEY_ADDR, or starts an in-process miniredis.
-func connect() (valkey.Client, string, func(), error) {
+// connect dials VALKEY_ADDR, or starts an in-process miniredis. A
+// non-zero fixedClock stops the in-process server's clock there (tests do
+// this, so that the story does not depend on the machine's speed); zero
+// leaves it on the machine's clock.
+func connect(fixedClock time.Time) (valkey.Client, string, func(), error) {
 	opt := valkey.ClientOption{DisableCache: true}
 	where, stopServer := "", func() {}
 	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
@@ -104,6 +109,9 @@ func connect() (valkey.Client, string, func(), error) {
 		}
 		// miniredis answers CLUSTER SLOTS; without this valkey-go would treat
 		// it as a cluster.
+		if !fixedClock.IsZero() {
+			srv.SetTime(fixedClock)
+		}
 		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
 		where = "an in-process miniredis (set VALKEY_ADDR=host:port to use your Valkey)"
 		stopServer = srv.Close

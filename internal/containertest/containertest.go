@@ -11,7 +11,7 @@
 // and skip when VALKEY_IMAGE is unset. Any image whose default command starts
 // a Valkey or Redis server listening on port 6379 works: the official valkey
 // and redis images, or one imported from a local server binary where no
-// registry is reachable (see the README, "Testing in containers").
+// registry is reachable (see docs/testing.md, "Testing in containers").
 package containertest
 
 import (

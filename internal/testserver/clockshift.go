@@ -23,28 +23,52 @@ var clockshiftSource string
 
 // Clock moves the wall clock of a server started by [StartClockShifted].
 type Clock struct {
-	f *os.File
-	c valkey.Client // the server's, once started: Set waits until its TIME shows the offset
+	f      *os.File
+	c      valkey.Client // the server's, once started: Set waits until its TIME shows the offset
+	offset time.Duration // the offset set last
 }
 
-// Set makes the server's wall clock read real time + offset. The offset is
-// written in place, so the server sees it on its next clock read; Set then
-// waits (2 s at most) until the server's TIME is within a minute of it,
-// because Valkey 9.1 serves TIME from a wall clock it re-reads only about
-// once a millisecond (measured: the first TIME after a change, sent within
-// that millisecond, still read the old offset; 8.0, 8.1 and Redis 7.0 and
-// 8.0 read the new one at once). Every offset a test sets is hours apart
-// from the last, so a minute tells them apart.
+// Set makes the server's wall clock read real time + offset, and returns
+// once the server's TIME shows it. The offset is written in place, so the
+// server sees it on its next clock read; but Valkey 9.1 serves TIME (and
+// a script's TIME) from a wall clock it re-reads only about once a
+// millisecond, when its event loop wakes (measured: the first TIME after
+// a change still read the old offset about every other time, for 1 to 6
+// ms; 8.0, 8.1 and Redis 7.0 and 8.0 read the new one at once). A step of
+// a few microseconds cannot be told from the old offset by TIME, so Set
+// passes through a parking offset an hour before both the old and the new
+// one: it waits until TIME is within a minute of the parking offset, then
+// until it is within a minute of the new one, which proves that the
+// server re-read its clock after the new offset was written. Nothing runs
+// on the server in between (the caller is the only client while it
+// steps), and a clock an hour back expires nothing.
 func (c *Clock) Set(tb testing.TB, offset time.Duration) {
+	tb.Helper()
+	if c.c != nil {
+		park := min(c.offset, offset) - time.Hour
+		c.write(tb, park)
+		c.await(tb, park)
+	}
+	c.write(tb, offset)
+	c.offset = offset
+	if c.c != nil {
+		c.await(tb, offset)
+	}
+}
+
+func (c *Clock) write(tb testing.TB, offset time.Duration) {
 	tb.Helper()
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], uint64(offset.Microseconds()))
 	if _, err := c.f.WriteAt(b[:], 0); err != nil {
 		tb.Fatalf("set server clock offset: %v", err)
 	}
-	if c.c == nil {
-		return
-	}
+}
+
+// await waits (2 s at most) until the server's TIME is within a minute of
+// the host's clock + offset.
+func (c *Clock) await(tb testing.TB, offset time.Duration) {
+	tb.Helper()
 	var last time.Duration
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		at, err := serverTime(tb, c.c)
@@ -119,5 +143,6 @@ func StartClockShifted(tb testing.TB) (*Server, *Clock) {
 	clock.c = NewClient(tb, srv)
 	clock.Set(tb, -time.Hour)
 	clock.Set(tb, 0)
+	tally(tb, "ran")
 	return srv, clock
 }

@@ -56,6 +56,7 @@ func Deployment(tb testing.TB) *Target {
 		if err != nil {
 			tb.Fatalf("VALKEY_CLUSTER_ADDR=%s: %v", list, err)
 		}
+		tally(tb, "ran")
 		return &Target{Name: v + ", cluster at " + list, Addrs: addrs, Cluster: true, Version: v}
 	}
 	if os.Getenv("VALKEY_CLUSTER") == "1" {
@@ -71,6 +72,7 @@ func Deployment(tb testing.TB) *Target {
 			SkipOrFail(tb, "VALKEY_CLUSTER=1 needs a server binary: "+Help)
 		}
 		c := sharedCluster.c
+		tally(tb, "ran")
 		return &Target{
 			Name:  fmt.Sprintf("%s, %d-primary cluster, started by the tests", c.Version, len(c.Servers)),
 			Addrs: c.Addrs(), Cluster: true, Owned: true, Version: c.Version,

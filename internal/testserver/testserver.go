@@ -86,6 +86,7 @@ func SkipOrFail(tb testing.TB, msg string) {
 	if Required() {
 		tb.Fatal(msg)
 	}
+	tally(tb, "skipped")
 	tb.Skip(msg)
 }
 
@@ -137,6 +138,7 @@ func Shared(tb testing.TB) *Server {
 	if shared.srv == nil {
 		SkipOrFail(tb, Help)
 	}
+	tally(tb, "ran")
 	return shared.srv
 }
 
@@ -163,6 +165,7 @@ func Own(tb testing.TB, extra ...string) *Server {
 		tb.Fatalf("server: %v", err)
 	}
 	tb.Cleanup(srv.Stop)
+	tally(tb, "ran")
 	return srv
 }
 
@@ -346,6 +349,7 @@ func NewClient(tb testing.TB, srv *Server) valkey.Client {
 		tb.Fatalf("dial %s: %v", srv.Addr, err)
 	}
 	tb.Cleanup(c.Close)
+	tally(tb, "ran")
 	return c
 }
 

@@ -34,6 +34,7 @@ func OwnTLS(tb testing.TB) *Server {
 		tb.Fatalf("TLS server: %v", err)
 	}
 	tb.Cleanup(srv.Stop)
+	tally(tb, "ran")
 	return srv
 }
 

@@ -155,6 +155,7 @@ func Scrape(ctx context.Context, url string) (Sample, error) {
 type Replica struct {
 	Start, End Sample
 	MaxAge     float64 // seconds
+	AgeSamples int     // readings of the age MaxAge is the largest of
 }
 
 // delta is what the window added to the series of name with those labels.
@@ -185,67 +186,117 @@ type Server interface {
 // their pause snapshot age every sampleEvery, and scrapes both again. srv
 // may be nil.
 func Watch(ctx context.Context, baselineURL, canaryURL string, window, sampleEvery time.Duration, srv Server) (*Window, error) {
-	w := &Window{ServerScripts: -1}
-	// The server is read before and after each edge's scrapes: calls made
-	// while the replicas are scraped land in one count and not the other,
-	// so the server's figure is a range (ServerScripts to ServerScriptsMax).
-	var reads [4]int64
-	read := func(i int) {
-		if srv == nil {
-			return
-		}
-		n, err := srv.ScriptRuns(ctx)
-		if err != nil {
-			w.ServerNote = err.Error()
-			srv = nil
-			return
-		}
-		reads[i] = n
-	}
-	if srv == nil {
-		w.ServerNote = "no server given"
-	}
-	scrapeBoth := func(b, c *Sample) error {
-		var err error
-		if *b, err = Scrape(ctx, baselineURL); err != nil {
-			return err
-		}
-		*c, err = Scrape(ctx, canaryURL)
-		return err
-	}
-	read(0)
-	if err := scrapeBoth(&w.Baseline.Start, &w.Canary.Start); err != nil {
+	return WatchUntil(ctx, baselineURL, canaryURL, window, sampleEvery, srv, nil, 0)
+}
+
+// WatchUntil is Watch whose window, once window has passed, goes on until
+// done reports true (checked every sampleEvery), for at most limit more:
+// a window that must hold what the replicas measure late (a pause change's
+// propagation is measured at the reconcile after it). done may be nil.
+func WatchUntil(ctx context.Context, baselineURL, canaryURL string, window, sampleEvery time.Duration, srv Server, done func() bool, limit time.Duration) (*Window, error) {
+	wa, err := Begin(ctx, baselineURL, canaryURL, srv)
+	if err != nil {
 		return nil, err
 	}
-	read(1)
-	start := time.Now()
-	end := start.Add(window)
-	for time.Now().Before(end) {
+	return wa.Until(ctx, window, sampleEvery, done, limit)
+}
+
+// A Watching is a window begun: both replicas scraped at its start.
+type Watching struct {
+	w                      *Window
+	baselineURL, canaryURL string
+	srv                    Server
+	reads                  [4]int64 // the server's script runs around the start's and the end's scrapes
+	start                  time.Time
+}
+
+// Begin starts a window: it scrapes both replicas, reading srv (which may
+// be nil) on both sides of the scrapes. What the replicas do from its
+// return on is in the window: a caller that drives the traffic starts it
+// after Begin.
+func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server) (*Watching, error) {
+	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, srv: srv}
+	if srv == nil {
+		wa.w.ServerNote = "no server given"
+	}
+	wa.read(ctx, 0)
+	if err := wa.scrapeBoth(ctx, &wa.w.Baseline.Start, &wa.w.Canary.Start); err != nil {
+		return nil, err
+	}
+	wa.read(ctx, 1)
+	wa.start = time.Now()
+	return wa, nil
+}
+
+// read reads the server's script runs into reads[i]. The server is read
+// before and after each edge's scrapes: calls made while the replicas are
+// scraped land in one count and not the other, so the server's figure is a
+// range (ServerScripts to ServerScriptsMax).
+func (wa *Watching) read(ctx context.Context, i int) {
+	if wa.srv == nil {
+		return
+	}
+	n, err := wa.srv.ScriptRuns(ctx)
+	if err != nil {
+		wa.w.ServerNote = err.Error()
+		wa.srv = nil
+		return
+	}
+	wa.reads[i] = n
+}
+
+func (wa *Watching) scrapeBoth(ctx context.Context, b, c *Sample) error {
+	var err error
+	if *b, err = Scrape(ctx, wa.baselineURL); err != nil {
+		return err
+	}
+	*c, err = Scrape(ctx, wa.canaryURL)
+	return err
+}
+
+// Until ends the window: once window has passed since Begin and done
+// reports true (checked every sampleEvery; nil: at once), or limit after
+// window at the latest, it scrapes both replicas again. Meanwhile it
+// samples their pause snapshot age every sampleEvery. Call it once.
+func (wa *Watching) Until(ctx context.Context, window, sampleEvery time.Duration, done func() bool, limit time.Duration) (*Window, error) {
+	w := wa.w
+	end, last := wa.start.Add(window), wa.start.Add(window+max(limit, 0))
+	for {
+		now := time.Now()
+		if !now.Before(last) || !now.Before(end) && (done == nil || done()) {
+			break
+		}
+		next := end
+		if !now.Before(end) {
+			next = last
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(min(sampleEvery, time.Until(end))):
+		case <-time.After(min(sampleEvery, time.Until(next))):
 		}
 		for _, r := range []struct {
 			url string
 			rep *Replica
-		}{{baselineURL, &w.Baseline}, {canaryURL, &w.Canary}} {
+		}{{wa.baselineURL, &w.Baseline}, {wa.canaryURL, &w.Canary}} {
 			if s, err := Scrape(ctx, r.url); err == nil {
 				r.rep.MaxAge = max(r.rep.MaxAge, s.Get(MetricAge))
+				r.rep.AgeSamples++
 			}
 		}
 	}
-	read(2)
-	if err := scrapeBoth(&w.Baseline.End, &w.Canary.End); err != nil {
+	wa.read(ctx, 2)
+	if err := wa.scrapeBoth(ctx, &w.Baseline.End, &w.Canary.End); err != nil {
 		return nil, err
 	}
-	read(3)
-	w.Duration = time.Since(start)
-	if srv != nil {
-		w.ServerScripts, w.ServerScriptsMax = reads[2]-reads[1], reads[3]-reads[0]
+	wa.read(ctx, 3)
+	w.Duration = time.Since(wa.start)
+	if wa.srv != nil {
+		w.ServerScripts, w.ServerScriptsMax = wa.reads[2]-wa.reads[1], wa.reads[3]-wa.reads[0]
 	}
 	for _, r := range []*Replica{&w.Baseline, &w.Canary} {
 		r.MaxAge = max(r.MaxAge, r.End.Get(MetricAge))
+		r.AgeSamples++
 	}
 	return w, nil
 }
@@ -321,6 +372,13 @@ type Gate struct {
 	Baseline, Canary string
 	Pass             bool
 	Rule             string // what passes
+	// BaselineN and CanaryN are how many observations each side's figure
+	// was computed from, in the window: responses, finished messages, warm
+	// messages, tokens, script runs, sampled requests, histogram
+	// observations (pre-HTTP latency, pause changes), age readings. A gate
+	// that passes on a canary figure computed from nothing (CanaryN 0)
+	// judged nothing: Print says "no data", and Report.NoData names it.
+	BaselineN, CanaryN float64
 }
 
 // Report is every gate of one window.
@@ -328,6 +386,9 @@ type Report struct {
 	Gates []Gate
 	// Pass is every gate's.
 	Pass bool
+	// NoData names the gates that passed on no canary observation (a
+	// window without a pause change has no propagation to judge, say).
+	NoData []string
 	// Steps is the canary's rollout steps, from its outgress_rollout_step.
 	Steps string
 }
@@ -385,6 +446,9 @@ func Evaluate(w *Window, b Bounds) *Report {
 	add := func(g Gate) {
 		rep.Gates = append(rep.Gates, g)
 		rep.Pass = rep.Pass && g.Pass
+		if g.Pass && g.CanaryN == 0 {
+			rep.NoData = append(rep.NoData, g.Name)
+		}
 	}
 	base, can := &w.Baseline, &w.Canary
 
@@ -393,24 +457,27 @@ func Evaluate(w *Window, b Bounds) *Report {
 		bv, cv := ratio(num(base), bn), ratio(num(can), cn)
 		allowed := bv + b.RateSlack + 3*stdErr(bv, cv, bn, cn)
 		return Gate{Name: name, Baseline: fmt.Sprintf("%s of %.0f", pct(bv), bn), Canary: fmt.Sprintf("%s of %.0f", pct(cv), cn),
-			Pass: cv <= allowed, Rule: "canary <= baseline + " + pct(b.RateSlack) + " + 3 SE (" + pct(allowed) + ")"}
+			Pass: cv <= allowed, Rule: "canary <= baseline + " + pct(b.RateSlack) + " + 3 SE (" + pct(allowed) + ")", BaselineN: bn, CanaryN: cn}
 	}
 	responses := func(r *Replica) float64 { return r.delta(metricHelix) }
 	add(rate(Gate429, func(r *Replica) float64 { return r.delta(metricHelix, "status_class", "429") }, responses))
 	add(rate(GateAuth, func(r *Replica) float64 { return r.delta(metricHelix, "status_class", "auth") }, responses))
 
-	reserve := func(r *Replica) (excess, premiumRefused float64) {
+	// reserve's n is the tokens the standard and system lanes took from the
+	// shared and general buckets: what the excess is a part of.
+	reserve := func(r *Replica) (excess, premiumRefused, n float64) {
 		tok := func(lane, class string) float64 { return r.delta(metricTokens, "lane", lane, "class", class) }
-		excess = tok("standard", "shared") + tok("standard", "general") + tok("system", "general") -
-			tok("standard", "standard") - tok("system", "system")
+		n = tok("standard", "shared") + tok("standard", "general") + tok("system", "general")
+		excess = n - tok("standard", "standard") - tok("system", "system")
 		premiumRefused = r.delta(metricDecision, "lane", "premium", "decision", "denied_shared") +
 			r.delta(metricDecision, "lane", "premium", "decision", "denied_general")
-		return max(excess, 0), premiumRefused
+		return max(excess, 0), premiumRefused, n
 	}
-	be, bp := reserve(base)
-	ce, cp := reserve(can)
+	be, bp, bn := reserve(base)
+	ce, cp, cn := reserve(can)
 	add(Gate{Name: GateReserve, Rule: "canary takes 0 tokens of the reserve",
-		Baseline: fmt.Sprintf("%.0f (premium refused %.0f)", be, bp), Canary: fmt.Sprintf("%.0f (premium refused %.0f)", ce, cp), Pass: ce == 0})
+		Baseline: fmt.Sprintf("%.0f (premium refused %.0f)", be, bp), Canary: fmt.Sprintf("%.0f (premium refused %.0f)", ce, cp), Pass: ce == 0,
+		BaselineN: bn, CanaryN: cn})
 
 	messages := func(r *Replica) float64 { return r.delta(metricFinished) }
 	add(rate(GateDropped, func(r *Replica) float64 { return r.delta(metricFinished, "dropped", "true") }, messages))
@@ -440,7 +507,7 @@ func Evaluate(w *Window, b Bounds) *Report {
 			n := r.delta(metricWarm, "lane", c.lane)
 			return ratio(r.delta(metricWarmCall, "lane", c.lane), n), n
 		}
-		bv, _ := per(base)
+		bv, bn := per(base)
 		cv, n := per(can)
 		want := expect[c.lane]
 		// A scrape reads the message and call counters one after the
@@ -452,7 +519,8 @@ func Evaluate(w *Window, b Bounds) *Report {
 			slack += 2 * want / n
 		}
 		add(Gate{Name: c.name, Baseline: fmt.Sprintf("%.2f", bv), Canary: fmt.Sprintf("%.2f (%.0f msgs)", cv, n),
-			Rule: fmt.Sprintf("canary = %.0f (its steps) ± %.2f", want, slack), Pass: n > 0 && math.Abs(cv-want) <= slack})
+			Rule: fmt.Sprintf("canary = %.0f (its steps) ± %.2f", want, slack), Pass: n > 0 && math.Abs(cv-want) <= slack,
+			BaselineN: bn, CanaryN: n})
 	}
 	scripts := func(r *Replica) float64 {
 		var n float64
@@ -461,41 +529,47 @@ func Evaluate(w *Window, b Bounds) *Report {
 		}
 		return n
 	}
+	// This gate's figures are both replicas' script runs (Baseline) and
+	// the server's (Canary); its N is the workers' runs, and 0 on the
+	// canary's side when the server could not be read.
 	workers := scripts(base) + scripts(can)
 	if w.ServerScripts < 0 {
 		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: "server n/a: " + w.ServerNote,
-			Rule: "equal, when the server counts", Pass: true})
+			Rule: "equal, when the server counts", Pass: true, BaselineN: workers})
 	} else {
 		lo, hi := float64(w.ServerScripts-int64(b.InFlight)), float64(w.ServerScriptsMax+int64(b.InFlight))
 		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: fmt.Sprintf("server %d-%d", w.ServerScripts, w.ServerScriptsMax),
-			Rule: fmt.Sprintf("within the server's ± %d in flight", b.InFlight), Pass: workers >= lo && workers <= hi})
+			Rule: fmt.Sprintf("within the server's ± %d in flight", b.InFlight), Pass: workers >= lo && workers <= hi, BaselineN: workers, CanaryN: workers})
 	}
 
 	for _, q := range []struct {
 		name string
 		q    float64
 	}{{GateP95, 0.95}, {GateP99, 0.99}} {
-		bv, bi := quantile(base, metricStage, q.q, "stage", "pre_http")
-		cv, ci := quantile(can, metricStage, q.q, "stage", "pre_http")
-		add(Gate{Name: q.name, Baseline: dur(bv), Canary: dur(cv), Rule: fmt.Sprintf("canary at most %d buckets above baseline", b.LatencyBuckets), Pass: ci <= bi+b.LatencyBuckets})
+		bv, bi, bn := quantile(base, metricStage, q.q, "stage", "pre_http")
+		cv, ci, cn := quantile(can, metricStage, q.q, "stage", "pre_http")
+		add(Gate{Name: q.name, Baseline: fmt.Sprintf("%s of %.0f", dur(bv), bn), Canary: fmt.Sprintf("%s of %.0f", dur(cv), cn),
+			Rule: fmt.Sprintf("canary at most %d buckets above baseline", b.LatencyBuckets), Pass: ci <= bi+b.LatencyBuckets,
+			BaselineN: bn, CanaryN: cn})
 	}
 	add(rate(GateChurn, func(r *Replica) float64 { return r.delta(metricConns, "reused", "false") },
 		func(r *Replica) float64 { return r.delta(metricConns) }))
 
-	bp99, _ := quantile(base, metricPropag, 0.99)
-	cp99, _ := quantile(can, metricPropag, 0.99)
-	changes := can.delta(metricPropag + "_count")
-	add(Gate{Name: GatePropagation, Baseline: dur(bp99), Canary: fmt.Sprintf("%s (%.0f changes)", dur(cp99), changes),
-		Rule: "canary <= " + b.Propagation.String(), Pass: cp99 <= b.Propagation.Seconds()})
+	bp99, _, bchanges := quantile(base, metricPropag, 0.99)
+	cp99, _, changes := quantile(can, metricPropag, 0.99)
+	add(Gate{Name: GatePropagation, Baseline: fmt.Sprintf("%s (%.0f changes)", dur(bp99), bchanges), Canary: fmt.Sprintf("%s (%.0f changes)", dur(cp99), changes),
+		Rule: "canary <= " + b.Propagation.String(), Pass: cp99 <= b.Propagation.Seconds(), BaselineN: bchanges, CanaryN: changes})
 	add(Gate{Name: GatePauseAge, Baseline: dur(base.MaxAge), Canary: dur(can.MaxAge),
-		Rule: "canary <= " + b.MaxAge.String(), Pass: can.MaxAge <= b.MaxAge.Seconds()})
+		Rule: "canary <= " + b.MaxAge.String(), Pass: can.MaxAge <= b.MaxAge.Seconds(),
+		BaselineN: float64(base.AgeSamples), CanaryN: float64(can.AgeSamples)})
 	return rep
 }
 
 // quantile is the upper bound of the histogram bucket holding quantile q of
 // what the window added to name's histogram (series matching kv merged),
-// and that bucket's index; 0 and -1 when the window added nothing.
-func quantile(r *Replica, name string, q float64, kv ...string) (float64, int) {
+// that bucket's index, and the observations the window added (its +Inf
+// bucket); 0, -1 and 0 when the window added nothing.
+func quantile(r *Replica, name string, q float64, kv ...string) (bound float64, index int, n float64) {
 	cum := map[float64]float64{}
 	for _, s := range []struct {
 		sample Sample
@@ -523,16 +597,16 @@ func quantile(r *Replica, name string, q float64, kv ...string) (float64, int) {
 	}
 	sort.Float64s(bounds)
 	if len(bounds) == 0 || cum[bounds[len(bounds)-1]] <= 0 {
-		return 0, -1
+		return 0, -1, 0
 	}
 	total := cum[bounds[len(bounds)-1]]
 	rank := math.Ceil(q * total)
 	for i, le := range bounds {
 		if cum[le] >= rank {
-			return le, i
+			return le, i, total
 		}
 	}
-	return math.Inf(1), len(bounds)
+	return math.Inf(1), len(bounds), total
 }
 
 func dur(sec float64) string {
@@ -551,14 +625,21 @@ func (r *Report) Print(out io.Writer) {
 	fmt.Fprintln(w, "   gate\tbaseline\tcanary\tpasses when\tverdict\t")
 	for _, g := range r.Gates {
 		v := "pass"
-		if !g.Pass {
+		switch {
+		case !g.Pass:
 			v = "FAIL"
+		case g.CanaryN == 0:
+			v = "no data"
 		}
 		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\t\n", g.Name, g.Baseline, g.Canary, g.Rule, v)
 	}
 	w.Flush()
 	if r.Pass {
-		fmt.Fprintln(out, "   verdict: PASS (canary steps: "+r.Steps+")")
+		nodata := ""
+		if len(r.NoData) > 0 {
+			nodata = "; no data for " + strings.Join(r.NoData, "; ")
+		}
+		fmt.Fprintln(out, "   verdict: PASS (canary steps: "+r.Steps+nodata+")")
 	} else {
 		var failed []string
 		for _, g := range r.Gates {

@@ -45,10 +45,15 @@ func healthy() counts {
 	return c
 }
 
-// text renders c, with the pre_http histogram holding n observations in the
-// bucket with upper bound preHTTP and the propagation histogram one in the
-// bucket with bound propag (0: none).
-func (c counts) text(preHTTP, propag float64) string {
+// text renders c, with the pre_http histogram holding 1,000 observations in
+// the bucket with upper bound preHTTP and the propagation histogram one in
+// the bucket with bound propag (0: none).
+func (c counts) text(preHTTP, propag float64) string { return c.textTail(preHTTP, 0, propag) }
+
+// textTail is text with 2% of the pre_http observations (20 of 1,000) in
+// the bucket with bound tail instead (0: none): a p99 that moves while the
+// p95 does not.
+func (c counts) textTail(preHTTP, tail, propag float64) string {
 	var b strings.Builder
 	kinds := map[string]string{}
 	for k := range c {
@@ -66,27 +71,37 @@ func (c counts) text(preHTTP, propag float64) string {
 			}
 		}
 	}
-	hist := func(name, labels string, bound float64, n int) {
+	// hist writes a histogram holding obs[bound] observations in the
+	// bucket with upper bound bound.
+	hist := func(name, labels string, obs map[float64]int) {
 		fmt.Fprintf(&b, "# TYPE %s histogram\n", name)
-		total := 0
+		total, n := 0, 0
+		for _, k := range obs {
+			n += k
+		}
 		for _, le := range []float64{0.001, 0.002, 0.004, 0.008, 0.5, 1, 2, 4} {
-			if le >= bound && bound > 0 {
-				total = n
+			for bound, k := range obs {
+				if bound > le/2 && bound <= le { // each bound is one of the les
+					total += k
+				}
 			}
 			fmt.Fprintf(&b, "%s_bucket{%sle=\"%g\"} %d\n", name, labels, le, total)
 		}
 		fmt.Fprintf(&b, "%s_bucket{%sle=\"+Inf\"} %d\n%s_sum{%s} 0\n%s_count{%s} %d\n", name, labels, n, name, strings.TrimSuffix(labels, ","), name, strings.TrimSuffix(labels, ","), n)
 	}
-	m := 0
+	pre := map[float64]int{}
 	if preHTTP > 0 {
-		m = 1000
+		pre[preHTTP] = 1000
+		if tail > 0 {
+			pre[preHTTP], pre[tail] = 980, 20
+		}
 	}
-	hist("outgress_stage_duration_seconds", `stage="pre_http",`, preHTTP, m)
-	n := 0
+	hist("outgress_stage_duration_seconds", `stage="pre_http",`, pre)
+	prop := map[float64]int{}
 	if propag > 0 {
-		n = 1
+		prop[propag] = 1
 	}
-	hist("outgress_pause_propagation_seconds", "", propag, n)
+	hist("outgress_pause_propagation_seconds", "", prop)
 	return b.String()
 }
 
@@ -100,13 +115,17 @@ func sample(t *testing.T, text string) Sample {
 }
 
 // window builds a window whose start is empty and whose end is the given
-// replicas' counts: what the window added.
-func window(t *testing.T, base, can counts, canPreHTTP, canPropag float64, server int64) *Window {
+// replicas' counts: what the window added. The canary's pre_http
+// observations are in the bucket canPreHTTP, 2% of them in canTail when it
+// is not 0; its pause propagation is one change in the bucket canPropag (0:
+// none). Each replica's age was read 10 times.
+func window(t *testing.T, base, can counts, canPreHTTP, canTail, canPropag float64, server int64) *Window {
 	t.Helper()
 	empty := sample(t, counts{}.text(0, 0))
 	return &Window{
-		Baseline:      Replica{Start: empty, End: sample(t, base.text(0.002, 0.001)), MaxAge: base[`outgress_pause_snapshot_age_seconds{replica="x"}`]},
-		Canary:        Replica{Start: empty, End: sample(t, can.text(canPreHTTP, canPropag)), MaxAge: can[`outgress_pause_snapshot_age_seconds{replica="x"}`]},
+		Baseline: Replica{Start: empty, End: sample(t, base.text(0.002, 0.001)), MaxAge: base[`outgress_pause_snapshot_age_seconds{replica="x"}`], AgeSamples: 10},
+		Canary: Replica{Start: empty, End: sample(t, can.textTail(canPreHTTP, canTail, canPropag)),
+			MaxAge: can[`outgress_pause_snapshot_age_seconds{replica="x"}`], AgeSamples: 10},
 		ServerScripts: server, ServerScriptsMax: server,
 	}
 }
@@ -114,7 +133,7 @@ func window(t *testing.T, base, can counts, canPreHTTP, canPropag float64, serve
 // TestEvaluateEachGateFails: a healthy canary passes every gate; each
 // fault below fails exactly its gate and the verdict.
 func TestEvaluateEachGateFails(t *testing.T) {
-	rep := Evaluate(window(t, healthy(), healthy(), 0.002, 0.001, 2000), Bounds{})
+	rep := Evaluate(window(t, healthy(), healthy(), 0.002, 0, 0.001, 2000), Bounds{})
 	if !rep.Pass {
 		var b strings.Builder
 		rep.Print(&b)
@@ -124,6 +143,7 @@ func TestEvaluateEachGateFails(t *testing.T) {
 		gate    string
 		fault   func(counts)
 		preHTTP float64
+		tail    float64
 		propag  float64
 		server  int64
 	}{
@@ -141,7 +161,8 @@ func TestEvaluateEachGateFails(t *testing.T) {
 		{gate: GateCmdStandard, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="standard"}`] = 1200 }}, // a round trip added
 		{gate: GateCmdPremium, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="premium"}`] = 400 }},
 		{gate: GateCmdServer, server: 2500}, // the server ran 500 scripts the workers do not count
-		{gate: GateP95, preHTTP: 0.5},       // every message 8 buckets slower: p95 and p99 both
+		{gate: GateP95, preHTTP: 0.5},       // every message 3 buckets slower: p95 and p99 both
+		{gate: GateP99, tail: 0.5},          // 2% of them 3 buckets slower: the p99 alone
 		{gate: GateChurn, fault: func(c counts) {
 			c[`outgress_helix_sampled_connections_total{reused="false"}`] = 300
 			c[`outgress_helix_sampled_connections_total{reused="true"}`] = 700
@@ -164,7 +185,7 @@ func TestEvaluateEachGateFails(t *testing.T) {
 			if c.server > 0 {
 				server = c.server
 			}
-			rep := Evaluate(window(t, healthy(), can, pre, prop, server), Bounds{})
+			rep := Evaluate(window(t, healthy(), can, pre, c.tail, prop, server), Bounds{})
 			var b strings.Builder
 			rep.Print(&b)
 			if rep.Pass {
@@ -192,7 +213,7 @@ func TestCommandsFollowSteps(t *testing.T) {
 	}
 	can[`outgress_warm_valkey_calls_total{lane="standard"}`] = 1800
 	can[`outgress_warm_valkey_calls_total{lane="premium"}`] = 400
-	rep := Evaluate(window(t, healthy(), can, 0.002, 0.001, 2000), Bounds{})
+	rep := Evaluate(window(t, healthy(), can, 0.002, 0, 0.001, 2000), Bounds{})
 	for _, name := range []string{GateCmdStandard, GateCmdPremium} {
 		if g, _ := rep.Gate(name); !g.Pass {
 			t.Errorf("%s: %+v, want pass (3 and 2 round trips without those steps)", name, g)
@@ -205,5 +226,46 @@ func TestCommandStats(t *testing.T) {
 	n, err := CommandStats(func(context.Context) (string, error) { return info, nil }).ScriptRuns(context.Background())
 	if err != nil || n != 121 {
 		t.Errorf("ScriptRuns = %d, %v; want 121 (120 - 3 failed + 4)", n, err)
+	}
+}
+
+// TestEvaluateSampleCounts: each gate says how many observations each
+// side's figure was computed from, exactly; and a canary window with no
+// pause change passes the propagation gate on no data, which the table and
+// the verdict say instead of a bare pass.
+func TestEvaluateSampleCounts(t *testing.T) {
+	rep := Evaluate(window(t, healthy(), healthy(), 0.002, 0, 0.001, 2000), Bounds{})
+	want := map[string]float64{ // the same on both sides
+		Gate429: 1000, GateAuth: 1000, // responses
+		GateReserve:     480,  // shared and general tokens the standard and system lanes took
+		GateDropped:     1000, // messages finished
+		GateRedelivered: 1000,
+		GateCmdStandard: 600, GateCmdPremium: 200, // warm messages
+		GateCmdServer: 2000,                // both replicas' script runs
+		GateP95:       1000, GateP99: 1000, // pre_http observations
+		GateChurn:       1000, // sampled requests
+		GatePropagation: 1,    // pause changes
+		GatePauseAge:    10,   // age readings
+	}
+	if len(rep.Gates) != len(want) || len(rep.NoData) != 0 {
+		t.Errorf("%d gates, no data for %q; want %d gates, each with data", len(rep.Gates), rep.NoData, len(want))
+	}
+	for _, g := range rep.Gates {
+		if n, ok := want[g.Name]; !ok || g.BaselineN != n || g.CanaryN != n {
+			t.Errorf("gate %q: %v baseline and %v canary observations, want %v each", g.Name, g.BaselineN, g.CanaryN, n)
+		}
+	}
+
+	rep = Evaluate(window(t, healthy(), healthy(), 0.002, 0, 0, 2000), Bounds{})
+	var b strings.Builder
+	rep.Print(&b)
+	g, _ := rep.Gate(GatePropagation)
+	if !rep.Pass || !g.Pass || g.CanaryN != 0 || len(rep.NoData) != 1 || rep.NoData[0] != GatePropagation {
+		t.Errorf("no pause change in the canary's window: gate %+v, verdict pass %v, no data for %q; want a pass on no data for %q alone", g, rep.Pass, rep.NoData, GatePropagation)
+	}
+	for _, line := range []string{"no data  \n", "verdict: PASS (canary steps: metrics,transport,ordered_script,pause_snapshot,nack_suppression,precomputed; no data for pause propagation p99)"} {
+		if !strings.Contains(b.String(), line) {
+			t.Errorf("the table lacks %q:\n%s", line, b.String())
+		}
 	}
 }

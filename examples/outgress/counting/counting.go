@@ -34,10 +34,6 @@ type Client struct {
 	// command and before its reply arrived. Tests and the demo use it to
 	// lose a decision that was made.
 	Lose func(cmd valkey.Completed) error
-	// DropMessages, when set and true, drops every pub/sub message a
-	// subscription receives: events lost (for the canary's pause gate).
-	// Set it before the subscription starts.
-	DropMessages *atomic.Bool
 }
 
 // Tally counts the commands and round trips of one unit of work.
@@ -104,13 +100,5 @@ func (c *Client) DoCache(ctx context.Context, cmd valkey.Cacheable, ttl time.Dur
 // Receive counts the SUBSCRIBE as one command.
 func (c *Client) Receive(ctx context.Context, subscribe valkey.Completed, fn func(valkey.PubSubMessage)) error {
 	c.count(ctx, 1)
-	if c.DropMessages != nil {
-		inner := fn
-		fn = func(m valkey.PubSubMessage) {
-			if !c.DropMessages.Load() {
-				inner(m)
-			}
-		}
-	}
 	return c.Client.Receive(ctx, subscribe, fn)
 }

@@ -31,35 +31,60 @@ const (
 )
 
 // Publish publishes rate messages a second for d, in 10 ms ticks, on the
-// lanes' subjects (in lane order), drawn from a mix on channels channels
-// seeded by seed, after one malformed message and one for an unknown
-// channel. The mix: 60% standard chat, 15%
-// premium chat, 10% Helix API calls (any lane), 8% announcements, 7%
-// shoutouts; 30% of chat goes to three hot channels, enough to exhaust
-// their standard share. A few messages are malformed, name an unknown
-// channel, or shout a channel out to itself (which Helix refuses).
+// lanes' subjects (in lane order), drawn from NewMix(seed, channels): the
+// traffic of `go run . publish`. The demo and the rollout publish by count
+// instead (PublishMix), so that a slow machine publishes the same messages,
+// only more slowly.
 func Publish(ctx context.Context, pub *bus.Bus, subjects []string, rate int, d time.Duration, channels int, seed uint64) (published, refused int) {
-	rng := rand.New(rand.NewPCG(seed, 2))
+	mix := NewMix(seed, channels)
+	end := time.Now().Add(d)
+	return publish(ctx, pub, subjects, mix, rate, func(int) bool { return time.Now().Before(end) }, nil)
+}
+
+// PublishMix publishes the next n messages of mix on the lanes' subjects
+// (in lane order), at most rate a second (in 10 ms ticks), and returns how
+// many the stream stored and how many it refused: n in all, unless ctx
+// ends first. room, if set, holds publishing back while it reports false
+// (checked before each message), for at most MaxHold at a time: a fleet
+// that falls behind is not buried under messages that would wait out their
+// lifetime in the stream.
+func PublishMix(ctx context.Context, pub *bus.Bus, subjects []string, mix *Mix, n, rate int, room func() bool) (published, refused int) {
+	return publish(ctx, pub, subjects, mix, rate, func(sent int) bool { return sent < n }, room)
+}
+
+// MaxHold bounds how long PublishMix holds a message back for room.
+const MaxHold = 10 * time.Second
+
+// publish publishes mix's messages, up to rate a second, while more(sent)
+// reports true; sent counts those published and refused. A message waits
+// for a tick with room (room nil: always), MaxHold at most.
+func publish(ctx context.Context, pub *bus.Bus, subjects []string, mix *Mix, rate int, more func(sent int) bool, room func() bool) (published, refused int) {
 	perTick := max(rate/100, 1)
-	// The run opens with one malformed message and one for an unknown
-	// channel, so every run shows both drops however few it publishes.
-	for _, data := range [][]byte{malformedChat, ChatBody(UnknownChannel, "hello?")} {
-		if _, err := pub.Publish(ctx, subjects[limits.LaneStandard], data); err != nil {
-			refused++
-		} else {
-			published++
-		}
-	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for end := time.Now().Add(d); time.Now().Before(end); {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	var held time.Time // since when the next message has waited for room
+	for first := true; more(published + refused); first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 		for range perTick {
-			lane, data := Message(rng, channels)
+			if !more(published+refused) || ctx.Err() != nil {
+				break
+			}
+			if room != nil && !room() {
+				if held.IsZero() {
+					held = time.Now()
+				}
+				if time.Since(held) < MaxHold {
+					break
+				}
+			}
+			held = time.Time{}
+			lane, data := mix.Next()
 			if _, err := pub.Publish(ctx, subjects[lane], data); err != nil {
 				refused++
 				continue
@@ -68,6 +93,38 @@ func Publish(ctx context.Context, pub *bus.Bus, subjects []string, rate int, d t
 		}
 	}
 	return
+}
+
+// A Mix is the demo's traffic as a fixed sequence, the same for the same
+// seed: one malformed message and one for an unknown channel first, so
+// that every run shows both drops however few it publishes, then draws of
+// Message on channels channels. The mix: 60% standard chat, 15% premium
+// chat, 10% Helix API calls (any lane), 8% announcements, 7% shoutouts;
+// 30% of chat goes to three hot channels, enough to exhaust their standard
+// share. A few messages are malformed, name an unknown channel, or shout a
+// channel out to itself (which Helix refuses). A Mix is not safe for
+// concurrent use.
+type Mix struct {
+	rng      *rand.Rand
+	channels int
+	drawn    int
+}
+
+// NewMix returns the mix of seed on channels channels.
+func NewMix(seed uint64, channels int) *Mix {
+	return &Mix{rng: rand.New(rand.NewPCG(seed, 2)), channels: channels}
+}
+
+// Next returns the next message of the mix: its lane and body.
+func (m *Mix) Next() (limits.Lane, []byte) {
+	m.drawn++
+	switch m.drawn {
+	case 1:
+		return limits.LaneStandard, malformedChat
+	case 2:
+		return limits.LaneStandard, ChatBody(UnknownChannel, "hello?")
+	}
+	return Message(m.rng, m.channels)
 }
 
 // Message draws one message of the mix: its lane and body.
@@ -171,11 +228,8 @@ func Valkey() (dial func() (valkey.Client, error), where string, stop func(), er
 			return nil, "", nil, err
 		}
 		// miniredis answers CLUSTER SLOTS; without ForceSingleClient
-		// valkey-go would treat it as a cluster. Over RESP3, valkey-go runs a
-		// subscription on the connection it shares with other commands, which
-		// miniredis refuses in subscribed mode; RESP2 gives the subscription
-		// a connection of its own.
-		opt.InitAddress, opt.ForceSingleClient, opt.AlwaysRESP2 = []string{srv.Addr()}, true, true
+		// valkey-go would treat it as a cluster.
+		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
 		where = "in-process miniredis (set VALKEY_ADDR=host:port to use a real Valkey)"
 		stop = srv.Close
 	}

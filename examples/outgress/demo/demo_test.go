@@ -47,6 +47,20 @@ func TestMixIsFixed(t *testing.T) {
 	if malformed == 0 || malformed > 50 {
 		t.Errorf("%d malformed of 5000, want a few (about 25)", malformed)
 	}
+
+	// A Mix of the same seed: the malformed message and the unknown
+	// channel's first, then the same draws.
+	mix := NewMix(7, 40)
+	for i, want := range append([]string{string(malformedChat), string(ChatBody(UnknownChannel, "hello?"))}, b1[:100]...) {
+		lane, body := mix.Next()
+		wantLane := limits.LaneStandard
+		if i >= 2 {
+			wantLane = l1[i-2]
+		}
+		if lane != wantLane || string(body) != want {
+			t.Fatalf("Mix message %d: %v %s, want %v %s", i, lane, body, wantLane, want)
+		}
+	}
 }
 
 // TestSeedChannels stores the mix's channels and the two measurement

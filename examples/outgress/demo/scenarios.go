@@ -90,60 +90,58 @@ func isScript(cmd valkey.Completed) bool {
 	return len(c) > 0 && (strings.EqualFold(c[0], "EVALSHA") || strings.EqualFold(c[0], "EVAL"))
 }
 
-// PauseChange is one SetPaused of PauseMidRun: when (from the start), to
-// what, the version written or the error, and when each replica started
-// acting on it (-1: not within 2 s).
+// PauseChange is one SetPaused of ChangePause: when (from the start), to
+// what, the replica that executed it, the version written or the error,
+// and when each replica started acting on it (-1: not within SeenWithin).
 type PauseChange struct {
 	At      time.Duration
 	Paused  bool
+	By      string
 	Version int64
 	Err     error
 	Seen    []time.Duration
 }
 
-// PauseMidRun has the first replica pause sending at at and resume dur
-// later, and records when each replica saw each change.
-func PauseMidRun(ctx context.Context, start time.Time, at, dur time.Duration, replicas ...*pause.Pause) []PauseChange {
-	var log []PauseChange
-	for _, step := range []struct {
-		at     time.Duration
-		paused bool
-	}{{at, true}, {at + dur, false}} {
-		select {
-		case <-ctx.Done():
-			return log
-		case <-time.After(time.Until(start.Add(step.at))):
-		}
-		// Every replica watches its own snapshot from before the write, so
-		// each time is when that replica started acting on the change: the
-		// writer once its transaction returned, the others on the event.
-		before := make([]int64, len(replicas))
-		for i, r := range replicas {
-			s, _ := r.Snapshot()
-			before[i] = s.Version
-		}
-		ev := PauseChange{Paused: step.paused, Seen: make([]time.Duration, len(replicas))}
-		var wg sync.WaitGroup
-		t0 := time.Now()
-		for i, r := range replicas {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ev.Seen[i] = -1
-				for deadline := t0.Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
-					if s, ok := r.Snapshot(); ok && s.Version > before[i] && s.Paused == step.paused {
-						ev.Seen[i] = time.Since(t0)
-						return
-					}
-				}
-			}()
-		}
-		ev.At = t0.Sub(start)
-		ev.Version, ev.Err = replicas[0].SetPaused(ctx, step.paused)
-		wg.Wait()
-		log = append(log, ev)
+// SeenWithin bounds how long ChangePause waits for each replica to act on
+// a change: past MaxAge (5 s), a replica that missed the event has failed
+// closed, and its reconcile (every second) has long repaired it.
+const SeenWithin = 5 * time.Second
+
+// SetPausedFunc asks the fleet to pause or resume, and returns the version
+// written and the replica that executed the request.
+type SetPausedFunc func(ctx context.Context, paused bool) (version int64, by string, err error)
+
+// ChangePause pauses or resumes sending with set, and returns once every
+// replica acts on the change (or SeenWithin has passed for those that do
+// not), with when each one started to: the one that executed it once its
+// transaction returned, the others on the event.
+func ChangePause(ctx context.Context, start time.Time, paused bool, set SetPausedFunc, replicas ...*pause.Pause) PauseChange {
+	// Every replica watches its own snapshot from before the request.
+	before := make([]int64, len(replicas))
+	for i, r := range replicas {
+		s, _ := r.Snapshot()
+		before[i] = s.Version
 	}
-	return log
+	ev := PauseChange{Paused: paused, Seen: make([]time.Duration, len(replicas))}
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i, r := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev.Seen[i] = -1
+			for deadline := t0.Add(SeenWithin); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(50 * time.Microsecond) {
+				if s, ok := r.Snapshot(); ok && s.Version > before[i] && s.Paused == paused {
+					ev.Seen[i] = time.Since(t0)
+					return
+				}
+			}
+		}()
+	}
+	ev.At = t0.Sub(start)
+	ev.Version, ev.By, ev.Err = set(ctx, paused)
+	wg.Wait()
+	return ev
 }
 
 // MeasureOldShape sends two chat messages per lane, on channels of their

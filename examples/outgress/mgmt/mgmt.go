@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/pause"
@@ -63,15 +64,47 @@ type Status struct {
 	Error string `json:"error,omitempty"`
 }
 
+// Server is one replica's side of the management interface: its two
+// queue subscriptions and what it did.
+type Server struct {
+	set, status                *nats.Subscription
+	executed, failed, answered atomic.Int64
+}
+
+// Stats are a Server's counters.
+type Stats struct {
+	// SetPaused counts the set_paused requests this replica took from the
+	// queue group and executed (each request reaches one replica);
+	// SetPausedFailed those of them that failed or were malformed.
+	SetPaused, SetPausedFailed int64
+	// Status counts the status requests this replica answered.
+	Status int64
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() Stats {
+	return Stats{SetPaused: s.executed.Load(), SetPausedFailed: s.failed.Load(), Status: s.answered.Load()}
+}
+
+// Stop unsubscribes both: the replica leaves the queue group, and the
+// others answer.
+func (s *Server) Stop() {
+	s.set.Unsubscribe()
+	s.status.Unsubscribe()
+}
+
 // Serve answers both requests for replica on nc, in the queue group, until
-// the returned stop is called.
-func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (stop func(), err error) {
+// Stop. It returns once the server has registered both subscriptions.
+func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, error) {
 	cfg = cfg.withDefaults()
+	srv := &Server{}
 	reply := func(m *nats.Msg, v any) {
 		b, _ := json.Marshal(v)
 		m.Respond(b)
 	}
-	set, err := nc.QueueSubscribe(cfg.Prefix+".set_paused", cfg.Queue, func(m *nats.Msg) {
+	var err error
+	srv.set, err = nc.QueueSubscribe(cfg.Prefix+".set_paused", cfg.Queue, func(m *nats.Msg) {
+		srv.executed.Add(1)
 		r := SetPausedReply{Replica: replica}
 		switch string(m.Data) {
 		case "1", "0":
@@ -85,12 +118,16 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (stop func
 		default:
 			r.Error = fmt.Sprintf("set_paused wants \"1\" (pause) or \"0\" (resume), got %q", m.Data)
 		}
+		if r.Error != "" {
+			srv.failed.Add(1)
+		}
 		reply(m, r)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outgress: serving set_paused: %w", err)
 	}
-	status, err := nc.QueueSubscribe(cfg.Prefix+".status", cfg.Queue, func(m *nats.Msg) {
+	srv.status, err = nc.QueueSubscribe(cfg.Prefix+".status", cfg.Queue, func(m *nats.Msg) {
+		srv.answered.Add(1)
 		s := Status{Replica: replica}
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 		paused, version, err := p.Stored(ctx)
@@ -106,15 +143,14 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (stop func
 		reply(m, s)
 	})
 	if err != nil {
-		set.Unsubscribe()
+		srv.set.Unsubscribe()
 		return nil, fmt.Errorf("outgress: serving status: %w", err)
 	}
 	if err := nc.Flush(); err != nil { // the subscriptions are registered
-		set.Unsubscribe()
-		status.Unsubscribe()
-		return nil, err
+		srv.Stop()
+		return nil, fmt.Errorf("outgress: serving management requests: %w", err)
 	}
-	return func() { set.Unsubscribe(); status.Unsubscribe() }, nil
+	return srv, nil
 }
 
 // SetPaused asks the fleet to pause (or resume): one replica executes it.

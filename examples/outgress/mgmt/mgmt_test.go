@@ -1,6 +1,7 @@
 package mgmt
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -8,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/internal/testserver"
@@ -29,37 +29,51 @@ type replica struct {
 	name  string
 	pause *pause.Pause
 	nc    *nats.Conn
+	srv   *Server
 	drop  atomic.Bool
 }
 
+// droppingEvents passes pause events through unless drop is set: a replica
+// that loses its events.
+type droppingEvents struct {
+	pause.Events
+	drop *atomic.Bool
+}
+
+func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	d.Events.Listen(ctx, subscribed, func(m string) {
+		if !d.drop.Load() {
+			deliver(m)
+		}
+	})
+}
+
+// startReplica starts a replica's pause snapshot and management server on
+// one NATS connection of its own, as a worker does (its pause events on the
+// subject of prefix's replicas; lost when dropEvents is set).
 func startReplica(t *testing.T, srv *testserver.Server, prefix, name string, cfg Config, reconcile time.Duration, dropEvents bool) *replica {
 	t.Helper()
-	r := &replica{name: name}
-	c := &counting.Client{Client: testserver.NewClient(t, srv), DropMessages: &r.drop}
+	r := &replica{name: name, nc: testenv.NATSConn(t)}
 	r.drop.Store(dropEvents)
-	r.pause = pause.New(c, pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour})
+	events := droppingEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, drop: &r.drop}
+	r.pause = pause.New(testserver.NewClient(t, srv), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
 	t.Cleanup(r.pause.Close)
 	if err := r.pause.Start(testenv.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(testenv.NATSURL(t))
-	if err != nil {
+	var err error
+	if r.srv, err = Serve(r.nc, cfg, name, r.pause); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
-	r.nc = nc
-	stop, err := Serve(nc, cfg, name, r.pause)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	t.Cleanup(r.srv.Stop)
 	return r
 }
 
 // TestSetPausedQueueGrouped: each set_paused request is executed by exactly
-// one of the two replicas (10 requests: the version is exactly 10, and
-// the replies name who executed each), and every replica applies every
-// change (both snapshots reach version 10, resumed).
+// one of the two replicas (10 requests: the version is exactly 10, the
+// replicas' counters add up to 10, and the replies name who executed each,
+// matching the counters), and every replica applies every change (both
+// snapshots reach version 10, resumed).
 func TestSetPausedQueueGrouped(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
@@ -67,9 +81,10 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
 	b := startReplica(t, srv, prefix, "B", cfg, time.Hour, false)
-	by := map[string]int{}
+	operator := testenv.NATSConn(t)
+	by := map[string]int64{}
 	for i := range 10 {
-		r, err := SetPaused(testenv.Ctx(t), a.nc, cfg, i%2 == 0)
+		r, err := SetPaused(testenv.Ctx(t), operator, cfg, i%2 == 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,8 +93,10 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 		}
 		by[r.Replica]++
 	}
-	if by["A"]+by["B"] != 10 {
-		t.Errorf("executions by replica %v, want 10 in all", by)
+	sa, sb := a.srv.Stats(), b.srv.Stats()
+	if sa.SetPaused+sb.SetPaused != 10 || sa.SetPaused != by["A"] || sb.SetPaused != by["B"] || sa.SetPausedFailed+sb.SetPausedFailed != 0 {
+		t.Errorf("executed: A %+v, B %+v; replies named A %d, B %d times; want 10 executions in all, as the replies say, none failed",
+			sa, sb, by["A"], by["B"])
 	}
 	for _, r := range []*replica{a, b} {
 		if !testenv.WaitFor(func() bool { s, _ := r.pause.Snapshot(); return s.Version == 10 && !s.Paused }) {
@@ -87,11 +104,36 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 			t.Errorf("replica %s: snapshot %+v, want resumed at version 10", r.name, s)
 		}
 	}
-	if _, err := SetPaused(testenv.Ctx(t), a.nc, cfg, true); err != nil {
+	if _, err := SetPaused(testenv.Ctx(t), operator, cfg, true); err != nil {
 		t.Fatal(err)
 	}
-	if s, err := SystemStatus(testenv.Ctx(t), a.nc, cfg); err != nil || !s.Paused || s.Version != 11 {
+	if s, err := SystemStatus(testenv.Ctx(t), operator, cfg); err != nil || !s.Paused || s.Version != 11 {
 		t.Errorf("status %+v, %v; want paused at version 11", s, err)
+	}
+	if n := a.srv.Stats().Status + b.srv.Stats().Status; n != 1 {
+		t.Errorf("status answered %d times, want 1", n)
+	}
+}
+
+// TestSetPausedMalformed: a request that is neither "1" nor "0" is refused
+// by the one replica that takes it, and changes nothing.
+func TestSetPausedMalformed(t *testing.T) {
+	srv := testserver.Shared(t)
+	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	cfg := Config{Prefix: subjects()}
+	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
+	m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte("yes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"replica":"A","version":0,"error":"set_paused wants \"1\" (pause) or \"0\" (resume), got \"yes\""}`; string(m.Data) != want {
+		t.Errorf("reply %s, want %s", m.Data, want)
+	}
+	if st := a.srv.Stats(); st.SetPaused != 1 || st.SetPausedFailed != 1 {
+		t.Errorf("stats %+v, want 1 request, failed", st)
+	}
+	if s, _ := a.pause.Snapshot(); s.Version != 0 {
+		t.Errorf("snapshot %+v, want version 0: nothing changed", s)
 	}
 }
 

@@ -1,9 +1,9 @@
 // Package pause is the outgress fleet's kill switch as one replica sees
 // it: a versioned snapshot behind an atomic pointer (the message path's
 // check is one atomic load, no I/O), written with MULTI/EXEC, spread by
-// pub/sub, repaired by a jittered reconcile, aged on the monotonic clock,
-// failing closed when stale, and failing loudly when a write cannot take
-// effect.
+// events on a dedicated NATS subject, repaired by a jittered reconcile,
+// aged on the monotonic clock, failing closed when stale, and failing
+// loudly when a write cannot take effect.
 package pause
 
 import (
@@ -36,6 +36,9 @@ var (
 	// it wrote is not newer than the one this replica holds: Valkey lost the
 	// version key, and no replica will apply the write.
 	ErrVersionBehind = errors.New("outgress: pause version in Valkey is behind the replicas'")
+	// ErrNoEvents is returned by Start when the Config names no transport
+	// for pause events (neither NATS nor Events).
+	ErrNoEvents = errors.New("outgress: pause events have no transport: set pause.Config.NATS to the worker's NATS connection (the bus's), or Config.Events")
 	// ErrOvertaken is returned (wrapped) by SetPaused when another writer's
 	// change landed after this one, before this replica could apply its
 	// own: the fleet follows the other writer's state, which the error
@@ -45,7 +48,7 @@ var (
 
 // Config configures a Pause. Zero fields take the defaults named.
 type Config struct {
-	// Prefix starts every key and the pub/sub channel. Default "".
+	// Prefix starts every key. Default "".
 	Prefix string
 	// ReconcileEvery is the mean interval between MGETs of the stored state,
 	// jittered by ±20% so replicas do not reconcile in step. Default 1s.
@@ -71,11 +74,23 @@ type Config struct {
 	// by a replica that stores no time is not measured. Writer and reader
 	// clocks differ by their skew.
 	OnPropagation func(time.Duration)
-	// Events carries the pause events between replicas. Default: Valkey
-	// pub/sub on the Pause's client, channel "<Prefix>pause:events".
-	// NATSEvents puts them on a dedicated NATS subject, as the plan asks.
+	// NATS is the connection the pause events travel on: core NATS (not
+	// the stream), on Subject, the plan's dedicated invalidation subject.
+	// A worker passes the NATS connection it already has for its bus.
+	// Required unless Events is set: Start fails with ErrNoEvents.
+	NATS *nats.Conn
+	// Subject is the pause events' NATS subject. Default DefaultSubject.
+	// Every replica of a fleet uses the same one.
+	Subject string
+	// Events, when set, carries the events instead of NATS on Subject: a
+	// wrapper of NATSEvents that loses events, in the tests and the
+	// rollout's propagation gate.
 	Events Events
 }
+
+// DefaultSubject is the pause events' NATS subject when Config.Subject is
+// empty.
+const DefaultSubject = "outgress.pause"
 
 // Events carries pause events ("<0|1>:<version>") between replicas.
 type Events interface {
@@ -88,9 +103,16 @@ type Events interface {
 	Listen(ctx context.Context, subscribed func(), deliver func(msg string))
 }
 
-// WithDefaults returns cfg with ReconcileEvery, MaxAge and Timeout set to
-// their defaults where zero: the values a Pause runs with.
+// WithDefaults returns cfg with ReconcileEvery, MaxAge, Timeout and
+// Subject set to their defaults where zero, and Events to NATSEvents on
+// NATS and Subject when NATS is set: the values a Pause runs with.
 func (cfg Config) WithDefaults() Config {
+	if cfg.Subject == "" {
+		cfg.Subject = DefaultSubject
+	}
+	if cfg.Events == nil && cfg.NATS != nil {
+		cfg.Events = &NATSEvents{Conn: cfg.NATS, Subject: cfg.Subject}
+	}
 	if cfg.ReconcileEvery <= 0 {
 		cfg.ReconcileEvery = time.Second
 	}
@@ -108,8 +130,8 @@ type Snapshot struct {
 	Paused  bool
 	Version int64 // the Valkey counter, incremented by every SetPaused
 	// Confirmed is when Valkey last confirmed the replica's state: the
-	// initial load, a reconcile or this replica's own SetPaused. Pub/sub
-	// events do not count: they cannot prove that none was missed.
+	// initial load, a reconcile or this replica's own SetPaused. Events do
+	// not count: they cannot prove that none was missed.
 	Confirmed time.Time
 }
 
@@ -129,8 +151,13 @@ type Stats struct {
 	// went backwards (data loss). Neither moves the snapshot back nor
 	// counts as a confirmation; see Pause and SetPaused.
 	ServerBehind int64
-	// Subscriptions counts confirmed SUBSCRIBEs: 1 plus the reconnects.
+	// Subscriptions counts subscriptions confirmed by the server: 1 plus
+	// the resubscriptions.
 	Subscriptions int64
+	// Propagations counts the changes whose propagation was reported to
+	// Config.OnPropagation; PropagatedVersion is the newest such change's
+	// version (0 before any).
+	Propagations, PropagatedVersion int64
 }
 
 // snapshot is immutable once stored; Check reads it with one atomic load.
@@ -143,8 +170,8 @@ type snapshot struct {
 }
 
 // Pause is the fleet-wide kill switch as seen by one replica: an immutable,
-// versioned snapshot behind an atomic pointer, kept current by pub/sub
-// events and repaired by periodic reconciliation from Valkey.
+// versioned snapshot behind an atomic pointer, kept current by events on
+// a NATS subject and repaired by periodic reconciliation from Valkey.
 //
 // Valkey holds the state under two keys that share the hash tag {pause}: a
 // flag (present with value "1" when paused) and a version counter. SetPaused
@@ -166,6 +193,8 @@ type Pause struct {
 	changedKey             string // the writer's wall time of the last change, Unix ms
 	onPropagation          func(time.Duration)
 	measured               atomic.Int64 // the last version whose propagation was measured
+	propagations           atomic.Int64 // reported to onPropagation
+	propagated             atomic.Int64 // the newest version reported to onPropagation
 	every, maxAge, timeout time.Duration
 	elapsed                func() time.Duration
 	now                    func() time.Time
@@ -175,7 +204,7 @@ type Pause struct {
 	mu      sync.Mutex // serialises writers of snap; Check never takes it
 	pending *snapshot  // newest event seen before the initial load
 
-	subscribed chan struct{} // closed at the first confirmed SUBSCRIBE
+	subscribed chan struct{} // closed at the first confirmed subscription
 	subOnce    sync.Once
 	kick       chan struct{} // asks the reconciler to run now (after a resubscribe)
 	ctx        context.Context
@@ -201,9 +230,6 @@ func New(c valkey.Client, cfg Config) *Pause {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Events == nil {
-		cfg.Events = &valkeyEvents{c: c, channel: cfg.Prefix + "pause:events"}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pause{
 		c:             c,
@@ -226,6 +252,9 @@ func New(c valkey.Client, cfg Config) *Pause {
 func (p *Pause) Start(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("outgress: Pause started twice")
+	}
+	if p.events == nil {
+		return ErrNoEvents
 	}
 	p.wg.Add(1)
 	go p.listen()
@@ -328,6 +357,7 @@ func (p *Pause) Stats() Stats {
 		EventsApplied: p.applied.Load(), EventsIgnored: p.ignored.Load(), EventsMalformed: p.malformedEvents.Load(),
 		Reconciles: p.reconciles.Load(), ReconcileFailures: p.failures.Load(),
 		ServerBehind: p.behind.Load(), Subscriptions: p.subs.Load(),
+		Propagations: p.propagations.Load(), PropagatedVersion: p.propagated.Load(),
 	}
 	if e := p.lastErr.Load(); e != nil {
 		s.LastReconcileError = *e
@@ -344,12 +374,17 @@ func (p *Pause) Stats() Stats {
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
 //
-// If the version written is not newer than the one this replica holds,
-// Valkey has lost the version key (or a concurrent write overtook this
-// one): no replica would apply it. SetPaused then applies and publishes
-// nothing and returns an error wrapping ErrOvertaken when Valkey's version
-// has moved past this write's since (another writer won the race: the fleet
-// follows it), or ErrVersionBehind when it has not. In that second case the
+// This replica's own reconcile may read the write back between the
+// transaction and the rest of SetPaused (a loaded machine delays the
+// caller): a snapshot of the version written, in the state written,
+// confirmed after the transaction was sent, is this write, and SetPaused
+// goes on to publish it. Otherwise, if the version written is not newer
+// than the one this replica holds, Valkey has lost the version key (or a
+// concurrent write overtook this one): no replica would apply it.
+// SetPaused then applies and publishes nothing and returns an error
+// wrapping ErrOvertaken when Valkey's version has moved past this write's
+// since (another writer won the race: the fleet follows it), or
+// ErrVersionBehind when it has not. In that second case the
 // replicas' reconciles read an older version, which confirms nothing, so
 // the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
 // operator sets the version key above the replicas' (the error names the
@@ -361,6 +396,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 		write = b.Set().Key(p.flagKey).Value("1").Build()
 	}
 	stamp := b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build()
+	sent := p.elapsed()
 	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), stamp, b.Exec().Build())
 	for _, r := range res[:4] {
 		if err := r.Error(); err != nil {
@@ -381,7 +417,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
-	if held, ok := p.confirm(paused, version, true); !ok {
+	if held, ok := p.confirm(paused, version, &sent); !ok {
 		// Either another writer's change overtook this one (Valkey's
 		// version has moved past ours), or Valkey lost the keys (it has not).
 		vals, err := p.c.Do(ctx, b.Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
@@ -429,43 +465,6 @@ func (p *Pause) listen() {
 		default:
 		}
 	}, p.onEvent)
-}
-
-// valkeyEvents are pause events on Valkey pub/sub.
-type valkeyEvents struct {
-	c       valkey.Client
-	channel string
-}
-
-func (e *valkeyEvents) Publish(ctx context.Context, msg string) error {
-	return e.c.Do(ctx, e.c.B().Publish().Channel(e.channel).Message(msg).Build()).Error()
-}
-
-// Listen keeps one subscription open until ctx ends, resubscribing with a
-// capped backoff.
-func (e *valkeyEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
-	var subs atomic.Int64
-	hooked := valkey.WithOnSubscriptionHook(ctx, func(s valkey.PubSubSubscription) {
-		if s.Kind == "subscribe" && s.Channel == e.channel {
-			subs.Add(1)
-			subscribed()
-		}
-	})
-	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
-	backoff := minBackoff
-	for ctx.Err() == nil {
-		before := subs.Load()
-		e.c.Receive(hooked, e.c.B().Subscribe().Channel(e.channel).Build(), func(m valkey.PubSubMessage) { deliver(m.Message) })
-		if subs.Load() > before { // it was subscribed: start the backoff over
-			backoff = minBackoff
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
 }
 
 func (p *Pause) onEvent(msg string) {
@@ -538,7 +537,7 @@ func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
 			return fmt.Errorf("outgress: pause version %q is not a counter", s)
 		}
 	}
-	if held, ok := p.confirm(paused, version, false); !ok {
+	if held, ok := p.confirm(paused, version, nil); !ok {
 		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
 	}
 	p.measure(version, vals[2])
@@ -560,6 +559,8 @@ func (p *Pause) measure(version int64, changed valkey.ValkeyMessage) {
 	p.measured.Store(version)
 	if p.snapshotsSinceStart(version) {
 		p.onPropagation(max(cur.applied.Sub(time.UnixMilli(ms)), 0))
+		p.propagations.Add(1)
+		p.propagated.Store(version)
 	}
 }
 
@@ -568,15 +569,17 @@ func (p *Pause) measure(version int64, changed valkey.ValkeyMessage) {
 func (p *Pause) snapshotsSinceStart(version int64) bool { return version > p.loaded.Load() }
 
 // confirm applies a state read from (or written to) Valkey just now. A
-// read (newerOnly false) may equal the snapshot's version; a write must
-// exceed it. ok is false when the snapshot already holds a version at
-// least that new (held): the read raced a newer event, or the version key
-// went backwards (data loss). That is counted in ServerBehind and is no
-// confirmation: the snapshot keeps its state and its confirmation time, so
-// a replica whose Valkey lost the version ages into failing closed instead
-// of sending on. (A read that merely raced an event is followed by a
+// read (written nil) may equal the snapshot's version; a write, sent at
+// *written on the Elapsed clock, must exceed it, unless the snapshot holds
+// this very write: the same version and state, confirmed by a read since
+// the write was sent. ok is false when the snapshot already holds a
+// version at least that new (held): the read raced a newer event, or the
+// version key went backwards (data loss). That is counted in ServerBehind
+// and is no confirmation: the snapshot keeps its state and its
+// confirmation time, so a replica whose Valkey lost the version ages into
+// failing closed instead of sending on. (A read that merely raced an event is followed by a
 // current one at the next reconcile.)
-func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64, ok bool) {
+func (p *Pause) confirm(paused bool, version int64, written *time.Duration) (held int64, ok bool) {
 	at, wall := p.elapsed(), p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -592,7 +595,8 @@ func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64,
 			paused, version = pend.paused, pend.version
 		}
 	}
-	if cur != nil && (cur.version > version || newerOnly && cur.version == version) {
+	readBack := cur != nil && written != nil && cur.version == version && cur.paused == paused && cur.confirmed >= *written
+	if cur != nil && (cur.version > version || written != nil && cur.version == version && !readBack) {
 		p.behind.Add(1)
 		return cur.version, false
 	}
@@ -604,7 +608,7 @@ func (p *Pause) confirm(paused bool, version int64, newerOnly bool) (held int64,
 	return version, true
 }
 
-// applyEvent applies a pub/sub event if it is newer than the snapshot.
+// applyEvent applies an event if it is newer than the snapshot.
 func (p *Pause) applyEvent(paused bool, version int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -656,10 +660,16 @@ type NATSEvents struct {
 	Subject string // for example "outgress.pause"
 }
 
-// Publish sends one event and flushes it to the server.
+// Publish sends one event and flushes it to the server, within ctx's
+// deadline, or 5 s when ctx has none.
 func (e *NATSEvents) Publish(ctx context.Context, msg string) error {
 	if err := e.Conn.Publish(e.Subject, []byte(msg)); err != nil {
 		return err
+	}
+	if _, ok := ctx.Deadline(); !ok { // FlushWithContext refuses a context without one
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 	}
 	return e.Conn.FlushWithContext(ctx)
 }

@@ -1,9 +1,6 @@
 package pause
 
 import (
-	"fmt"
-	"math/rand/v2"
-
 	"context"
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/counting"
@@ -22,11 +19,16 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// replicaPause starts one replica's Pause on its own client.
+// replicaPause starts one replica's Pause on its own Valkey client and its
+// own NATS connection, its events on the subject of the replicas that share
+// prefix (unless cfg.Events is set).
 func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
 	t.Helper()
 	c := &counting.Client{Client: testserver.NewClient(t, srv)}
 	cfg.Prefix = prefix
+	if cfg.Events == nil {
+		cfg.NATS, cfg.Subject = testenv.NATSConn(t), testenv.PauseSubject(prefix)
+	}
 	p := New(c, cfg)
 	t.Cleanup(p.Close)
 	if err := p.Start(testenv.Ctx(t)); err != nil {
@@ -56,11 +58,52 @@ func writeWithoutEvent(t *testing.T, c valkey.Client, prefix string, paused bool
 	return v
 }
 
-func publish(t *testing.T, c valkey.Client, prefix, msg string) {
+// publisher returns a function that publishes an event on the pause
+// subject of prefix's replicas, as another writer would: one connection,
+// so its events arrive in order, each flushed before it returns.
+func publisher(t *testing.T, prefix string) func(msg string) {
 	t.Helper()
-	if err := c.Do(testenv.Ctx(t), c.B().Publish().Channel(prefix+"pause:events").Message(msg).Build()).Error(); err != nil {
+	nc := testenv.NATSConn(t)
+	subject := testenv.PauseSubject(prefix)
+	return func(msg string) {
+		t.Helper()
+		if err := nc.Publish(subject, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.FlushWithContext(testenv.Ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// subjectCounter counts the messages on the pause subject of prefix's
+// replicas, as a replica receives them: the events the replicas publish.
+type subjectCounter struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func countSubject(t *testing.T, prefix string) *subjectCounter {
+	t.Helper()
+	nc := testenv.NATSConn(t)
+	sc := &subjectCounter{}
+	if _, err := nc.Subscribe(testenv.PauseSubject(prefix), func(m *nats.Msg) {
+		sc.mu.Lock()
+		sc.msgs = append(sc.msgs, string(m.Data))
+		sc.mu.Unlock()
+	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.FlushWithContext(testenv.Ctx(t)); err != nil { // subscribed
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func (sc *subjectCounter) got() []string {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return slices.Clone(sc.msgs)
 }
 
 func snapshotOf(t *testing.T, p *Pause) Snapshot {
@@ -88,7 +131,7 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 			once.Do(func() { close(arrived); <-release })
 		}
 	}}
-	p := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour})
+	p := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
 	t.Cleanup(p.Close)
 	started := make(chan error, 1)
 	go func() { started <- p.Start(testenv.Ctx(t)) }()
@@ -125,36 +168,28 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 }
 
 // TestPauseEveryReplicaSeesPause has one of three replicas pause and
-// resume; the others learn by pub/sub alone (they reconcile once an hour).
+// resume; the others learn by the events alone (they reconcile once an
+// hour). Each change is exactly one message on the replicas' NATS subject,
+// and each replica other than the writer applies each one.
 func TestPauseEveryReplicaSeesPause(t *testing.T) {
-	for _, events := range []string{"valkey", "nats"} {
-		t.Run(events, func(t *testing.T) { everyReplicaSeesPause(t, events) })
-	}
-}
-
-// everyReplicaSeesPause is TestPauseEveryReplicaSeesPause with the events on
-// Valkey pub/sub or on a NATS subject of the test's own (each replica its
-// own connection).
-func everyReplicaSeesPause(t *testing.T, events string) {
 	srv := testserver.Shared(t)
 	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
-	subject := fmt.Sprintf("pause-test.%x", rand.Uint64())
+	on := countSubject(t, prefix)
 	var replicas []*Pause
 	for range 3 {
-		cfg := Config{ReconcileEvery: time.Hour}
-		if events == "nats" {
-			nc, err := nats.Connect(testenv.NATSURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			cfg.Events = &NATSEvents{Conn: nc, Subject: subject}
-		}
-		p, _ := replicaPause(t, srv, prefix, cfg)
+		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 		replicas = append(replicas, p)
 	}
 	for _, paused := range []bool{true, false} {
-		version, err := replicas[0].SetPaused(testenv.Ctx(t), paused)
+		ctx := testenv.Ctx(t)
+		if !paused {
+			// A context without a deadline, as a command's: the event's
+			// flush is bounded all the same (nats.go's FlushWithContext
+			// refuses such a context, and SetPaused failed with
+			// ErrNotPublished).
+			ctx = context.Background()
+		}
+		version, err := replicas[0].SetPaused(ctx, paused)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,10 +209,30 @@ func everyReplicaSeesPause(t *testing.T, events string) {
 			}
 		}
 	}
+	// A marker published after SetPaused returned (its event flushed to
+	// the server) arrives after anything SetPaused published; once every
+	// receiver has it, the counts below are final.
+	publisher(t, prefix)("marker")
+	if !testenv.WaitFor(func() bool { g := on.got(); return len(g) > 0 && g[len(g)-1] == "marker" }) {
+		t.Fatalf("the marker never arrived; messages %q", on.got())
+	}
+	for i, p := range replicas {
+		if !testenv.WaitFor(func() bool { return p.Stats().EventsMalformed == 1 }) {
+			t.Fatalf("replica %d never received the marker: %+v", i, p.Stats())
+		}
+	}
 	for i, p := range replicas[1:] {
 		if s := p.Stats(); s.EventsApplied != 2 || s.Reconciles != 1 {
 			t.Errorf("replica %d: %d events applied, %d reconciles; want 2 and 1 (the initial load)", i+1, s.EventsApplied, s.Reconciles)
 		}
+	}
+	// The writer receives its own events too, and ignores them: it
+	// applied each change when its transaction returned.
+	if s := replicas[0].Stats(); s.EventsApplied != 0 || s.EventsIgnored != 2 {
+		t.Errorf("writer: %d events applied, %d ignored; want 0 and 2 (its own)", s.EventsApplied, s.EventsIgnored)
+	}
+	if got := on.got(); !slices.Equal(got, []string{"1:1", "0:2", "marker"}) {
+		t.Errorf("messages on %s: %q, want exactly \"1:1\", \"0:2\" (then the test's marker)", testenv.PauseSubject(prefix), got)
 	}
 }
 
@@ -217,13 +272,14 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
 	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	publish := publisher(t, prefix)
 
-	publish(t, raw, prefix, "1:7")
+	publish("1:7")
 	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 7 }) {
 		t.Fatal("event 1:7 never applied")
 	}
-	publish(t, raw, prefix, "0:5") // older
-	publish(t, raw, prefix, "0:7") // same version, other state
+	publish("0:5") // older
+	publish("0:7") // same version, other state
 	if !testenv.WaitFor(func() bool { return p.Stats().EventsIgnored == 2 }) {
 		t.Fatalf("stats %+v: want 2 events ignored", p.Stats())
 	}
@@ -243,7 +299,7 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 		t.Errorf("ServerBehind %d, want 1", n)
 	}
 
-	publish(t, raw, prefix, "0:8") // newer: applied, so ignoring is not a broken apply
+	publish("0:8") // newer: applied, so ignoring is not a broken apply
 	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 8 }) {
 		t.Fatal("event 0:8 never applied")
 	}
@@ -263,6 +319,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
 	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	publish := publisher(t, prefix)
 	before, _ := c.Totals()
 
 	const readers, reads = 8, 20000
@@ -280,7 +337,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 		}()
 	}
 	for v := 1; v <= 20; v++ { // writers race the readers
-		publish(t, raw, prefix, encodePauseEvent(v%2 == 1, int64(v)))
+		publish(encodePauseEvent(v%2 == 1, int64(v)))
 	}
 	wg.Wait()
 	if !testenv.WaitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
@@ -436,7 +493,7 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 	}
 	// A marker published after SetPaused returned arrives after anything
 	// SetPaused published; once the observer has it, it has seen all.
-	publish(t, raw, prefix, "marker")
+	publisher(t, prefix)("marker")
 	for name, p := range map[string]*Pause{"writer": writer, "observer": observer} {
 		if !testenv.WaitFor(func() bool { return p.Stats().EventsMalformed == 1 }) {
 			t.Fatalf("%s never received the marker", name)
@@ -549,20 +606,25 @@ func TestMain(m *testing.M) {
 
 // TestPausePropagationMeasured: each change is measured once per replica,
 // from the time its writer stored to when the replica acted on it: by the
-// event (soon after the write), or, when the event was lost, by the
-// reconcile that read it (a change stored 2 s ago shows 2 s). The version
-// a replica loads at start is not a propagation.
+// event, or, when the event was lost, by the reconcile that read it. The
+// version a replica loads at start is not a propagation. The writer's and
+// the reader's wall clocks are the test's (each stands still), so the
+// figures are exact: the reader's clock minus the writer's stamp.
 func TestPausePropagationMeasured(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	t0 := time.UnixMilli(time.Now().UnixMilli()) // the stamp has millisecond resolution
+	writerClock, readerClock := &fakeClocks{}, &fakeClocks{}
+	writerClock.wall.Store(t0.UnixNano())
+	readerClock.wall.Store(t0.Add(250 * time.Millisecond).UnixNano()) // the reader's clock is 250 ms ahead of the writer's
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, Now: writerClock.now})
 	if _, err := writer.SetPaused(testenv.Ctx(t), false); err != nil { // a change before the reader starts
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var seen []time.Duration
-	reader, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond, OnPropagation: func(d time.Duration) {
+	reader, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond, Now: readerClock.now, OnPropagation: func(d time.Duration) {
 		mu.Lock()
 		seen = append(seen, d)
 		mu.Unlock()
@@ -579,15 +641,16 @@ func TestPausePropagationMeasured(t *testing.T) {
 	if !testenv.WaitFor(func() bool { return len(got()) == 1 }) {
 		t.Fatalf("no propagation measured for version %d; stats %+v", v, reader.Stats())
 	}
-	if d := got()[0]; d > 500*time.Millisecond {
-		t.Errorf("propagation by event %v, want well under 500ms", d)
+	if d, st := got()[0], reader.Stats(); d != 250*time.Millisecond || st.EventsApplied != 1 {
+		t.Errorf("propagation by event: %v with %d events applied; want 250ms (the reader's clock at the event less the writer's stamp), by 1 event", d, st.EventsApplied)
 	}
 
-	// Lost event, stored 2 s ago: measured by the reconcile.
+	// A lost event, stamped 2 s before the writer's clock: measured by the
+	// reconcile that reads it.
 	b := raw.B()
 	res := raw.DoMulti(testenv.Ctx(t), b.Multi().Build(), b.Del().Key(prefix+"pause:{pause}:flag").Build(),
 		b.Incr().Key(prefix+"pause:{pause}:version").Build(),
-		b.Set().Key(prefix+"pause:{pause}:changed").Value(strconv.FormatInt(time.Now().Add(-2*time.Second).UnixMilli(), 10)).Build(),
+		b.Set().Key(prefix+"pause:{pause}:changed").Value(strconv.FormatInt(t0.Add(-2*time.Second).UnixMilli(), 10)).Build(),
 		b.Exec().Build())
 	if err := res[4].Error(); err != nil {
 		t.Fatal(err)
@@ -595,48 +658,76 @@ func TestPausePropagationMeasured(t *testing.T) {
 	if !testenv.WaitFor(func() bool { return len(got()) == 2 }) {
 		t.Fatalf("no propagation measured for the lost event; stats %+v", reader.Stats())
 	}
-	if d := got()[1]; d < 2*time.Second || d > 3*time.Second {
-		t.Errorf("propagation by reconcile %v, want about 2s", d)
+	if d := got()[1]; d != 2250*time.Millisecond {
+		t.Errorf("propagation by reconcile %v, want 2.25s (stamped 2 s before the writer's clock, read at the reader's)", d)
 	}
-	time.Sleep(100 * time.Millisecond) // several more reconciles: no second measurement of either change
+	n := reader.Stats().Reconciles
+	if !testenv.WaitFor(func() bool { return reader.Stats().Reconciles >= n+3 }) { // more reconciles: no second measurement of either change
+		t.Fatalf("the reader stopped reconciling: %+v", reader.Stats())
+	}
 	if n := len(got()); n != 2 {
 		t.Errorf("%d measurements, want 2 (one per change)", n)
 	}
+	if st := reader.Stats(); st.Propagations != 2 || st.PropagatedVersion != 3 {
+		t.Errorf("stats: %d propagations, the newest version %d; want 2 and 3 (version 1 was loaded at start)", st.Propagations, st.PropagatedVersion)
+	}
 }
 
-// TestPauseLosingWriterToldItLost: two writers race; the one whose change
-// is overtaken (its replica already holds the other's newer version when
-// its own transaction returns) is told that another writer won, with the
-// winning version and state, not that Valkey lost its keys. The race is
-// staged: the other writer's event reaches this replica first ("0:2"), and
-// its INCR lands while this writer checks Valkey.
-func TestPauseLosingWriterToldItLost(t *testing.T) {
+// afterExec runs a hook after each DoMulti (SetPaused's MULTI/EXEC) has
+// its replies, before they are returned.
+type afterExec struct {
+	valkey.Client
+	hook func()
+}
+
+func (c *afterExec) DoMulti(ctx context.Context, multi ...valkey.Completed) []valkey.ValkeyResult {
+	res := c.Client.DoMulti(ctx, multi...)
+	if c.hook != nil {
+		c.hook()
+	}
+	return res
+}
+
+// TestPauseWriteReadBackByOwnReconcile: the writer's own reconcile runs
+// between its MULTI/EXEC and the rest of SetPaused, and reads the version
+// just written (on a loaded machine, a reconcile that was due does). The
+// snapshot then holds that version already; it is this write, not a lost
+// version key: SetPaused succeeds, returns the version and publishes the
+// event, so that the other replicas learn it at once.
+func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
 	srv := testserver.Shared(t)
 	raw := testserver.NewClient(t, srv)
 	prefix := testserver.Prefix(t, raw)
-	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
-	publish(t, raw, prefix, "0:2") // the other writer's event, ahead of its INCR
-	if !testenv.WaitFor(func() bool { return snapshotOf(t, p).Version == 2 }) {
-		t.Fatal("the event was not applied")
+	c := &afterExec{Client: raw}
+	writer := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
+	t.Cleanup(writer.Close)
+	if err := writer.Start(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
 	}
-	var once sync.Once
-	c.Gate = func(cmd valkey.Completed) {
-		once.Do(func() { // the other writer's transaction lands: resumed, version 2
-			b := raw.B()
-			for _, r := range raw.DoMulti(testenv.Ctx(t), b.Del().Key(prefix+"pause:{pause}:flag").Build(),
-				b.Set().Key(prefix+"pause:{pause}:version").Value("2").Build()) {
-				if err := r.Error(); err != nil {
-					t.Error(err)
-				}
-			}
-		})
+	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	events := countSubject(t, prefix)
+	c.hook = func() {
+		if err := writer.reconcile(testenv.Ctx(t)); err != nil {
+			t.Errorf("the interleaved reconcile: %v", err)
+		}
 	}
-	v, err := p.SetPaused(testenv.Ctx(t), true) // INCR: version 1, behind the snapshot's 2
-	if !errors.Is(err, ErrOvertaken) || errors.Is(err, ErrVersionBehind) || v != 1 ||
-		!strings.Contains(err.Error(), "another writer then wrote version 2 (resumed)") {
-		t.Errorf("SetPaused: version %d, %v; want ErrOvertaken naming version 2 (resumed)", v, err)
+	for i, paused := range []bool{true, false} {
+		v, err := writer.SetPaused(testenv.Ctx(t), paused)
+		if err != nil || v != int64(i+1) {
+			t.Fatalf("SetPaused(%v) with its write read back first: version %d, %v; want version %d, nil", paused, v, err, i+1)
+		}
+		if s := snapshotOf(t, writer); s.Paused != paused || s.Version != v {
+			t.Errorf("writer: %+v, want paused %v at version %d", s, paused, v)
+		}
+		if !testenv.WaitFor(func() bool { s := snapshotOf(t, observer); return s.Version == v && s.Paused == paused }) {
+			t.Errorf("observer: %+v, stats %+v; want paused %v at version %d, by the event", snapshotOf(t, observer), observer.Stats(), paused, v)
+		}
 	}
-	if s := snapshotOf(t, p); s.Paused || s.Version != 2 {
-		t.Errorf("snapshot %+v: want the winner's state, resumed at version 2", s)
+	testenv.WaitFor(func() bool { return len(events.got()) >= 2 })
+	if got := events.got(); !slices.Equal(got, []string{"1:1", "0:2"}) {
+		t.Errorf("events published %q, want [1:1 0:2]", got)
+	}
+	if st := writer.Stats(); st.ServerBehind != 0 {
+		t.Errorf("writer stats %+v: its own write counted as behind", st)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/examples/outgress/pause"
@@ -81,7 +82,8 @@ func BenchmarkPreHTTP(b *testing.B) {
 	defer raw.Close()
 	c := &counting.Client{Client: raw}
 	// No reconcile during the run, and no failing closed however long it is.
-	p := pause.New(c, pause.Config{Prefix: prefix, ReconcileEvery: time.Hour, MaxAge: 24 * time.Hour})
+	p := pause.New(c, pause.Config{Prefix: prefix, ReconcileEvery: time.Hour, MaxAge: 24 * time.Hour,
+		NATS: testenv.NATSConn(b), Subject: testenv.PauseSubject(prefix)})
 	defer p.Close()
 	if err := p.Start(ctx); err != nil {
 		b.Fatal(err)

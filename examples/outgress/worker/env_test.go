@@ -120,6 +120,9 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 		e.prefix = testserver.Prefix(t, e.raw)
 	}
 	cfg.pause.Prefix = e.prefix
+	// Its pause events on the NATS subject of the replicas that share its
+	// prefix, on a connection of its own.
+	cfg.pause.NATS, cfg.pause.Subject = testenv.NATSConn(t), testenv.PauseSubject(e.prefix)
 	e.pause = pause.New(e.c, cfg.pause)
 	t.Cleanup(e.pause.Close)
 	if err := e.pause.Start(testenv.Ctx(t)); err != nil {

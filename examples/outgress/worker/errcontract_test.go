@@ -192,7 +192,7 @@ func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The record holds "<reply>|<request>" (README, AllowOrderedOnce).
+	// The record holds "<reply>|<request>" (docs/errors.md, AllowOrderedOnce).
 	rec, err := e.raw.Do(testenv.Ctx(t), e.raw.B().Get().Key(record).Build()).ToString()
 	if reply, _, _ := strings.Cut(rec, "|"); err != nil || reply != "0 0 8 18" {
 		t.Errorf("record %q, %v; want the first call's reply \"0 0 8 18\" under the message's id", rec, err)

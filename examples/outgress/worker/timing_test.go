@@ -2,6 +2,8 @@ package worker
 
 import (
 	"errors"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +71,33 @@ func TestTimingRules(t *testing.T) {
 				t.Errorf("mutant (%s off): %v; want accepted, so that the refusal is this rule's alone", c.rule, err)
 			}
 		})
+	}
+}
+
+// TestTimingRulesInREADME: the README's table of timing rules names exactly
+// the rules CheckTiming applies, in its order, so the table cannot drift
+// from the code.
+func TestTimingRulesInREADME(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n### Timing rules")
+	if !ok {
+		t.Fatal(`README.md has no "### Timing rules" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n#")
+	var inREADME, inCode []string
+	for line := range strings.SplitSeq(section, "\n") {
+		if rest, ok := strings.CutPrefix(line, "| `"); ok {
+			name, _, _ := strings.Cut(rest, "`")
+			inREADME = append(inREADME, name)
+		}
+	}
+	for _, r := range timingRules {
+		inCode = append(inCode, r.name)
+	}
+	if !slices.Equal(inREADME, inCode) {
+		t.Errorf("README's timing rules %q, CheckTiming's %q; make the table list the code's rules in order", inREADME, inCode)
 	}
 }

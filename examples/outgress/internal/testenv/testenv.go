@@ -1,10 +1,13 @@
 // Package testenv holds the helpers the outgress packages' tests share: a
-// bounded context, a bounded wait, a command-name check and the NATS server
-// the tests use (NATS_URL, else one embedded server per test binary).
+// bounded context, a bounded wait, a command-name check, the NATS server
+// the tests use (NATS_URL, else one embedded server per test binary) and
+// the pause events' subject of a test's fleet.
 package testenv
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"os"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -65,4 +69,24 @@ func StopNATS() {
 	if embedded.e != nil {
 		embedded.e.Close()
 	}
+}
+
+// NATSConn is a core NATS connection to NATSURL, closed with the test.
+func NATSConn(tb testing.TB) *nats.Conn {
+	tb.Helper()
+	nc, err := nats.Connect(NATSURL(tb), nats.Name(tb.Name()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// PauseSubject is the pause events' NATS subject of the replicas that
+// share the key prefix prefix: each test's fleet its own subject, the
+// same for every replica of it.
+func PauseSubject(prefix string) string {
+	h := fnv.New64a()
+	h.Write([]byte(prefix))
+	return fmt.Sprintf("outgress-test.%x.pause", h.Sum64())
 }

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
+	"github.com/admitkit/admit/examples/outgress/pause"
+	"github.com/admitkit/admit/internal/testserver"
+)
+
+// TestWorkerReplicasServeMgmt runs two replicas of `outgress worker` on one
+// Valkey and one NATS, as the subcommand starts them (startWorker), and
+// sends one set_paused request: exactly one replica executed it (its
+// counter 1, the other's 0, as the reply says), and both applied it (the
+// other by its event: each reconciles once an hour here). Then the pause
+// state is changed in Valkey directly, with no event: both snapshots still
+// say paused at version 1, and the status request answers from Valkey,
+// resumed at version 2, with the answering replica's stale snapshot beside
+// it.
+func TestWorkerReplicasServeMgmt(t *testing.T) {
+	srv := testserver.Shared(t)
+	t.Setenv("VALKEY_ADDR", srv.Addr)
+	dial, _, stop, err := demo.Valkey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	raw := testserver.NewClient(t, srv)
+	run := fmt.Sprintf("%x", rand.Uint64())
+	cfg := workerConfig{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testserver.Prefix(t, raw),
+		Subjects: "outgress-wtest-" + run, Stream: "OUTGRESS_WTEST_" + run,
+		Pause: pause.Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour}}
+	replicas := map[string]*workerReplica{}
+	for _, name := range []string{"A", "B"} {
+		cfg.Name = name
+		r, err := startWorker(testenv.Ctx(t), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.close()
+		replicas[name] = r
+	}
+	defer func() { // the stream the replicas set up
+		replicas["A"].bus.JetStream().DeleteStream(context.Background(), cfg.Stream)
+	}()
+	operator := testenv.NATSConn(t)
+	mcfg := mgmt.Config{Prefix: cfg.Subjects + ".mgmt"}
+
+	reply, err := mgmt.SetPaused(testenv.Ctx(t), operator, mcfg, true)
+	if err != nil || reply.Version != 1 {
+		t.Fatalf("set_paused: %+v, %v; want version 1", reply, err)
+	}
+	for name, r := range replicas {
+		want := int64(0)
+		if name == reply.Replica {
+			want = 1
+		}
+		if st := r.mgmt.Stats(); st.SetPaused != want || st.SetPausedFailed != 0 {
+			t.Errorf("replica %s executed %d set_paused requests (%d failed); want %d (the reply names %s)", name, st.SetPaused, st.SetPausedFailed, want, reply.Replica)
+		}
+		if !testenv.WaitFor(func() bool { s, _ := r.pause.Snapshot(); return s.Version == 1 && s.Paused }) {
+			s, _ := r.pause.Snapshot()
+			t.Errorf("replica %s: snapshot %+v, want paused at version 1", name, s)
+		}
+		if name != reply.Replica {
+			if st := r.pause.Stats(); st.EventsApplied != 1 || st.Reconciles != 1 {
+				t.Errorf("replica %s: %d events applied, %d reconciles; want the change applied by its 1 event (1 reconcile: the initial load)", name, st.EventsApplied, st.Reconciles)
+			}
+		}
+	}
+
+	// Resume in Valkey directly, as SetPaused would but with no event.
+	b := raw.B()
+	res := raw.DoMulti(testenv.Ctx(t), b.Multi().Build(), b.Del().Key(cfg.Prefix+"pause:{pause}:flag").Build(),
+		b.Incr().Key(cfg.Prefix+"pause:{pause}:version").Build(), b.Exec().Build())
+	if err := res[3].Error(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := mgmt.SystemStatus(testenv.Ctx(t), operator, mcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Paused || s.Version != 2 || !s.Snapshot.Paused || s.Snapshot.Version != 1 || replicas[s.Replica] == nil {
+		t.Errorf("status %+v; want resumed at version 2 from Valkey, answered by A or B, its snapshot still paused at version 1", s)
+	}
+	if n := replicas["A"].mgmt.Stats().Status + replicas["B"].mgmt.Stats().Status; n != 1 {
+		t.Errorf("status answered %d times, want 1", n)
+	}
+	for name, r := range replicas {
+		if snap, _ := r.pause.Snapshot(); !snap.Paused || snap.Version != 1 {
+			t.Errorf("replica %s: snapshot %+v; want still paused at version 1 (no event, no reconcile)", name, snap)
+		}
+	}
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# make test: go test -race -count=1 ./... in every module of the repository
+# (the root and each nested go.mod, which the root's ./... does not reach).
+# Every module runs even when one fails; the failures are listed at the
+# end. After each module it prints how many real-server tests ran and how
+# many skipped for want of a server (go test alone prints "ok" either way).
+# Two modules are left out unless asked for, so that a plain make test
+# downloads nothing it will not run:
+#   internal/containertest  only with VALKEY_IMAGE set (needs a Docker engine)
+#   internal/peerbench      benchmarks only (see BENCHMARKS.md); make lint builds it
+set -uo pipefail
+cd "$(dirname "$0")/.."
+failed=() skipped_total=0
+tally=$(mktemp)
+trap 'rm -f "$tally"' EXIT
+for mod in $(find . -name go.mod -not -path './.git/*' -printf '%h\n' | sort); do
+  case $mod in
+  ./internal/containertest)
+    if [ -z "${VALKEY_IMAGE:-}" ]; then
+      echo "== skipped $mod: set VALKEY_IMAGE=valkey/valkey:8.0 where a Docker engine runs (docs/testing.md)"
+      continue
+    fi ;;
+  ./internal/peerbench)
+    echo "== skipped $mod: benchmarks only (BENCHMARKS.md)"
+    continue ;;
+  esac
+  echo "== go test -race -count=1 ./... in $mod"
+  : >"$tally"
+  (cd "$mod" && ADMIT_SERVER_TALLY="$tally" go test -race -count=1 ./...) || failed+=("$mod")
+  # A name that ran on a server is not also counted as skipped.
+  ran=$(awk '$1 == "ran" { print $2, $3 }' "$tally" | sort -u)
+  skipped=$(awk '$1 == "skipped" { print $2, $3 }' "$tally" | sort -u | comm -23 - <(echo "$ran"))
+  n_ran=$(grep -c . <<<"$ran" || true) n_skipped=$(grep -c . <<<"$skipped" || true)
+  echo "   real-server tests in $mod: $n_ran ran, $n_skipped skipped"
+  skipped_total=$((skipped_total + n_skipped))
+done
+if [ "$skipped_total" -gt 0 ]; then
+  echo "$skipped_total real-server tests skipped: no Valkey server. Put valkey-server on PATH or set"
+  echo "VALKEY_SERVER=/path/to/valkey-server (or VALKEY_ADDR=host:port); see docs/testing.md."
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "make test: FAILED in ${failed[*]}" >&2
+  exit 1
+fi
