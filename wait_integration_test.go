@@ -3,7 +3,6 @@ package admit
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +20,7 @@ import (
 // of 20 did in the report with 1 token per 200 ms and 8 ms.) The
 // issue's case is scaled in time by 10, so that the scheduling delays of a
 // loaded test machine (several ms) do not count, and the Waits run side by
-// side, so that the test takes about 2 s.
+// side, so that the test takes about 2 s (4 s when a try is repeated).
 func TestIntegrationWaitTokenBeforeDeadline(t *testing.T) {
 	srv := testserver.Shared(t)
 	c := testserver.NewClient(t, srv)
@@ -30,49 +29,67 @@ func TestIntegrationWaitTokenBeforeDeadline(t *testing.T) {
 	p := testserver.Prefix(t, c)
 	spec := MustSpec(Every(2*time.Second), 1)
 	const tries, margin = 20, 80 * time.Millisecond
-	failures := make([]string, tries) // "" for an admitted Wait
-	var wg sync.WaitGroup
-	for i := range tries {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := Request{Key: p + strconv.Itoa(i), Spec: spec}
-			// Empty the bucket, and learn from a denial when its next
-			// token comes: at the latest RetryAfter after the reply.
-			var d Decision
-			var replied time.Time
-			for range 3 {
-				var err error
-				if d, err = l.AllowOrdered(ctx, r, nil); err != nil {
-					failures[i] = fmt.Sprintf("try %d: emptying the bucket: %v", i, err)
-					return
-				}
-				replied = time.Now()
-				if !d.Allowed() {
-					break
-				}
+	// try empties bucket key and Waits on it: "" when the Wait was
+	// admitted, else what happened.
+	try := func(key string) string {
+		r := Request{Key: key, Spec: spec}
+		// Empty the bucket, and learn from a denial when its next
+		// token comes: at the latest RetryAfter after the reply.
+		var d Decision
+		var replied time.Time
+		for range 3 {
+			var err error
+			if d, err = l.AllowOrdered(ctx, r, nil); err != nil {
+				return fmt.Sprintf("%s: emptying the bucket: %v", key, err)
 			}
-			if d.Allowed() {
-				failures[i] = fmt.Sprintf("try %d: the bucket admitted 3 calls in a row; want a denial", i)
-				return
+			replied = time.Now()
+			if !d.Allowed() {
+				break
 			}
-			wctx, cancel := context.WithDeadline(ctx, replied.Add(d.RetryAfter+margin))
-			defer cancel()
-			if got, err := l.Wait(wctx, r, nil); err != nil || !got.Allowed() {
-				failures[i] = fmt.Sprintf("try %d (token in %v): %v, %v", i, d.RetryAfter, got, err)
-			}
-		}()
+		}
+		if d.Allowed() {
+			return fmt.Sprintf("%s: the bucket admitted 3 calls in a row; want a denial", key)
+		}
+		wctx, cancel := context.WithDeadline(ctx, replied.Add(d.RetryAfter+margin))
+		defer cancel()
+		if got, err := l.Wait(wctx, r, nil); err != nil || !got.Allowed() {
+			return fmt.Sprintf("%s (token in %v): %v, %v", key, d.RetryAfter, got, err)
+		}
+		return ""
 	}
-	wg.Wait()
+	// Each bucket gets a second try when its first fails: a goroutine
+	// that a loaded machine stalls for more than the margin misses its
+	// deadline whatever Wait does, while a Wait that sleeps past the
+	// deadline (its jitter uncapped: up to 200 ms here) fails about 60% of
+	// tries, so both tries of a third of the buckets.
+	failures := make([]string, tries)
+	for round := range 2 {
+		var wg sync.WaitGroup
+		for i := range tries {
+			if round > 0 && failures[i] == "" {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f := try(fmt.Sprintf("%s%d:%d", p, round, i))
+				if round > 0 && f != "" {
+					f = failures[i] + "; again: " + f
+				}
+				failures[i] = f
+			}()
+		}
+		wg.Wait()
+	}
 	var failed []string
 	for _, f := range failures {
 		if f != "" {
 			failed = append(failed, f)
 		}
 	}
-	t.Logf("%d of %d Waits admitted with the token %v before the deadline", tries-len(failed), tries, margin)
+	t.Logf("%d of %d Waits admitted with the token %v before the deadline (in one of two tries)", tries-len(failed), tries, margin)
 	if len(failed) != 0 {
-		t.Errorf("%d of %d Waits admitted, want all: the token came %v before each deadline; failures:\n%s", tries-len(failed), tries, margin, strings.Join(failed, "\n"))
+		t.Errorf("%d of %d Waits admitted in one of two tries, want all: the token came %v before each deadline; failures:\n%s", tries-len(failed), tries, margin, strings.Join(failed, "\n"))
 	}
 }
 
