@@ -28,8 +28,8 @@ for mod in $(find . -name go.mod -not -path './.git/*' -printf '%h\n' | sort); d
   : >"$tally"
   (cd "$mod" && ADMIT_SERVER_TALLY="$tally" go test -race -count=1 ./...) || failed+=("$mod")
   # A name that ran on a server is not also counted as skipped.
-  ran=$(awk '$1 == "ran" { print $2, $3 }' "$tally" | sort -u)
-  skipped=$(awk '$1 == "skipped" { print $2, $3 }' "$tally" | sort -u | comm -23 - <(echo "$ran"))
+  ran=$(awk -F'\t' '$1 == "ran" { print $2 "\t" $3 }' "$tally" | sort -u)
+  skipped=$(awk -F'\t' '$1 == "skipped" { print $2 "\t" $3 }' "$tally" | sort -u | comm -23 - <(echo "$ran"))
   n_ran=$(grep -c . <<<"$ran" || true) n_skipped=$(grep -c . <<<"$skipped" || true)
   echo "   real-server tests in $mod: $n_ran ran, $n_skipped skipped"
   skipped_total=$((skipped_total + n_skipped))

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// tally appends "<outcome> <package dir> <test>" to the file named by
+// tally appends "<outcome>\t<package dir>\t<test>" to the file named by
 // ADMIT_SERVER_TALLY, when it is set: outcome "ran" when a test got a real
 // server, "skipped" when it skipped for want of one. scripts/test.sh (make
 // test) sets it per module and prints how many real-server tests ran and
@@ -23,7 +23,8 @@ func tally(tb testing.TB, outcome string) {
 		return
 	}
 	defer f.Close()
-	// One write per line: appends from the test binaries go test runs at
-	// once do not interleave.
-	_, _ = f.WriteString(outcome + " " + dir + " " + tb.Name() + "\n")
+	// One write per line, so that the appends of the test binaries go
+	// test runs at once do not interleave; tabs, since a path may hold
+	// spaces.
+	_, _ = f.WriteString(outcome + "\t" + dir + "\t" + tb.Name() + "\n")
 }
