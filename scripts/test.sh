@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 failed=() skipped_total=0
 tally=$(mktemp)
 trap 'rm -f "$tally"' EXIT
-for mod in $(find . -name go.mod -not -path './.git/*' -printf '%h\n' | sort); do
+for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | sort); do # no -printf: BSD find (macOS) lacks it
   case $mod in
   ./internal/containertest)
     if [ -z "${VALKEY_IMAGE:-}" ]; then
