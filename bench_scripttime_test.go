@@ -60,13 +60,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 		// denied reads Decision.Denied from the script's reply.
 		denied func(valkey.ValkeyResult) (int64, error)
 	}
-	deniedOfReply := func(r valkey.ValkeyResult) (int64, error) {
-		s, err := r.ToString() // "denied retry rem1 rem2"
-		if err != nil {
-			return 0, err
-		}
-		return int64(s[0] - '0'), nil
-	}
+	deniedOfReply := replyDenied
 	variants := []*variant{
 		{name: "baseline-0b7bc55", args: baselineArgs, denied: func(r valkey.ValkeyResult) (int64, error) {
 			arr, err := r.AsIntSlice() // {denied, retry}

@@ -52,9 +52,10 @@ import (
 const defaultBenchDelay = 500 * time.Microsecond
 
 // Bucket shapes. roomy never denies at benchmark speed: it regains a token
-// every microsecond and holds 2^30. tight, once drained, denies for an hour.
+// every microsecond and holds a million (below 2^26, so an admission gets
+// the integer reply, see decode). tight, once drained, denies for an hour.
 var (
-	roomy = MustSpec(MaxLimit, 1<<30)
+	roomy = MustSpec(MaxLimit, 1_000_000)
 	tight = MustSpec(Every(time.Hour), 1)
 )
 

@@ -8,12 +8,20 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// decode reads the script's reply "denied retry_us rem1 rem2": one string,
-// so that valkey-go allocates one small buffer for it and decoding
-// allocates nothing more. A replay (AllowOrderedOnce's recorded decision)
-// is the same prefixed with "R ". Anything else is ErrBadReply, but for a
+// decode reads the script's reply. An admission that records nothing (a
+// take or a peek) replies with an integer, which the server formats itself
+// and valkey-go decodes without allocating: the tokens left, and for two
+// buckets, when both counts are below 2^26, rem1 * 2^26 + rem2. Every
+// other reply is one string, "denied retry_us rem1 rem2", so that
+// valkey-go allocates one small buffer for it and decoding allocates
+// nothing more. A replay (AllowOrderedOnce's recorded decision) is the
+// string prefixed with "R ". Anything else is ErrBadReply, but for a
 // malformed replay, which ran nothing: ErrCorruptState.
 func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
+	if m, err := resp.ToMessage(); err == nil && m.IsInt64() {
+		n, _ := m.ToInt64()
+		return decodeAdmitted(n, buckets)
+	}
 	s, err := resp.ToString()
 	if valkey.IsParseErr(err) {
 		return Decision{}, badReply(err.Error())
@@ -69,6 +77,21 @@ func decodeFields(s string, buckets uint8) (Decision, error) {
 		Remaining:  [2]int{int(rem1), int(rem2)},
 		decided:    true,
 	}, nil
+}
+
+// packShift is the bits of rem2 in a two-bucket admission's integer reply.
+const packShift = 26
+
+// decodeAdmitted reads an admission's integer reply (see decode).
+func decodeAdmitted(n int64, buckets uint8) (Decision, error) {
+	rem := [2]int{int(n), -1}
+	if buckets == 2 {
+		rem = [2]int{int(n >> packShift), int(n & (1<<packShift - 1))}
+	}
+	if n < 0 || n >= 1<<53 {
+		return Decision{}, badReply("admission count " + strconv.FormatInt(n, 10) + " out of range")
+	}
+	return Decision{Remaining: rem, decided: true}, nil
 }
 
 func badReply(detail string) error {

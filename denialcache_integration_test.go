@@ -61,7 +61,8 @@ func TestIntegrationDenialWritesNothing(t *testing.T) {
 		exec func(keys []string, specs ...Spec) (string, error)
 	}{
 		{"current", func(keys []string, specs ...Spec) (string, error) {
-			return scripts().take.Exec(ctx, pc, keys, takeArgs(specs...)).ToString()
+			denied, err := replyDenied(scripts().take.Exec(ctx, pc, keys, takeArgs(specs...)))
+			return strconv.FormatInt(denied, 10), err
 		}},
 		{"baseline-0b7bc55", func(keys []string, specs ...Spec) (string, error) {
 			arr, err := valkey.NewLuaScript(baselineScript).Exec(ctx, pc, keys, baselineArgs(specs...)).AsIntSlice()

@@ -193,11 +193,18 @@ func TestErrClassDecode(t *testing.T) {
 		want   Decision // for a good reply
 		says   string   // for a bad one
 	}{
-		{src: "return '0 0 2 -1'", want: Decision{Denied: 0}},
-		{src: "return '1 7 0 -1'", want: Decision{Denied: 1, RetryAfter: 7 * time.Microsecond}},
-		{src: "return '2 9 1 0'", second: second, want: Decision{Denied: 2, RetryAfter: 9 * time.Microsecond}},
+		{src: "return '0 0 2 -1'", want: Decision{Remaining: [2]int{2, -1}}},
+		{src: "return '1 7 0 -1'", want: Decision{Denied: 1, RetryAfter: 7 * time.Microsecond, Remaining: [2]int{0, -1}}},
+		{src: "return '2 9 1 0'", second: second, want: Decision{Denied: 2, RetryAfter: 9 * time.Microsecond, Remaining: [2]int{1, 0}}},
+		// an admission's integer reply: the count, or two packed
+		{src: "return 7", want: Decision{Remaining: [2]int{7, -1}}},
+		{src: "return 0", want: Decision{Remaining: [2]int{0, -1}}},
+		{src: "return 3 * 2^26 + 67108863", second: second, want: Decision{Remaining: [2]int{3, 67108863}}},
+		{src: "return 2^52 - 1", second: second, want: Decision{Remaining: [2]int{1<<26 - 1, 1<<26 - 1}}},
+		{src: "return -1", says: "admission count -1 out of range"},
+		{src: "return 2^53", says: "out of range"},
+		{src: "return -1", second: second, says: "admission count -1 out of range"},
 		{src: "return nil", says: "nil"},
-		{src: "return 7", says: "not a string"},
 		{src: "return {0, 0}", says: "not a string"},
 		{src: "return '0 0 2'", says: "want 4 fields"},
 		{src: "return '0 0 2 -1 0'", says: "is not an integer"},
@@ -214,7 +221,7 @@ func TestErrClassDecode(t *testing.T) {
 			l := newLimiter(mini, valkey.NewLuaScript(tc.src))
 			d, err := l.AllowOrdered(context.Background(), Request{Key: "k1", Spec: errclassSpec}, tc.second)
 			if tc.says == "" {
-				if err != nil || d.Denied != tc.want.Denied || d.RetryAfter != tc.want.RetryAfter {
+				if err != nil || d.Denied != tc.want.Denied || d.RetryAfter != tc.want.RetryAfter || d.Remaining != tc.want.Remaining {
 					t.Errorf("got %v, %v; want %v", d, err, tc.want)
 				}
 				return

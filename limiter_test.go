@@ -217,7 +217,8 @@ func (clusterMode) Mode() valkey.ClientMode { return valkey.ClientModeCluster }
 // ErrBadReply with outcome unknown, never a panic or a made-up Decision.
 func TestMalformedRepliesAreErrors(t *testing.T) {
 	for _, src := range []string{
-		"return 1",
+		"return -1",            // an admission count below zero
+		"return 2^53",          // or beyond an exact Lua number
 		"return {0, 0, 3, -1}", // the previous reply shape, an array
 		"return 'x'",
 		"return ''",

@@ -167,6 +167,10 @@ var scriptMutants = []mutant{
 		edits: []mutate.Edit{at("both-reply", "tk1, tk2", "tk1, tk2 + c2")}},
 	{name: "remaining-off-by-cost-one-bucket",
 		edits: []mutate.Edit{at("one-reply", "tk1", "tk1 + c1")}},
+	{name: "remaining-packed-swapped", // an integer reply's two counts in each other's place
+		edits: []mutate.Edit{at("both-pack", "r1 * 2 ^ 26 + r2", "r2 * 2 ^ 26 + r1")}},
+	{name: "remaining-packed-overflows", // bucket 2's count spills into bucket 1's bits
+		edits: []mutate.Edit{at("both-pack-bound", "r2 >= 2 ^ 26", "r2 >= 2 ^ 27")}},
 	{name: "remaining-off-by-cost-on-second-denial",
 		edits: []mutate.Edit{at("deny2-reply", "now, tk1, tk2", "now, tk1 + c1, tk2")}},
 }

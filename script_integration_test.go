@@ -151,3 +151,63 @@ func fipsChild(t *testing.T) {
 	}
 	t.Logf("fips-only decisions: %s", strings.Join(got, ", "))
 }
+
+// TestIntegrationAdmissionReplyPacking: an untracked admission's reply is
+// an integer exactly when decode can unpack it (rem1 alone, or both counts
+// below 2^26), on a real server, whose Lua hands numbers back as integers;
+// and AllowOrdered reads the same Remaining either way, at the bounds of
+// the packing.
+func TestIntegrationAdmissionReplyPacking(t *testing.T) {
+	srv := testserver.Shared(t)
+	c := testserver.NewClient(t, srv)
+	prefix := testserver.Prefix(t, c)
+	ctx := context.Background()
+	l := New(c)
+	const bound = 1 << 26
+	for i, tc := range []struct {
+		bursts  []int64 // a fresh bucket is full: an admission leaves burst - 1
+		integer bool
+	}{
+		{[]int64{1}, true},
+		{[]int64{1 << 40}, true},
+		{[]int64{bound, bound}, true}, // leaves 2^26 - 1 in each
+		{[]int64{bound + 1, 5}, false},
+		{[]int64{5, bound + 1}, false},
+		{[]int64{2*bound + 1, 3}, false},
+		{[]int64{3, 2*bound + 1}, false},
+		{[]int64{1, 1}, true},
+		{[]int64{7, 1000}, true},
+		{[]int64{bound, 2}, true},
+	} {
+		var specs []Spec
+		var reqs []Request
+		for j, burst := range tc.bursts {
+			s, err := NewSpec(MaxLimit, int(burst))
+			if err != nil {
+				t.Fatal(err)
+			}
+			specs = append(specs, s)
+			reqs = append(reqs, Request{Key: prefix + "{p}" + strconv.Itoa(i) + ":" + strconv.Itoa(j), Spec: s})
+		}
+		keys := []string{reqs[0].Key}
+		if len(reqs) == 2 {
+			keys = append(keys, reqs[1].Key)
+		}
+		raw, err := scripts().peek.Exec(ctx, c, keys, append(takeArgs(specs...), modePeek)).ToMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw.IsInt64() != tc.integer {
+			t.Errorf("bursts %v: peek replied %v, want an integer: %v", tc.bursts, raw, tc.integer)
+		}
+		want := [2]int{int(tc.bursts[0] - 1), -1}
+		var second *Request
+		if len(reqs) == 2 {
+			want[1], second = int(tc.bursts[1]-1), &reqs[1]
+		}
+		d, err := l.AllowOrdered(ctx, reqs[0], second)
+		if err != nil || !d.Allowed() || d.Remaining != want {
+			t.Errorf("bursts %v: AllowOrdered = %+v, %v; want admitted with %v left", tc.bursts, d, err, want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -176,6 +177,23 @@ func checkRemainingReported(ctx context.Context, e *env) error {
 			if tk, err := e.tokensLeft(ctx, k); err != nil || tk != int64(d.Remaining[j]) {
 				errs = append(errs, fmt.Errorf("step %d (%s): %s holds %d tokens (%v), Remaining[%d] says %d", i, step.name, e.short(k), tk, err, j, d.Remaining[j]))
 			}
+		}
+	}
+	// Remaining is exact for every burst a Spec allows, small or large:
+	// fresh buckets are full, so an admission leaves burst - 1 in each.
+	// (The script packs an admission's counts into one integer when both
+	// are below 2^26; these bursts sit on either side of that bound.)
+	for i, bursts := range [][2]int{{7, 1<<26 + 9}, {1<<26 + 9, 7}, {1 << 26, 1 << 26}, {1<<26 + 1, 1<<26 + 1}, {1 << 40, 3}} {
+		first := admit.Request{Key: p + "large:" + strconv.Itoa(i) + ":a", Spec: admit.MustSpec(admit.MaxLimit, bursts[0])}
+		second := admit.Request{Key: p + "large:" + strconv.Itoa(i) + ":b", Spec: admit.MustSpec(admit.MaxLimit, bursts[1])}
+		want := [2]int{bursts[0] - 1, bursts[1] - 1}
+		if d, err := e.l.AllowOrdered(ctx, first, &second); err != nil || !d.Allowed() || d.Remaining != want {
+			errs = append(errs, fmt.Errorf("bursts %v, fresh buckets: %v, %v with Remaining %v; want admitted with Remaining %v", bursts, d, err, d.Remaining, want))
+		}
+		alone := second
+		alone.Key = p + "large:" + strconv.Itoa(i) + ":c"
+		if d, err := e.l.AllowOrdered(ctx, alone, nil); err != nil || !d.Allowed() || d.Remaining != [2]int{bursts[1] - 1, -1} {
+			errs = append(errs, fmt.Errorf("burst %d, a fresh bucket alone: %v, %v with Remaining %v; want admitted with Remaining [%d -1]", bursts[1], d, err, d.Remaining, bursts[1]-1))
 		}
 	}
 	return errors.Join(errs...)

@@ -63,7 +63,7 @@ run() {
   done
   grep -h -E '^(summary|totals):' "$(ls -t "$out"/cg.out.* | head -1)" | head -1 | awk '{print $2}'
 }
-open="1 1073741824"     # MaxLimit, burst 2^30: never runs dry
+open="1 1000000"        # MaxLimit, a million tokens: never runs dry
 shut="3600000000 1"     # one per hour, burst 1: denies once drained
 # each path: keys, then the buckets' specs
 paths=("one-bucket-allowed|1|$open" "one-bucket-denied|1|$shut"
