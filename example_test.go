@@ -121,3 +121,39 @@ func ExampleNew() {
 		log.Printf("bucket %d refused; retry in %v", d.Denied, d.RetryAfter)
 	}
 }
+
+// A Limiter whose ACL user may run every write admit makes (here the
+// default user, which may run any command on any key) can skip the
+// script's ACL precheck. Its decisions are the same; see WithoutACLPrecheck
+// for what a user short of a permission would get instead.
+func ExampleWithoutACLPrecheck() {
+	srv := miniredis.NewMiniRedis()
+	if err := srv.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	srv.SetTime(exampleNow) // a clock that stands still: the same output on every run
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	lim := admit.New(client, admit.WithoutACLPrecheck())
+	ctx := context.Background()
+	standard := admit.Request{Key: "rl:{chan:42}:standard", Spec: admit.MustSpec(admit.Every(3*time.Second), 2)}
+	shared := admit.Request{Key: "rl:{chan:42}:shared", Spec: chatShared}
+	for range 3 {
+		d, err := lim.AllowOrdered(ctx, standard, &shared)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(d, "- shared bucket left:", d.Remaining[1])
+	}
+	// Output:
+	// allowed - shared bucket left: 19
+	// allowed - shared bucket left: 18
+	// denied by bucket 1, retry after 3s - shared bucket left: -1
+}

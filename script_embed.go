@@ -3,6 +3,7 @@ package admit
 import (
 	"crypto/fips140"
 	_ "embed"
+	"strings"
 	"sync"
 
 	"github.com/valkey-io/valkey-go"
@@ -37,13 +38,34 @@ var scriptSource string
 // In FIPS 140 mode the SHA-1 is not computed here at all: valkey-go asks the
 // server for it with one SCRIPT LOAD on the first call (so the ACL user
 // needs +script|load too), then uses EVALSHA as usual.
-var scripts = sync.OnceValue(func() (s struct{ take, peek *valkey.Lua }) {
+//
+// unchecked is the script without its ACL precheck ([WithoutACLPrecheck]):
+// another source, so another SHA-1 and its own EVALSHA, falling back to EVAL
+// on NOSCRIPT like take, for take and refund only (peek writes nothing).
+var scripts = sync.OnceValue(func() (s struct{ take, peek, unchecked *valkey.Lua }) {
+	unchecked := withoutACLPrecheck(scriptSource)
 	if fips140.Enabled() {
 		s.take = valkey.NewLuaScript(scriptSource, valkey.WithLoadSHA1(true))
 		s.peek = valkey.NewLuaScriptReadOnly(scriptSource, valkey.WithLoadSHA1(true))
+		s.unchecked = valkey.NewLuaScript(unchecked, valkey.WithLoadSHA1(true))
 		return s
 	}
 	s.take = valkey.NewLuaScript(scriptSource)
 	s.peek = valkey.NewLuaScriptReadOnly(scriptSource)
+	s.unchecked = valkey.NewLuaScript(unchecked)
 	return s
 })
+
+// The line of script.lua that fetches the ACL precheck's function, and what
+// [WithoutACLPrecheck]'s script has in its place: with acl nil, step 4 of
+// the script checks nothing. TestWithoutACLPrecheckSource requires the line
+// exactly once in script.lua, and the variant to differ by that line only.
+const (
+	aclPrecheckLine = "local acl = redis.acl_check_cmd --@acl"
+	aclSkippedLine  = "local acl = nil --@acl"
+)
+
+// withoutACLPrecheck is src with its ACL precheck turned off.
+func withoutACLPrecheck(src string) string {
+	return strings.Replace(src, aclPrecheckLine, aclSkippedLine, 1)
+}
