@@ -35,8 +35,8 @@ const (
 // BenchmarkScriptSaturation is issue 22's measure of a decision's server
 // time at saturation, where a hot key's ceiling is set: one server with
 // the shipped script, the previous release's (5550b58, the same
-// arguments) and the floors (testdata/floor_one.lua, floor_two.lua)
-// loaded side by side, each driven in turn by valkey-benchmark with
+// arguments), WithoutACLPrecheck's script ("unchecked") and the floors
+// (testdata/floor_one.lua, floor_two.lua) loaded side by side, each driven in turn by valkey-benchmark with
 // `-c 50 -P 16 -n 100000` on one hot key (two for two buckets), on every
 // path; the floors only on the admissions, the one path they model. Before
 // each run CONFIG RESETSTAT, after it INFO commandstats: usec_per_call of
@@ -74,6 +74,7 @@ func BenchmarkScriptSaturation(b *testing.B) {
 	for name, src := range map[string]string{
 		"shipped": scriptSource, "previous-5550b58": previousScript,
 		"floor-one": floorOneScript, "floor-two": floorTwoScript,
+		"unchecked": withoutACLPrecheck(scriptSource),
 	} {
 		if sha[name], err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
 			b.Fatal(err)
@@ -91,6 +92,7 @@ func BenchmarkScriptSaturation(b *testing.B) {
 			case p.want == 0:
 				names = append(names, "floor-two")
 			}
+			names = append(names, "unchecked") // WithoutACLPrecheck's script, last
 			type run struct {
 				name, sha  string
 				keys, args []string
@@ -119,7 +121,7 @@ func BenchmarkScriptSaturation(b *testing.B) {
 				}
 			}
 			usec := make([][]float64, len(runs)) // by script, a value a rep
-			var sinceFloor, sincePrevious []float64
+			var sinceFloor, sincePrevious, uncheckedSinceFloor []float64
 			rep := 0
 			for b.Loop() {
 				for k := range runs {
@@ -145,8 +147,9 @@ func BenchmarkScriptSaturation(b *testing.B) {
 					}
 				}
 				sincePrevious = append(sincePrevious, usec[0][rep]/usec[1][rep])
-				if len(runs) > 2 {
+				if len(runs) > 3 {
 					sinceFloor = append(sinceFloor, usec[0][rep]/usec[2][rep])
+					uncheckedSinceFloor = append(uncheckedSinceFloor, usec[3][rep]/usec[2][rep])
 				}
 				rep++
 			}
@@ -157,6 +160,7 @@ func BenchmarkScriptSaturation(b *testing.B) {
 			if len(sinceFloor) > 0 {
 				b.ReportMetric(median(sinceFloor), "shipped/floor")
 				b.ReportMetric(slices.Max(sinceFloor), "shipped/floor-max")
+				b.ReportMetric(median(uncheckedSinceFloor), "unchecked/floor")
 			}
 		})
 	}
