@@ -12,7 +12,7 @@
 #
 # Benchmarks against a real server: see BENCHMARKS.md.
 #
-#   make bench                 run them all (about 9 minutes on 2 CPUs), save bench.txt, summarise
+#   make bench                 run them all (about 17 minutes on 2 CPUs), save bench.txt, summarise
 #   make benchstat             summarise an existing bench.txt
 #   make bench BENCH=Ratios    run only the benchmarks matching a regexp
 #
