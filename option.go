@@ -52,11 +52,13 @@ func WithDenialCache(size int) Option {
 // one-bucket admission, 3 for a two-bucket one, 2 for a second-bucket
 // denial, none for a first-bucket denial. Skipping them saves, in server
 // instructions per call counted with callgrind
-// (scripts/script-instructions.sh, on the script of commit 85417d7), on
-// Valkey 8.0.1 about 2,300 of 59,200 for a one-bucket admission (3.9%),
-// 5,100 of 99,600 for a two-bucket one (5.1%) and 3,500 of 91,400 for a
-// second-bucket denial (3.9%), on Redis 7.0.15 3.6%, 5.6% and 4.1%; a
-// first-bucket denial saves only the lookup of redis.acl_check_cmd (0.5-0.7%).
+// (scripts/script-instructions.sh, on the script of commit 5d3488c), on
+// Valkey 8.0.1 about 2,300 of 56,100 for a one-bucket admission (4.0%),
+// 5,600 of 94,500 for a two-bucket one (5.9%) and 4,100 of 90,000 for a
+// second-bucket denial (4.5%), on Redis 7.0.15 3.5%, 6.1% and 4.4%; a
+// first-bucket denial saves only the lookup of redis.acl_check_cmd (under
+// 1%). At saturation (BENCHMARKS.md, "Server time at saturation") the
+// server's time per admission falls by 2-11%.
 // [Limiter.Peek] writes nothing and is unchanged. Every other guarantee
 // stays: each bucket is read and validated before the first write, and a
 // user refused bucket 1's write (the first, run under pcall) gets NOPERM,
