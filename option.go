@@ -58,7 +58,7 @@ func WithDenialCache(size int) Option {
 // second-bucket denial (4.5%), on Redis 7.0.15 3.5%, 6.1% and 4.4%; a
 // first-bucket denial saves only the lookup of redis.acl_check_cmd (under
 // 1%). At saturation (BENCHMARKS.md, "Server time at saturation") the
-// server's time per admission falls by 2-11%.
+// server's time per admission falls by 1-11%.
 // [Limiter.Peek] writes nothing and is unchanged. Every other guarantee
 // stays: each bucket is read and validated before the first write, and a
 // user refused bucket 1's write (the first, run under pcall) gets NOPERM,
