@@ -127,6 +127,11 @@ func classify(err error) error {
 			return &callError{msg: "admit: invalid request: AllowOrderedOnce: this id was recorded within OnceWindow for a different request " +
 				"(another bucket count, second key, Spec or Cost); nothing was taken; give each unit of work its own id",
 				reason: ErrOnceIDReused, class: ErrNotExecuted}
+		case code == "ADMITPARTIAL":
+			// Only WithoutACLPrecheck's script replies so: a write on
+			// bucket 2's key refused after bucket 1's, which stays.
+			return unknown(strings.TrimPrefix(msg, "ADMITPARTIAL admit: ") +
+				"; grant the permission, or build the Limiter without WithoutACLPrecheck")
 		case code == "ADMITARGS":
 			// admit never sends such arguments: a direct EVALSHA, or a
 			// script of another release under a colliding call.
@@ -201,24 +206,4 @@ func classify(err error) error {
 		return unknown("this call's context ended while the command may have been in flight; tokens may have been consumed")
 	}
 	return unknown("the connection failed while the command may have been in flight; tokens may have been consumed; admit does not retry")
-}
-
-// bucket2WriteRefused reclasses, for a Limiter built with
-// WithoutACLPrecheck, the script's NOPERM for a write on bucket 2's key
-// (HSET, or a denial's PEXPIREAT GT, each run under pcall) as outcome
-// unknown: without the precheck that refusal may come after bucket 1's
-// write, which stays. With the precheck such a refusal comes only before
-// the first write.
-func bucket2WriteRefused(err error) error {
-	var ce *callError
-	if !errors.As(err, &ce) || ce.class != ErrNotExecuted || ce.cause == nil {
-		return err
-	}
-	msg := ce.cause.Error()
-	if !strings.Contains(msg, "may not run HSET on bucket 2's key") && !strings.Contains(msg, "may not run PEXPIREAT on bucket 2's key") {
-		return err
-	}
-	return &callError{msg: "admit: outcome unknown: the ACL user may not write bucket 2's key, and WithoutACLPrecheck " +
-		"skipped the check that refuses such a call before its first write: bucket 1 may have been written, and stays so; " +
-		"grant the permission, or build the Limiter without WithoutACLPrecheck", class: ErrOutcomeUnknown, cause: ce.cause}
 }

@@ -110,6 +110,8 @@ func TestErrClassTable(t *testing.T) {
 			ErrNotExecuted, ErrWrongType, nil, []string{"bucket 2 key holds a value that is not a hash"}},
 		{"corrupt", live, serverErr("ADMITCORRUPT admit: bucket 1 field tokens is not an integer"),
 			ErrNotExecuted, ErrCorruptState, nil, []string{"corrupt bucket state"}},
+		{"partial-write", live, serverErr("ADMITPARTIAL admit: the server refused HSET on bucket 2's key (NOPERM x) after bucket 1 was written, which stays"),
+			ErrOutcomeUnknown, nil, nil, []string{"outcome unknown", "after bucket 1 was written, which stays", "without WithoutACLPrecheck"}},
 		{"no-slot", live, fixed(valkey.ErrNoSlot),
 			ErrNotExecuted, nil, valkey.ErrNoSlot, []string{"no node for the key's hash slot", "nothing was sent"}},
 		{"setup-refused-client-command", live, fixed(noCache),

@@ -142,9 +142,6 @@ type Limiter struct {
 	client valkey.Client
 	script *valkey.Lua // EVALSHA: take and refund
 	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
-	// unchecked is set by WithoutACLPrecheck: script is then the script
-	// without its ACL precheck.
-	unchecked bool
 	// peekRW is set once the server refused TIME in a read-only script
 	// (miniredis does): peeks then run through script, in mode p.
 	peekRW  atomic.Bool
@@ -286,9 +283,6 @@ func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, s
 	}
 	if d.replayed && record == "" {
 		return Decision{}, badReply("a replayed decision from a call that names no once-record")
-	}
-	if err != nil && l.unchecked && second != nil && mode != modePeek {
-		err = bucket2WriteRefused(err)
 	}
 	return d, err
 }

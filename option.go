@@ -80,6 +80,6 @@ func WithDenialCache(size int) Option {
 // key.
 func WithoutACLPrecheck() Option {
 	return optionFunc(func(l *Limiter) {
-		l.script, l.unchecked = scripts().unchecked, true
+		l.script = scripts().unchecked
 	})
 }

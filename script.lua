@@ -117,8 +117,9 @@ end
 
 -- A refusal: ecmd is the command the server (eerr, its error) or the ACL
 -- precheck (eerr nil) refused, ei the bucket (nil for TIME and the
--- record). Each one breaks out of this block to the end of the script.
-local ecmd, eerr, ei
+-- record), after set when bucket 1 was written before it. Each one breaks
+-- out of this block to the end of the script.
+local ecmd, eerr, ei, after
 repeat
   -- 2. Read. TIME once: the one clock of the decision.
   local t = redis.pcall('TIME')
@@ -433,6 +434,7 @@ repeat
       end
       local r = redis.pcall('HSET', keys[2], 'tokens', tk2, 'ts', ts2)
       if r ~= 0 and r ~= 2 and r ~= 1 then
+        after = how1
         ecmd, eerr, ei = 'HSET', r.err, 2 --@store-refused2
         break
       end
@@ -445,6 +447,7 @@ repeat
       end
       local r = redis.pcall('PEXPIREAT', keys[2], full, 'GT') --@keep-expire2
       if r ~= 0 and r ~= 1 then
+        after = how1
         ecmd, eerr, ei = 'PEXPIREAT', r.err, 2 --@keep-refused2
         break
       end
@@ -458,10 +461,17 @@ repeat
   return reply --@reply-return
 until true
 
--- A refusal's reply. An ACL refusal (Valkey and Redis word it
--- differently, and Redis 7.0's messages, "can't run" for a command and
--- "can't access" for a key, name neither) becomes NOPERM naming the
--- command. Nothing has been written.
+-- A refusal's reply. One that came after bucket 1's write is
+-- ADMITPARTIAL: that write stays. The ACL precheck makes it unreachable;
+-- only a copy of the script without it (WithoutACLPrecheck) gets there.
+if after then
+  return redis.error_reply('ADMITPARTIAL admit: the server refused ' .. ecmd .. " on bucket 2's key (" .. eerr ..
+    ') after bucket 1 was written, which stays')
+end
+-- Otherwise nothing has been written. An ACL refusal (Valkey and Redis
+-- word it differently, and Redis 7.0's messages, "can't run" for a
+-- command and "can't access" for a key, name neither) becomes NOPERM
+-- naming the command.
 if eerr and string.sub(eerr, 1, 9) == 'WRONGTYPE' then
   if not ei then
     return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
