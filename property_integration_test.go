@@ -57,6 +57,19 @@ func TestIntegrationProperty(t *testing.T) {
 	propCheck(t, cfg, func(tb testing.TB) propBackend { return newRealBackend(tb, srv, clock) })
 }
 
+// TestIntegrationPropertyWithoutACLPrecheck runs the same operations, with
+// every Limiter built with WithoutACLPrecheck, against the same model: for
+// a user allowed every write (the test's), the option changes no decision
+// and no byte of state. A third of TestIntegrationProperty's operations.
+func TestIntegrationPropertyWithoutACLPrecheck(t *testing.T) {
+	cfg := propConfigFromEnv(t, propScaled(propIntegrationSteps/3), propIntegrationBudget/2)
+	srv, clock := testserver.StartClockShifted(t)
+	t.Logf("server %s", srv.Version)
+	propCheck(t, cfg, func(tb testing.TB) propBackend {
+		return newRealBackend(tb, srv, clock, admit.WithoutACLPrecheck())
+	})
+}
+
 // realBackend is a real server started with the clock-shift shim. Each
 // run flushes it and sets its clock back to the host's.
 type realBackend struct {
@@ -70,7 +83,8 @@ type realBackend struct {
 	px         *delayproxy.Proxy
 }
 
-func newRealBackend(tb testing.TB, srv *testserver.Server, clock *testserver.Clock) *realBackend {
+// newRealBackend builds its Limiters with opts too.
+func newRealBackend(tb testing.TB, srv *testserver.Server, clock *testserver.Clock, opts ...admit.Option) *realBackend {
 	tb.Helper()
 	ctx := context.Background()
 	b := &realBackend{tb: tb, c: testserver.NewClient(tb, srv), clk: clock, sent: new(atomic.Int64)}
@@ -92,9 +106,9 @@ func newRealBackend(tb testing.TB, srv *testserver.Server, clock *testserver.Clo
 		tb.Fatalf("dial the proxy: %v", err)
 	}
 	tb.Cleanup(lc.Close)
-	b.pl = admit.New(b.c)
-	b.ca = admit.New(countingClient{b.c, b.sent}, admit.WithDenialCache(64))
-	b.lc, b.lo = lc, admit.New(lc)
+	b.pl = admit.New(b.c, opts...)
+	b.ca = admit.New(countingClient{b.c, b.sent}, append([]admit.Option{admit.WithDenialCache(64)}, opts...)...)
+	b.lc, b.lo = lc, admit.New(lc, opts...)
 	return b
 }
 
