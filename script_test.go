@@ -2,6 +2,7 @@ package admit
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -201,4 +202,20 @@ func checkArgv(t *testing.T, c valkey.Client, prefix string, snap func() string)
 func TestScriptRefusesBadArgv(t *testing.T) {
 	e := newUnitEnv(t)
 	checkArgv(t, e.c, "argv:", e.snapshot)
+}
+
+// replyText is the script's reply as the string it stands for: an
+// admission's integer (decode) written out as "0 0 rem1 rem2" for a call on
+// buckets buckets, unpacked here rather than by decode so that the tests
+// check the packing on their own; integer says the reply was one.
+func replyText(resp valkey.ValkeyResult, buckets int) (text string, integer bool, err error) {
+	if m, err := resp.ToMessage(); err == nil && m.IsInt64() {
+		v, _ := m.ToInt64()
+		if buckets == 2 {
+			return fmt.Sprintf("0 0 %d %d", v>>26, v&(1<<26-1)), true, nil
+		}
+		return fmt.Sprintf("0 0 %d -1", v), true, nil
+	}
+	text, err = resp.ToString()
+	return text, false, err
 }
