@@ -480,13 +480,31 @@ func (x *Lease) Extend(ctx context.Context) (bool, error) {
 	return false, badReply("lease: extend reply " + strconv.Quote(s))
 }
 
+// Lease returns a handle on the lease that slot.Name holds (or held) on
+// slot.Key, to Extend or Release it from elsewhere than its Acquire: a
+// process that restarted with the unit of work's id, an operator's tool,
+// a retry on another client. It sends nothing. Its Granted is false and
+// its Deadline zero until an Extend succeeds; slot.Spec gives the lease
+// duration an Extend renews to.
+func (l *Limiter) Lease(slot Slot) *Lease {
+	x := &Lease{Key: slot.Key, Name: slot.Name, Remaining: [2]int{-1, -1}, l: l, spec: slot.Spec, sent: true}
+	return x
+}
+
 // lone sends a lease call without buckets in mode.
 func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 	switch {
 	case x.l == nil || x.l.client == nil:
-		return "", invalidRequest("the Lease has no Limiter; get one from Limiter.Acquire")
+		return "", invalidRequest("the Lease has no Limiter; get one from Limiter.Acquire or Limiter.Lease")
 	case ctx == nil:
 		return "", invalidRequest("nil context")
+	case x.Key == "":
+		return "", invalidRequest("the Lease has an empty Key")
+	case x.spec.IsZero():
+		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has the zero Concurrency")
+	case x.Name == "" || len(x.Name) > MaxLeaseNameLen:
+		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has a name of " + strconv.Itoa(len(x.Name)) +
+			" bytes; want 1 to MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
 	}
 	if err := ctx.Err(); err != nil {
 		return "", &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
