@@ -1001,7 +1001,7 @@ func TestIntegrationLeaseKill9(t *testing.T) {
 			if serverNow < scores[0].Score-1000 {
 				t.Fatalf("granted at server time %.0f, before the first dead lease expires at %.0f", serverNow, scores[0].Score)
 			}
-			t.Logf("first slot back %v after the kills (dead leases expire %v after the first was granted): %v", firstFree.Round(time.Millisecond),
+			t.Logf("first slot back %v after the kills (the last dead lease expires %v after the first): %v", firstFree.Round(time.Millisecond),
 				time.Duration(latest-scores[0].Score)*time.Microsecond, x)
 			break
 		}
