@@ -324,6 +324,8 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, slot Slot, firs
 		return invalidRequest("nil context")
 	case slot.Key == "":
 		return invalidRequest("the Slot has an empty Key")
+	case len(slot.Key) > MaxKeyLen:
+		return invalidRequest("the Slot's Key is " + strconv.Itoa(len(slot.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
 	case slot.Spec.IsZero():
 		return invalidRequest("the Slot for key " + strconv.Quote(slot.Key) + " has the zero Concurrency; build one with admit.NewConcurrency")
 	case len(name) > MaxLeaseNameLen:

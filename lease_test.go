@@ -91,6 +91,7 @@ func TestLeaseInvalid(t *testing.T) {
 		want          string
 	}{
 		{"empty key", admit.Slot{Spec: spec}, nil, nil, "empty Key"},
+		{"long key", admit.Slot{Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: spec}, nil, nil, "MaxKeyLen"},
 		{"zero spec", admit.Slot{Key: "c"}, nil, nil, "zero Concurrency"},
 		{"long name", admit.Slot{Key: "c", Spec: spec, Name: strings.Repeat("x", admit.MaxLeaseNameLen+1)}, nil, nil, "MaxLeaseNameLen"},
 		{"second alone", admit.Slot{Key: "c", Spec: spec}, nil, &b, "second bucket without a first"},
@@ -458,7 +459,7 @@ func TestIntegrationLeaseProperty(t *testing.T) {
 	srv, clk := testserver.StartClockShifted(t)
 	t.Logf("server %s", srv.Version)
 	b := newLeaseBackend(t, srv.Addr, nil, clk)
-	leaseProperty(t, b, leaseSteps(t, 3000))
+	leaseProperty(t, b, leaseSteps(t, 1500))
 }
 
 func leaseSteps(tb testing.TB, n int) int {

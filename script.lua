@@ -114,8 +114,8 @@ local record
 -- acquire reads and validates every key, then decides the slot first: a
 -- live holder of the same name is returned as it is, marked as a replay;
 -- limit live holders refuse it, with the wait until the oldest expires.
--- Neither writes anything. Then the buckets decide as a take does, but
--- all or nothing: a second-bucket denial leaves the first uncharged. A
+-- Neither writes anything. Then the buckets decide as mode 'a' decides
+-- them, all or nothing: a second-bucket denial leaves the first uncharged. A
 -- grant writes the buckets, then prunes every expired holder (at most
 -- 10000: the key never holds more), adds this one, and sets the key's
 -- expiry to its latest lease's. Extend sets a live lease to now +
@@ -298,7 +298,9 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
     redis.call('PEXPIREAT', lkey, at + (-at) % 1, 'GT') --@lease-extend-expire
     return string.format('1 %d', exp - now)
   end
-  leasing = true
+  -- An acquire with buckets: the steps below, its buckets decided as
+  -- mode 'a' decides them, all or nothing.
+  leasing, mode = true, 'a' --@lease-all
 end
 
 -- 1. Check the arguments' shape, before anything is read (see the
@@ -562,9 +564,9 @@ repeat
     end
   end
 
-  -- An acquire is all or nothing: after a second-bucket denial the first
-  -- bucket is neither charged nor written; after a grant its lease's
-  -- writes are checked against the ACL with the buckets' (step 4).
+  -- An acquire's buckets were decided all or nothing (mode 'a'); after a
+  -- grant its lease's writes are checked against the ACL with the
+  -- buckets' (step 4).
   local ldenied, lretry
   if leasing then
     ldenied, lretry = 0, 0
@@ -572,9 +574,7 @@ repeat
       ldenied, lretry = string.match(reply, '^(%d) (%d+)')
       ldenied = ldenied + 0
     end
-    if ldenied == 2 then --@lease-deny2
-      tk1, how1 = tk1 + c1, nil --@lease-deny2-uncharged
-    elseif ldenied == 0 then
+    if ldenied == 0 then
       local e = lcheck(lexpired, false) --@lease-check
       if e then
         return e

@@ -146,6 +146,8 @@ func ValidateSlot(slot Slot, first, second *admit.Request) error {
 	switch {
 	case slot.Key == "":
 		return fmt.Errorf("%w: the slot has an empty Key", admit.ErrInvalidRequest)
+	case len(slot.Key) > admit.MaxKeyLen:
+		return fmt.Errorf("%w: the slot's Key of %d bytes", admit.ErrInvalidRequest, len(slot.Key))
 	case slot.Spec.IsZero():
 		return fmt.Errorf("%w: the slot has the zero Concurrency", admit.ErrInvalidRequest)
 	case slot.Name == "" || len(slot.Name) > admit.MaxLeaseNameLen:
@@ -243,20 +245,6 @@ func (s *LeaseServer) Acquire(slot Slot, first, second *admit.Request) (LeaseOut
 	s.Sets[slot.Key] = LeaseSet{Holders: holders, ExpireAt: (latest + 999) / 1000 * 1000}
 	o.Granted, o.Holders, o.Left = true, len(holders), slot.Spec.Lease()
 	return o, nil
-}
-
-// DecideAll is AllowOrdered's decision made all or nothing, as Acquire
-// makes it for its buckets: when the second bucket refuses, the first is
-// not charged. A denied bucket is kept as a denial keeps it (its expiry
-// only lengthened, or its fields stored when its ts was pulled back from
-// the future); the first bucket, which admitted, is not written.
-func DecideAll(now int64, states map[string]State, first admit.Request, second *admit.Request) (admit.Decision, map[string]Write) {
-	d, writes := Decide(now, states, first, second)
-	if d.Denied == 2 {
-		delete(writes, first.Key)
-		d.Remaining[0] += cost(first)
-	}
-	return d, writes
 }
 
 // Extend is admit's Lease.Extend: a live lease of name at key is renewed
