@@ -65,6 +65,16 @@ var rules = []rule{
 	{"live-spec-change", checkLiveSpecChange},
 	{"foreign-hash-refused", checkForeignHash},
 
+	// Leases: concurrency limits, alone and with the buckets
+	// (rules_lease.go).
+	{"lease-never-more-than-limit", checkLeaseLimit},
+	{"lease-dead-holder-freed-at-expiry", checkLeaseDeadHolder},
+	{"lease-all-or-nothing", checkLeaseAllOrNothing},
+	{"lease-refusal-writes-nothing", checkLeaseRefusalWritesNothing},
+	{"lease-release-idempotent", checkLeaseReleaseIdempotent},
+	{"lease-retry-safe-by-name", checkLeaseRetrySafe},
+	{"lease-least-privilege-user", checkLeaseLeastPrivilege},
+
 	// Cluster: slots and shards; skipped on a standalone server
 	// (rules_cluster.go).
 	{"cluster-hash-tag", checkClusterHashTag},
