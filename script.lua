@@ -290,7 +290,7 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
     if acl and not acl('PEXPIREAT', lkey) then --@lease-acl-extend
       return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
     end
-    lcall('ZADD', 'GT', exp, lname)
+    lcall('ZADD', 'GT', exp, lname) --@lease-extend-add
     if lerr then
       return lerr
     end

@@ -427,13 +427,19 @@ func checkLeaseReleaseIdempotent(ctx context.Context, e *env) error {
 		errs = append(errs, fmt.Errorf("acquire under the released name: %v, %v; want a new grant", y, err))
 	}
 	// An expired lease: released false, removed.
+	// A short lease after a long one: the key lives as long as the long one.
 	short := admit.MustConcurrency(2, 20*time.Millisecond)
+	if _, err := e.l.Acquire(ctx, admit.Slot{Key: p + "short", Spec: admit.MustConcurrency(2, time.Hour), Name: "keeps-the-key"}, nil, nil); err != nil {
+		return err
+	}
 	z, err := e.l.Acquire(ctx, admit.Slot{Key: p + "short", Spec: short, Name: "z"}, nil, nil)
 	if err != nil || !z.Granted() {
 		return fmt.Errorf("acquire a short lease: %v, %v", z, err)
 	}
-	if _, err := e.l.Acquire(ctx, admit.Slot{Key: p + "short", Spec: admit.MustConcurrency(2, time.Hour), Name: "keeps-the-key"}, nil, nil); err != nil {
+	if st, err := e.readLease(ctx, p+"short"); err != nil {
 		return err
+	} else if err := st.schema(0, false); err != nil {
+		errs = append(errs, fmt.Errorf("a short lease after a long one: %w", err))
 	}
 	time.Sleep(40 * time.Millisecond)
 	if ok, err := z.Extend(ctx); ok || err != nil {
