@@ -168,8 +168,45 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
   local function whole(s)
     return #s <= 16 and find(s, '^%d+$')
   end
-  local corrupt = 'ADMITCORRUPT admit: the lease key holds a sorted set that admit did not write ' ..
-    '(more than 10000 members, or a score that is not whole µs)'
+  local corrupt = 'ADMITCORRUPT admit: the lease key holds a sorted set that admit did not write (more than 10000 members, or a score that is not whole µs)'
+
+  -- Extend and release, a lease alone: decided here, whole.
+  if n == 0 and mode ~= 'l' then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local own = lcall('ZSCORE', lname)
+    if lerr then
+      return lerr
+    end
+    if own and not whole(own) then
+      return redis.error_reply(corrupt)
+    end
+    if mode == 'f' then
+      if not own then
+        return '0'
+      end
+      lcall('ZREM', lname) --@lease-release
+      if lerr then
+        return lerr
+      end
+      return own + 0 > now and '1' or '2' --@lease-release-reply
+    end
+    if not own or own + 0 <= now then --@lease-extend-dead
+      return '0 0'
+    end
+    local exp = math.max(own + 0, now + llease) --@lease-extend-to
+    local acl = redis.acl_check_cmd
+    if acl and not acl('PEXPIREAT', lkey) then --@lease-acl-extend
+      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
+    end
+    lcall('ZADD', 'GT', exp, lname) --@lease-extend-add
+    if lerr then
+      return lerr
+    end
+    local at = exp / 1000
+    redis.call('PEXPIREAT', lkey, at + (-at) % 1, 'GT') --@lease-extend-expire
+    return string.format('1 %d', exp - now)
+  end
 
   -- Read and validate the lease key for an acquire at now; return a
   -- reply to return at once (an error, a replay, the slot's refusal), or
@@ -247,56 +284,23 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
     return nil, live + 1
   end
 
+  -- An acquire of a lease alone: decided here, whole.
   if n == 0 then
     local t = redis.call('TIME')
     local now = t[1] * 1000000 + t[2]
-    if mode == 'l' then
-      local r, expired, latest, live = lread(now)
-      if r then
-        return r
-      end
-      r = lcheck(expired, true)
-      if r then
-        return r
-      end
-      r, live = lgrant(now, expired, latest, live, true)
-      if r then
-        return r
-      end
-      return string.format('0 %d -1 -1 %d %d 0', 0, live, llease)
+    local r, expired, latest, live = lread(now)
+    if r then
+      return r
     end
-    local own = lcall('ZSCORE', lname)
-    if lerr then
-      return lerr
+    r = lcheck(expired, true)
+    if r then
+      return r
     end
-    if own and not whole(own) then
-      return redis.error_reply(corrupt)
+    r, live = lgrant(now, expired, latest, live, true)
+    if r then
+      return r
     end
-    if mode == 'f' then
-      if not own then
-        return '0'
-      end
-      lcall('ZREM', lname) --@lease-release
-      if lerr then
-        return lerr
-      end
-      return own + 0 > now and '1' or '2' --@lease-release-reply
-    end
-    if not own or own + 0 <= now then --@lease-extend-dead
-      return '0 0'
-    end
-    local exp = math.max(own + 0, now + llease) --@lease-extend-to
-    local acl = redis.acl_check_cmd
-    if acl and not acl('PEXPIREAT', lkey) then --@lease-acl-extend
-      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
-    end
-    lcall('ZADD', 'GT', exp, lname) --@lease-extend-add
-    if lerr then
-      return lerr
-    end
-    local at = exp / 1000
-    redis.call('PEXPIREAT', lkey, at + (-at) % 1, 'GT') --@lease-extend-expire
-    return string.format('1 %d', exp - now)
+    return string.format('0 0 -1 -1 %d %d 0', live, llease)
   end
   -- An acquire with buckets: the steps below, its buckets decided as
   -- mode 'a' decides them, all or nothing.
