@@ -269,6 +269,21 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 			errs = append(errs, fmt.Errorf("%s: a refusal took something: %w", name, err))
 		}
 	}
+	if e.cluster {
+		// Keys in two slots are refused before anything is sent.
+		other := admit.Slot{Key: e.base + "{lease-all-elsewhere}:conc", Spec: spec, Name: "x"}
+		s1, err1 := e.slotOf(ctx, other.Key)
+		s2, err2 := e.slotOf(ctx, b1.Key)
+		if err := errors.Join(err1, err2); err != nil {
+			return err
+		}
+		if s1 != s2 {
+			x, err := e.l.Acquire(ctx, other, &b1, nil)
+			if !errors.Is(err, admit.ErrCrossSlot) || !errors.Is(err, admit.ErrNotExecuted) || x.Granted() {
+				errs = append(errs, fmt.Errorf("a slot key in another hash slot than the bucket's: %v, %v; want admit.ErrCrossSlot", x, err))
+			}
+		}
+	}
 	refused("the slot taken", map[string]seedAt{b1.Key: {5, 0}, b2.Key: {5, 0}}, true, admit.PartSlot)
 	refused("bucket 1 short", map[string]seedAt{b1.Key: {1, 0}, b2.Key: {5, 0}}, false, admit.PartFirst)
 	refused("bucket 2 short", map[string]seedAt{b1.Key: {5, 0}, b2.Key: {2, 0}}, false, admit.PartSecond)

@@ -99,6 +99,9 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	if o, _ := s.Acquire(Slot{"c", spec, "y"}, &b1, &b2); o.Denied != admit.PartSlot {
 		t.Errorf("full: %v", o)
 	}
+	if len(s.Sets["c"].Holders) != len(before.Sets["c"].Holders) || s.Buckets["b1"] != before.Buckets["b1"] || s.Buckets["b2"] != before.Buckets["b2"] {
+		t.Error("a refusal by the slot took something")
+	}
 	if _, err := s.Release("c", "x"); err != nil {
 		t.Fatal(err)
 	}
