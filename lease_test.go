@@ -1269,3 +1269,34 @@ func leaseMedian(v []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// TestLeaseBadReply: a reply the script never gives is ErrBadReply,
+// classed outcome unknown, and never a grant.
+func TestLeaseBadReply(t *testing.T) {
+	_, c := newLeaseMini(t)
+	ctx := context.Background()
+	spec := admit.MustConcurrency(2, time.Second)
+	for _, reply := range []string{
+		"return 1", "return 'x'", "return '0 0 -1 -1 1 1000'", "return '0 0 -1 -1 0 1000 0'", "return '0 5 -1 -1 1 1000 0'",
+		"return '4 5 -1 -1 1 0 0'", "return '1 5 -1 -1 1 0 0'", "return '0 0 -1 -1 1 0 0'", "return '3 5 -1 -1 1 0 1'",
+		"return '0 0 3 -1 1 1000 0'",
+	} {
+		l := admit.NewLimiterWithScript(c, reply)
+		x, err := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec, Name: "n"}, nil, nil)
+		if !errors.Is(err, admit.ErrBadReply) || !errors.Is(err, admit.ErrOutcomeUnknown) || x.Granted() {
+			t.Errorf("acquire replied by %q: %v, %v; want ErrBadReply, outcome unknown", reply, x, err)
+		}
+	}
+	for _, reply := range []string{"return '3'", "return 'x'", "return {1}"} {
+		l := admit.NewLimiterWithScript(c, reply)
+		if held, err := l.Lease(admit.Slot{Key: "k", Spec: spec, Name: "n"}).Release(ctx); held || !errors.Is(err, admit.ErrBadReply) {
+			t.Errorf("release replied by %q: %v, %v; want ErrBadReply", reply, held, err)
+		}
+	}
+	for _, reply := range []string{"return '1 0'", "return '0 5'", "return '2 5'", "return '1'"} {
+		l := admit.NewLimiterWithScript(c, reply)
+		if ok, err := l.Lease(admit.Slot{Key: "k", Spec: spec, Name: "n"}).Extend(ctx); ok || !errors.Is(err, admit.ErrBadReply) {
+			t.Errorf("extend replied by %q: %v, %v; want ErrBadReply", reply, ok, err)
+		}
+	}
+}
