@@ -102,7 +102,7 @@ func BenchmarkRedisRateSaturation(b *testing.B) {
 				call := cs[i].check
 				cs[i].run = func() error { return drive(call) }
 			}
-			usec := serverTime(b, c, peerCalls, cs)
+			usec := serverTime(b, c, peerCalls, cs, nil)
 			reportRatio(b, "admit/redis_rate", usec[1], usec[0], true)
 			reportRatio(b, "admit-pooled/redis_rate", usec[2], usec[0], false)
 		})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -17,11 +18,13 @@ import (
 
 // A contender is one script, or one library, whose server time per call
 // serverTime measures: run drives the server with a run's calls, check
-// makes one call and says whether it is still on its path.
+// makes one call and says whether it is still on its path, and prepare,
+// if set, runs before each run, untimed.
 type contender struct {
-	name  string
-	run   func() error
-	check func() error
+	name    string
+	prepare func() error
+	run     func() error
+	check   func() error
 }
 
 // serverTime is the one driver of every server-time benchmark. Each
@@ -32,26 +35,44 @@ type contender struct {
 // included, network and client excluded. A run must count exactly calls
 // EVALSHAs, none failed and no EVAL, and leave its contender on its path.
 // serverTime reports each contender's median µs per call over the reps,
-// and returns every rep's, by contender, for reportRatio.
-func serverTime(b *testing.B, c valkey.Client, calls int64, cs []contender) [][]float64 {
+// and returns every rep's, by contender, for reportRatio. With cg, a server
+// under callgrind, it reads instructions per call instead of µs.
+func serverTime(b *testing.B, c valkey.Client, calls int64, cs []contender, cg *callgrind) [][]float64 {
 	b.Helper()
 	ctx := context.Background()
 	for _, x := range cs { // the first call drains a shut bucket
+		if x.prepare != nil {
+			if err := x.prepare(); err != nil {
+				b.Fatalf("%s: %v", x.name, err)
+			}
+		}
 		x.check()
 		if err := x.check(); err != nil {
 			b.Fatalf("%s: %v", x.name, err)
 		}
 	}
-	usec := make([][]float64, len(cs)) // by contender, a value a rep
+	per := make([][]float64, len(cs)) // by contender, a value a rep
 	rep := 0
 	for b.Loop() {
 		for k := range cs {
 			i := (k + rep) % len(cs)
+			if cs[i].prepare != nil {
+				if err := cs[i].prepare(); err != nil {
+					b.Fatalf("%s: %v", cs[i].name, err)
+				}
+			}
 			if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
 				b.Fatal(err)
 			}
+			if cg != nil {
+				cg.zero(b)
+			}
 			if err := cs[i].run(); err != nil {
 				b.Fatalf("%s: %v", cs[i].name, err)
+			}
+			var perCall float64
+			if cg != nil { // before INFO, which processCommand would count
+				perCall = cg.perCall(b, calls)
 			}
 			st := testserver.CommandStats(b, c)
 			ev := st["evalsha"]
@@ -59,17 +80,24 @@ func serverTime(b *testing.B, c valkey.Client, calls int64, cs []contender) [][]
 				b.Fatalf("%s: %d EVALSHA counted (%d failed) and %d EVAL, want %d EVALSHA",
 					cs[i].name, ev.Calls, ev.Failed, st["eval"].Calls, calls)
 			}
-			usec[i] = append(usec[i], float64(ev.Usec)/float64(ev.Calls))
+			if cg == nil {
+				perCall = float64(ev.Usec) / float64(ev.Calls)
+			}
+			per[i] = append(per[i], perCall)
 			if err := cs[i].check(); err != nil {
 				b.Fatalf("%s after its run: %v", cs[i].name, err)
 			}
 		}
 		rep++
 	}
-	for i, x := range cs {
-		b.ReportMetric(median(usec[i]), x.name+"-server-µs/call")
+	unit := "-server-µs/call"
+	if cg != nil {
+		unit = "-instructions/call"
 	}
-	return usec
+	for i, x := range cs {
+		b.ReportMetric(median(per[i]), x.name+unit)
+	}
+	return per
 }
 
 // reportRatio reports, as name, the median over the reps of each rep's own
@@ -105,7 +133,8 @@ type load struct {
 // loads are BenchmarkScriptServerTime's: one call at a time on one
 // connection, so that calls never queue, and saturation, 50 connections
 // with 16 calls in flight on each on one hot key (or pair of keys), where
-// a hot key's ceiling is set.
+// a hot key's ceiling is set. Under callgrind, callgrindCalls one at a
+// time.
 var loads = []load{
 	{"serial", 1, 1, 5_000},
 	{"saturation", 50, 16, 100_000},
@@ -118,12 +147,21 @@ var loads = []load{
 // admitted paths, the one they model, the floors (testdata/floor_one.lua,
 // floor_two.lua), all loaded on one server and driven by serverTime, each
 // with the shipped script's keys and arguments. It reports each script's
-// median µs per call and the medians of each rep's ratios shipped/previous,
+// median per call and the medians of each rep's ratios shipped/previous,
 // shipped/floor (and its largest) and unchecked/floor. -benchtime Nx runs
-// N reps a path and load (a saturation rep takes a few seconds):
+// N reps a path and load (a saturation rep takes a few seconds).
+//
+// ADMIT_BENCH_VARIANT=path adds the script at path, which must take the
+// shipped arguments, as "variant", with the ratio variant/shipped: a
+// change to the script weighed before it is made.
+// ADMIT_BENCH_CALLGRIND (see callgrindScope) counts instructions instead,
+// each script loaded alone after SCRIPT FLUSH before its run (the
+// collector's work grows with the Lua heap, so a script measured beside
+// others would pay for them).
 //
 //	go test -run '^$' -bench 'ScriptServerTime/load=saturation' -benchtime 15x
 //	VALKEY_SERVER=/path/to/redis-server go test -run '^$' -bench ScriptServerTime -benchtime 5x
+//	ADMIT_BENCH_CALLGRIND=1 go test -run '^$' -bench ScriptServerTime -benchtime 3x
 //
 // It needs valkey-benchmark or redis-benchmark on PATH (or beside
 // VALKEY_SERVER) and a server it can reach without TLS.
@@ -132,30 +170,65 @@ func BenchmarkScriptServerTime(b *testing.B) {
 	if tool == "" {
 		testserver.SkipOrFail(b, "BenchmarkScriptServerTime needs valkey-benchmark or redis-benchmark on PATH")
 	}
-	srv := testserver.Own(b)
-	if srv.TLS != nil {
-		b.Skip("valkey-benchmark runs here without TLS")
+	var (
+		c    valkey.Client
+		addr string
+		cg   *callgrind
+	)
+	loads := loads
+	if scope := callgrindScope(); scope != "" {
+		bin := testserver.Binary()
+		if bin == "" {
+			testserver.SkipOrFail(b, testserver.Help)
+		}
+		addr, cg = startCallgrind(b, bin, scope)
+		var err error
+		if c, err = valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		loads = []load{{"callgrind", 1, 1, callgrindCalls}}
+	} else {
+		srv := testserver.Own(b)
+		if srv.TLS != nil {
+			b.Skip("valkey-benchmark runs here without TLS")
+		}
+		addr, c = srv.Addr, testserver.NewClient(b, srv)
 	}
-	host, port, err := net.SplitHostPort(srv.Addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := testserver.NewClient(b, srv)
 	ctx := context.Background()
 	confirmScripts(b, c, testserver.Prefix(b, c))
-	sha := map[string]string{}
-	for name, src := range map[string]string{
+	src := map[string]string{
 		"shipped": shippedScript, "previous-5550b58": previousScript, "unchecked": uncheckedScript,
 		"floor-one": floorOneScript, "floor-two": floorTwoScript,
-	} {
-		if sha[name], err = c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString(); err != nil {
-			b.Fatal(err)
+	}
+	if path := os.Getenv("ADMIT_BENCH_VARIANT"); path != "" {
+		v, err := os.ReadFile(path)
+		if err != nil {
+			b.Fatalf("ADMIT_BENCH_VARIANT: %v", err)
+		}
+		src["variant"] = string(v)
+	}
+	sha := map[string]string{}
+	for name, s := range src {
+		if sha[name], err = c.Do(ctx, c.B().ScriptLoad().Script(s).Build()).ToString(); err != nil {
+			b.Fatalf("%s: %v", name, err)
 		}
 	}
 	for _, l := range loads {
 		for _, p := range scriptPaths() {
 			b.Run("load="+l.name+"/path="+p.name, func(b *testing.B) {
 				prefix := testserver.Prefix(b, c)
+				if cg != nil {
+					// Short keys, on the driver's own server: a key's
+					// length costs instructions in every command that
+					// names it, and the instruction counts have always
+					// been taken with keys of this shape.
+					prefix = "{" + p.name + "}:"
+				}
 				// The scripts of this path, shipped first: ratios are
 				// taken against it.
 				names := []string{"shipped", "previous-5550b58"}
@@ -166,6 +239,9 @@ func BenchmarkScriptServerTime(b *testing.B) {
 					names = append(names, "floor-two")
 				}
 				names = append(names, "unchecked")
+				if src["variant"] != "" {
+					names = append(names, "variant")
+				}
 				cs := make([]contender, len(names))
 				for i, name := range names {
 					keys, args := []string{prefix + name + ":first"}, takeArgs(p.first)
@@ -192,12 +268,29 @@ func BenchmarkScriptServerTime(b *testing.B) {
 							return err
 						},
 					}
+					if cg != nil {
+						// The script alone in a fresh Lua state, called
+						// twice before the run.
+						cs[i].prepare = func() error {
+							if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
+								return err
+							}
+							if err := c.Do(ctx, c.B().ScriptLoad().Script(src[name]).Build()).Error(); err != nil {
+								return err
+							}
+							cs[i].check()
+							return cs[i].check()
+						}
+					}
 				}
-				usec := serverTime(b, c, int64(l.calls), cs)
-				reportRatio(b, "shipped/previous", usec[0], usec[1], false)
-				if len(cs) > 3 {
-					reportRatio(b, "shipped/floor", usec[0], usec[2], true)
-					reportRatio(b, "unchecked/floor", usec[3], usec[2], false)
+				per := serverTime(b, c, int64(l.calls), cs, cg)
+				reportRatio(b, "shipped/previous", per[0], per[1], false)
+				if i := slices.Index(names, "unchecked"); i == 3 {
+					reportRatio(b, "shipped/floor", per[0], per[2], true)
+					reportRatio(b, "unchecked/floor", per[3], per[2], false)
+				}
+				if i := slices.Index(names, "variant"); i >= 0 {
+					reportRatio(b, "variant/shipped", per[i], per[0], false)
 				}
 			})
 		}
