@@ -1,6 +1,6 @@
 # make test                    go test -race -count=1 ./... in every module of the
 #                              repository (the root and each nested go.mod; containertest
-#                              only with VALKEY_IMAGE, benchmarks, benchmarks only, never),
+#                              only with VALKEY_IMAGE; benchmarks/, benchmarks only, never),
 #                              every module even if one fails, with a count per module of
 #                              the real-server tests that ran and skipped (scripts/test.sh)
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff

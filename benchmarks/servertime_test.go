@@ -101,15 +101,15 @@ func serverTime(b *testing.B, c valkey.Client, calls int64, cs []contender, cg *
 }
 
 // reportRatio reports, as name, the median over the reps of each rep's own
-// ratio num/den (never a ratio of medians), and with max the largest of
+// ratio num/den (never a ratio of medians), and withMax the largest of
 // them as name-max.
-func reportRatio(b *testing.B, name string, num, den []float64, max bool) {
+func reportRatio(b *testing.B, name string, num, den []float64, withMax bool) {
 	ratios := make([]float64, len(num))
 	for i := range num {
 		ratios[i] = num[i] / den[i]
 	}
 	b.ReportMetric(median(ratios), name)
-	if max {
+	if withMax {
 		b.ReportMetric(slices.Max(ratios), name+"-max")
 	}
 }
