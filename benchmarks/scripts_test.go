@@ -110,19 +110,23 @@ type scriptPath struct {
 	first  admit.Spec
 	second *admit.Spec
 	want   uint8
+	all    bool // AllowAll's mode 'a'
 }
 
 // scriptPaths are the five paths through the script, with a bucket that
-// never runs dry and one that denies once drained.
+// never runs dry and one that denies once drained, and AllowAll's two
+// paths that differ from AllowOrdered's.
 func scriptPaths() []scriptPath {
 	open := admit.MustSpec(admit.MaxLimit, 1_000_000) // never runs dry within a benchmark; below 2^26, so an admission's reply is an integer
 	shut := admit.MustSpec(admit.Every(time.Hour), 1)
 	return []scriptPath{
-		{"one-bucket-allowed", open, nil, 0},
-		{"one-bucket-denied", shut, nil, 1},
-		{"allowed", open, &open, 0},
-		{"denied-by-first", shut, &open, 1},
-		{"denied-by-second", open, &shut, 2},
+		{"one-bucket-allowed", open, nil, 0, false},
+		{"one-bucket-denied", shut, nil, 1, false},
+		{"allowed", open, &open, 0, false},
+		{"denied-by-first", shut, &open, 1, false},
+		{"denied-by-second", open, &shut, 2, false},
+		{"allowed-all", open, &open, 0, true},
+		{"denied-by-second-all", open, &shut, 2, true},
 	}
 }
 

@@ -232,14 +232,22 @@ func BenchmarkScriptServerTime(b *testing.B) {
 				// The scripts of this path, shipped first: ratios are
 				// taken against it.
 				names := []string{"shipped", "previous-5550b58"}
+				if p.all {
+					// AllowAll beside AllowOrdered: the shipped script in
+					// mode 'a' and as a take, the same buckets' shapes.
+					names = []string{"shipped", "shipped-take"}
+				}
 				switch {
+				case p.all:
 				case p.want == 0 && p.second == nil:
 					names = append(names, "floor-one")
 				case p.want == 0:
 					names = append(names, "floor-two")
 				}
-				names = append(names, "unchecked")
-				if src["variant"] != "" {
+				if !p.all {
+					names = append(names, "unchecked")
+				}
+				if src["variant"] != "" && !p.all {
 					names = append(names, "variant")
 				}
 				cs := make([]contender, len(names))
@@ -248,9 +256,16 @@ func BenchmarkScriptServerTime(b *testing.B) {
 					if p.second != nil {
 						keys, args = append(keys, prefix+name+":second"), takeArgs(p.first, *p.second)
 					}
+					if p.all && name == "shipped" {
+						args = append(args, "a")
+					}
+					script := name
+					if name == "shipped-take" {
+						script = "shipped"
+					}
 					cmd := []string{"-h", host, "-p", port, "-q",
 						"-c", strconv.Itoa(l.clients), "-P", strconv.Itoa(l.pipeline), "-n", strconv.Itoa(l.calls),
-						"EVALSHA", sha[name], strconv.Itoa(len(keys))}
+						"EVALSHA", sha[script], strconv.Itoa(len(keys))}
 					cmd = append(append(cmd, keys...), args...)
 					cs[i] = contender{name: name,
 						run: func() error {
@@ -260,7 +275,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 							return nil
 						},
 						check: func() error {
-							call := c.B().Evalsha().Sha1(sha[name]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+							call := c.B().Evalsha().Sha1(sha[script]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 							denied, err := replyDenied(c.Do(ctx, call))
 							if err == nil && denied != int64(p.want) {
 								err = fmt.Errorf("denied %d, want %d", denied, p.want)
@@ -275,7 +290,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 							if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
 								return err
 							}
-							if err := c.Do(ctx, c.B().ScriptLoad().Script(src[name]).Build()).Error(); err != nil {
+							if err := c.Do(ctx, c.B().ScriptLoad().Script(src[script]).Build()).Error(); err != nil {
 								return err
 							}
 							cs[i].check()
@@ -284,6 +299,10 @@ func BenchmarkScriptServerTime(b *testing.B) {
 					}
 				}
 				per := serverTime(b, c, int64(l.calls), cs, cg)
+				if p.all {
+					reportRatio(b, "all/take", per[0], per[1], false)
+					return
+				}
 				reportRatio(b, "shipped/previous", per[0], per[1], false)
 				if i := slices.Index(names, "unchecked"); i == 3 {
 					reportRatio(b, "shipped/floor", per[0], per[2], true)
