@@ -64,9 +64,9 @@ func ExampleNew() {
 	}
 	// Output:
 	// standard 200 RateLimit: "standard";r=1;t=2, "shared";r=2;t=1
-	// standard 200 RateLimit: "standard";r=0;t=4, "shared";r=1;t=2
+	// standard 200 RateLimit: "standard";r=0;t=2, "shared";r=1;t=1
 	// standard 429 RateLimit: "standard";r=0;t=2 Retry-After: 2
-	// premium  200 RateLimit: "shared";r=0;t=3
+	// premium  200 RateLimit: "shared";r=0;t=1
 	// premium  429 RateLimit: "shared";r=0;t=1 Retry-After: 1
 }
 

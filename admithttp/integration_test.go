@@ -51,7 +51,7 @@ func TestIntegrationPremiumLane(t *testing.T) {
 		resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), admithttp.QuotaExceeded) {
 		t.Errorf("over HTTP: %s %v %s", resp.Status, resp.Header, body)
 	}
-	if err := checkFields(resp.Header); err != nil {
+	if err := checkFields(resp.Header, "shared"); err != nil {
 		t.Error(err)
 	}
 }

@@ -204,7 +204,7 @@ func TestShadowOnUnlimitedRoute(t *testing.T) {
 	h := mustNew(t, admit.New(c), lanes("t:"), refuseAll,
 		admithttp.WithShadow(admithttp.Shadow{Name: "new-route-limit", Report: tally.report,
 			Rule: func(*http.Request, admithttp.Rule) admithttp.Rule {
-				return admithttp.Rule{First: admithttp.Bucket{Key: "t:{api}:all", Spec: tightStandard}}
+				return admithttp.Rule{First: admithttp.Bucket{Policy: "all", Key: "t:{api}:all", Spec: tightStandard}}
 			}}),
 	)(next)
 	for range 5 {
