@@ -488,7 +488,7 @@ func (m *middleware) decide(r *http.Request, rule Rule) (result, error) {
 		defer cancel()
 	}
 	first, second := rule.Requests()
-	d, err := allowAllCompat(ctx, m.lim, first, second)
+	d, err := m.lim.AllowAll(ctx, first, second)
 	if err != nil {
 		return result{}, err
 	}
