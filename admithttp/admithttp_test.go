@@ -336,3 +336,110 @@ func TestNewRefuses(t *testing.T) {
 		})
 	}
 }
+
+// perUserSpec is the per-user bucket of TestMissingHeaderNeverUnlimited:
+// 50 at once, a token a minute (the clock stands still).
+var perUserSpec = admit.MustSpec(admit.Every(time.Minute), 50)
+
+// TestMissingHeaderNeverUnlimited: a classify that builds the key from a
+// header the request lacks returns a Rule with an empty Key. That Rule is
+// invalid (500, the error reported, the handler never run), not the zero
+// Rule: 300 requests without the header get no 200. With the key part
+// built by admit.KeyPart, the requests without the header share one
+// bucket: 50 admitted, 250 refused, as with any one user.
+func TestMissingHeaderNeverUnlimited(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		key           func(*http.Request) string
+		status200     int
+		status429     int
+		status500     int
+		errorsWritten int
+	}{
+		{"raw-header", func(r *http.Request) string { return r.Header.Get("X-User") }, 0, 0, 300, 300},
+		{"key-part", func(r *http.Request) string { return "rl:user:" + admit.KeyPart(r.Header.Get("X-User")) }, 50, 250, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c := newMini(t)
+			var errs []error
+			next := &recordingHandler{}
+			h := mustNew(t, admit.New(c), func(r *http.Request) admithttp.Rule {
+				return admithttp.Rule{First: admithttp.Bucket{Policy: "per-user", Key: tc.key(r), Spec: perUserSpec}}
+			}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve},
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(next)
+			codes := map[int]int{}
+			for range 300 {
+				codes[send(h, "", "").Code]++
+			}
+			if codes[200] != tc.status200 || codes[429] != tc.status429 || codes[500] != tc.status500 || next.calls != tc.status200 {
+				t.Errorf("statuses %v, handler ran %d times; want %d 200, %d 429, %d 500", codes, next.calls, tc.status200, tc.status429, tc.status500)
+			}
+			if len(errs) != tc.errorsWritten {
+				t.Fatalf("%d errors reported; want %d", len(errs), tc.errorsWritten)
+			}
+			if len(errs) > 0 && (!errors.Is(errs[0], admit.ErrInvalidRequest) || !strings.Contains(errs[0].Error(), "empty Key")) {
+				t.Errorf("error %v; want ErrInvalidRequest naming the empty Key", errs[0])
+			}
+		})
+	}
+}
+
+// TestIncompleteRuleIsInvalid: a Rule with any field set and a field
+// missing is answered 500, whatever Outage says, and writes nothing; only
+// the zero Rule imposes no limit.
+func TestIncompleteRuleIsInvalid(t *testing.T) {
+	full := admithttp.Bucket{Policy: "p", Key: "{x}:a", Spec: sharedSpec}
+	for _, tc := range []struct {
+		name string
+		rule admithttp.Rule
+		says string
+	}{
+		{"policy-and-spec-only", admithttp.Rule{First: admithttp.Bucket{Policy: "p", Spec: sharedSpec}}, "empty Key"},
+		{"cost-only", admithttp.Rule{First: admithttp.Bucket{Cost: 3}}, "empty Key"},
+		{"unit-only", admithttp.Rule{First: admithttp.Bucket{Unit: "requests"}}, "empty Key"},
+		{"no-policy", admithttp.Rule{First: admithttp.Bucket{Key: "k", Spec: sharedSpec}}, "empty policy name"},
+		{"zero-spec", admithttp.Rule{First: admithttp.Bucket{Policy: "p", Key: "k"}}, "zero Spec"},
+		{"zero-second", admithttp.Rule{First: full, Second: &admithttp.Bucket{}}, "bucket 2"},
+		{"second-empty-key", admithttp.Rule{First: full, Second: &admithttp.Bucket{Policy: "s", Spec: sharedSpec}}, "empty Key"},
+		{"zero-first-with-second", admithttp.Rule{Second: &full}, "bucket 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.rule.IsZero() {
+				t.Fatal("IsZero")
+			}
+			srv, c := newMini(t)
+			var errs []error
+			next := &recordingHandler{}
+			h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return tc.rule },
+				admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve},
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(next)
+			if rec := send(h, "", ""); rec.Code != 500 || next.calls != 0 {
+				t.Errorf("status %d, handler ran %d times; want 500, never", rec.Code, next.calls)
+			}
+			if len(errs) != 1 || !errors.Is(errs[0], admit.ErrInvalidRequest) || !strings.Contains(errs[0].Error(), tc.says) {
+				t.Errorf("errors %v; want one ErrInvalidRequest saying %q", errs, tc.says)
+			}
+			if keys := srv.Keys(); len(keys) != 0 {
+				t.Errorf("keys written: %q", keys)
+			}
+		})
+	}
+	if !(admithttp.Rule{}).IsZero() {
+		t.Error("the zero Rule is not IsZero")
+	}
+}
+
+// TestNewRefusesLimiterWithoutClient: a Limiter without a client is
+// refused at New, not answered 500 on every request.
+func TestNewRefusesLimiterWithoutClient(t *testing.T) {
+	for name, lim := range map[string]*admit.Limiter{"New(nil)": admit.New(nil), "zero Limiter": {}} {
+		mw, err := admithttp.New(lim, lanes("t:"), refuseAll)
+		if err == nil || mw != nil || !strings.Contains(err.Error(), "no client") {
+			t.Errorf("%s: %v; want an error saying the Limiter has no client", name, err)
+		}
+	}
+	_, c := newMini(t)
+	if _, err := admithttp.New(admit.New(c), lanes("t:"), refuseAll); err != nil {
+		t.Errorf("a Limiter with a client: %v", err)
+	}
+}
