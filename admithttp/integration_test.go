@@ -83,7 +83,7 @@ func TestIntegrationShadowKeys(t *testing.T) {
 			tally.admitted, tally.refused, tally.refusedWhatEnforcedAdmits, tally.failed)
 	}
 	want := map[string]string{
-		prefix + "{api}:standard:u1":       "0",
+		prefix + "{api}:standard:u1": "0",
 		// no {api}:standard:u2: all or nothing, the shared bucket's refusal
 		// left u2's fresh bucket unwritten
 		prefix + "{api}:shared":            "0",
