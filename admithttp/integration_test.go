@@ -21,6 +21,7 @@ import (
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/model"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -220,3 +221,43 @@ func (c *signalConn) Write(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// TestIntegrationProperty runs the property test (property_test.go) on a
+// real server whose clock the test steps forward
+// (testserver.StartClockShifted). The server's clock runs on between the
+// test's readings of it, so each request is checked against the model at
+// the clock read before it and at the one read after it: one must match
+// in every respect, state included.
+func TestIntegrationProperty(t *testing.T) {
+	srv, clock := testserver.StartClockShifted(t)
+	c := testserver.NewClient(t, srv)
+	if err := c.Do(context.Background(), c.B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("server %s; seed %d", srv.Version, seed)
+	runProperty(t, &realProp{t: t, c: c, clk: clock}, propSteps(600), 20*time.Second, seed)
+}
+
+// realProp is a real server whose clock the test steps.
+type realProp struct {
+	t      *testing.T
+	c      valkey.Client
+	clk    *testserver.Clock
+	offset time.Duration
+}
+
+func (b *realProp) client() valkey.Client { return b.c }
+func (b *realProp) clock() int64 {
+	v, err := b.c.Do(context.Background(), b.c.B().Time().Build()).AsIntSlice()
+	if err != nil || len(v) != 2 {
+		b.t.Fatalf("TIME: %v %v", v, err)
+	}
+	return v[0]*1_000_000 + v[1]
+}
+func (b *realProp) advance(d time.Duration) {
+	b.offset += d
+	b.clk.Set(b.t, b.offset)
+}
+func (b *realProp) expiry() model.Expiry { return model.Absolute }
+func (b *realProp) exact() bool          { return false }

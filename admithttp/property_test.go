@@ -260,9 +260,24 @@ func (s *propState) step(i int, plan, user string, cost int, f fault) string {
 	s.fc.set(noFault, nil)
 
 	// The candidates: the model at each clock the script may have read.
+	// On a server whose clock runs on, a bucket the script stored as
+	// full or fresh holds the script's own clock as its ts: that is the
+	// first candidate.
 	nows := []int64{before}
 	if after != before {
 		nows = append(nows, after)
+	}
+	if !s.b.exact() {
+		for _, k := range []string{first.Key, secondKey(rule)} {
+			if k == "" || len(k) > admit.MaxKeyLen {
+				continue
+			}
+			c := s.b.client()
+			ts, err := c.Do(context.Background(), c.B().Hget().Key(k).Field("ts").Build()).AsInt64()
+			if err == nil && ts > before && ts < after {
+				nows = append([]int64{ts}, nows...)
+			}
+		}
 	}
 	var errs []string
 	for _, now := range nows {
