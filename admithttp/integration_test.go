@@ -9,6 +9,8 @@ package admithttp_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -261,3 +263,95 @@ func (b *realProp) advance(d time.Duration) {
 }
 func (b *realProp) expiry() model.Expiry { return model.Absolute }
 func (b *realProp) exact() bool          { return false }
+
+// TestIntegrationClusterHostileIDs: on a real 3-primary Valkey Cluster, a
+// per-tenant pair of buckets under the tenant's hash tag, the tag built
+// with admit.KeyPart from the X-User header: no header value gives a
+// cross-slot error or any 5xx; each tenant gets its own limit (2 admitted,
+// then refused by its own bucket). The same classify with the raw header
+// as the tag is the one that broke: "}" and "}x" put the pair in two slots.
+func TestIntegrationClusterHostileIDs(t *testing.T) {
+	bin := testserver.Binary()
+	if bin == "" {
+		testserver.SkipOrFail(t, testserver.Help)
+	}
+	cl, err := testserver.StartCluster(bin, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Stop)
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if c.Mode() != valkey.ClientModeCluster {
+		t.Fatalf("client mode %v, want cluster", c.Mode())
+	}
+	own := admit.MustSpec(admit.Every(time.Hour), 2)
+	pool := admit.MustSpec(admit.Every(time.Hour), 100)
+	tenant := func(tag func(string) string) func(*http.Request) admithttp.Rule {
+		return func(r *http.Request) admithttp.Rule {
+			t := tag(r.Header.Get("X-User"))
+			return admithttp.Rule{First: admithttp.Bucket{Policy: "own", Key: "rl:{" + t + "}:own", Spec: own},
+				Second: &admithttp.Bucket{Policy: "pool", Key: "rl:{" + t + "}:pool", Spec: pool}}
+		}
+	}
+	ids := []string{"", "}", "}x", "{", "{}", strings.Repeat("x", 1<<20), "\xff\xfe\xfd", "\xc3", "bob"}
+	var reported []error
+	next := &recordingHandler{}
+	h := mustNew(t, admit.New(c), tenant(admit.KeyPart), refuseAll,
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported = append(reported, err) }))(next)
+	for _, id := range ids {
+		var codes []int
+		for range 3 {
+			codes = append(codes, send(h, "", id).Code)
+		}
+		if fmt.Sprint(codes) != "[200 200 429]" {
+			t.Errorf("X-User %.12q: statuses %v; want [200 200 429]", id, codes)
+		}
+	}
+	if len(reported) != 0 || next.calls != 2*len(ids) {
+		t.Errorf("errors %v; handler ran %d times, want %d", reported, next.calls, 2*len(ids))
+	}
+	// The raw header as the tag: a cross-slot pair, refused before sending.
+	raw := mustNew(t, admit.New(c), tenant(func(s string) string { return s }), refuseAll,
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported = append(reported, err) }))(next)
+	if rec := send(raw, "", "}x"); rec.Code != 500 || len(reported) != 1 || !errors.Is(reported[0], admit.ErrCrossSlot) {
+		t.Errorf("raw \"}x\": %d, %v; want 500 with ErrCrossSlot (else this test cannot tell)", rec.Code, reported)
+	}
+}
+
+// TestIntegrationDecisionTimeoutPausedStore: with the store paused (CLIENT
+// PAUSE), WithDecisionTimeout answers within its bound, from the Outage
+// handler of the error's class (the command was sent: outcome unknown),
+// and Refuse's 503 carries Retry-After.
+func TestIntegrationDecisionTimeoutPausedStore(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	admin := testserver.NewClient(t, srv)
+	var log eventLog
+	h := mustNew(t, admit.New(c), lanes("t:"), admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithDecisionTimeout(200*time.Millisecond), admithttp.WithOutcome(log.record))(&recordingHandler{})
+	if rec := send(h, "premium", ""); rec.Code != 200 { // the script is loaded, the connection up
+		t.Fatalf("before the pause: %d", rec.Code)
+	}
+	log.take()
+	if err := admin.Do(context.Background(), admin.B().ClientPause().Timeout(5000).Write().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), admin.B().ClientUnpause().Build()) })
+	start := time.Now()
+	rec := send(h, "premium", "")
+	took := time.Since(start)
+	admin.Do(context.Background(), admin.B().ClientUnpause().Build())
+	t.Logf("answered %d after %v", rec.Code, took)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" || took > 2*time.Second {
+		t.Errorf("paused store: %d, Retry-After %q, after %v; want 503, 5, within the bound", rec.Code, rec.Header().Get("Retry-After"), took)
+	}
+	events := log.events[len(log.events)-1:]
+	if len(events) != 1 || events[0].Outcome != admithttp.OutageRefused || !errors.Is(events[0].Err, context.DeadlineExceeded) ||
+		classOf(events[0].Err) != "outcome-unknown" {
+		t.Errorf("events %+v; want outage-refused with an outcome-unknown deadline error", events)
+	}
+}
