@@ -72,9 +72,11 @@
 // [admit.ErrOutcomeUnknown]; [Outage] says what to do in each case, and
 // [New] refuses to build a middleware without it. [WithDecisionTimeout]
 // bounds how long a decision may take; its expiry is an error of its class
-// like any other. A request whose own context ends before the decision (its
-// client went away) is not an outage: no Outage handler runs and nothing is
-// written. See [Outage] for the trade-off.
+// like any other, and so is the expiry of a deadline that a server above
+// set on the request's context. A request whose own context is canceled
+// before the decision (its client went away) is not an outage: no Outage
+// handler runs, and the middleware writes only the status
+// [StatusClientClosedRequest]. See [Outage] for the trade-off.
 //
 // # Shadow rules
 //
@@ -228,6 +230,14 @@ func Serve(w http.ResponseWriter, r *http.Request, next http.Handler, _ error) {
 	next.ServeHTTP(w, r)
 }
 
+// StatusClientClosedRequest is the status the middleware writes, without
+// a body, for a request whose client went away before its decision
+// ([ClientGone]): the client reads nothing, and access logs show 499, as
+// nginx logs a client that closed its request. A server above that cancels
+// the context of a request whose client is still there gets this status
+// rather than an empty 200.
+const StatusClientClosedRequest = 499
+
 // OutageRetryAfter is the Retry-After that [Refuse] sends: long enough
 // that refused clients do not turn a store outage into a storm of retries,
 // short enough to notice a quick recovery. [RefuseAfter] sends another.
@@ -284,8 +294,9 @@ var outageRetryAfter = formatSeconds(ceilSeconds(OutageRetryAfter))
 // (admit.ErrInvalidRequest: an empty Key, a Cost above the burst, keys in
 // different cluster slots, a bad policy name) is answered 500, whatever
 // Outage says, since serving would lift the limit for every request the
-// faulty Rule covers; and a request whose own context ended before the
-// decision (its client went away) gets no answer at all ([ClientGone]).
+// faulty Rule covers; and a request whose own context was canceled before
+// the decision (its client went away) gets only the status
+// [StatusClientClosedRequest] ([ClientGone]).
 type Outage struct {
 	// NotExecuted answers a request whose decision failed with
 	// admit.ErrNotExecuted: nothing was taken.
@@ -427,11 +438,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	res, err := m.decide(r, rule)
-	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && r.Context().Err() != nil {
-		// The request's own context ended, not the decision's bound: the
-		// client went away (or a server above gave up on it). Nobody
-		// reads an answer, and the store is not known to be failing.
+	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && errors.Is(r.Context().Err(), context.Canceled) {
+		// The request's own context was canceled, as net/http does when
+		// the client goes away: nobody reads an answer, and the store is
+		// not known to be failing. (A deadline on the request's context,
+		// set by a server above, is a time bound like
+		// WithDecisionTimeout's: an outage.)
 		m.emit(r, ClientGone, rule, admit.Decision{}, err)
+		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
 	m.runShadows(r, rule, res.d)

@@ -25,10 +25,11 @@ const (
 	// OutageRefused: the decision failed and the Outage handler answered
 	// without running the handler ([Refuse] does).
 	OutageRefused
-	// ClientGone: the request's own context ended before the decision
-	// (its client went away); no Outage handler ran and nothing was
-	// written. Tokens may have been taken if the command was in flight
-	// (Event.Err says which class).
+	// ClientGone: the request's own context was canceled before the
+	// decision (its client went away); no Outage handler ran, and only
+	// the status StatusClientClosedRequest was written. Tokens may have
+	// been taken if the command was in flight (Event.Err says which
+	// class).
 	ClientGone
 	// ShadowWouldRefuse: a shadow rule would have refused the request
 	// (Event.Shadow names it). It comes besides the request's own

@@ -148,15 +148,17 @@ func TestOutcomeEvents(t *testing.T) {
 // dialRefused is a dial failure: nothing was sent.
 var dialRefused = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 
-// writeLog is a ResponseWriter that records whether anything was written.
+// writeLog is a ResponseWriter that records the status and whether a
+// body was written.
 type writeLog struct {
-	h       http.Header
-	written bool
+	h      http.Header
+	status int
+	body   bool
 }
 
 func (w *writeLog) Header() http.Header         { return w.h }
-func (w *writeLog) WriteHeader(int)             { w.written = true }
-func (w *writeLog) Write(b []byte) (int, error) { w.written = true; return len(b), nil }
+func (w *writeLog) WriteHeader(code int)        { w.status = code }
+func (w *writeLog) Write(b []byte) (int, error) { w.body = true; return len(b), nil }
 
 // inFlightCancel runs each command on its client, then cancels the
 // request's context and reports the cancellation, as valkey-go does when
@@ -175,10 +177,10 @@ func (c *inFlightCancel) Do(ctx context.Context, cmd valkey.Completed) valkey.Va
 	return valkey.NewErrorResult(context.Canceled)
 }
 
-// TestClientGoneIsNotAnOutage: a request whose context ended before the
-// decision (refused before sending) or during it (the command ran) runs
-// no Outage handler, writes nothing, reports no error, and gives the hook
-// ClientGone with the decision's error.
+// TestClientGoneIsNotAnOutage: a request whose context was canceled before
+// the decision (refused before sending) or during it (the command ran)
+// runs no Outage handler, writes the status 499 and nothing else, reports
+// no error, and gives the hook ClientGone with the decision's error.
 func TestClientGoneIsNotAnOutage(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -208,9 +210,9 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 			r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
 			r.Header.Set("X-Plan", "premium")
 			h.ServeHTTP(w, r)
-			if w.written || len(w.h) != 0 || next.calls != 0 || len(outages.ran) != 0 || len(reported) != 0 {
-				t.Errorf("written %v (header %v), handler ran %d, outage handlers %v, reported %v; want nothing at all",
-					w.written, w.h, next.calls, outages.ran, reported)
+			if w.status != admithttp.StatusClientClosedRequest || w.body || len(w.h) != 0 || next.calls != 0 || len(outages.ran) != 0 || len(reported) != 0 {
+				t.Errorf("status %d, body %v, header %v, handler ran %d, outage handlers %v, reported %v; want 499 alone",
+					w.status, w.body, w.h, next.calls, outages.ran, reported)
 			}
 			if diff := cmp.Diff([]string{"client-gone"}, log.take()); diff != "" {
 				t.Fatalf("events (-want +got):\n%s", diff)
@@ -222,6 +224,24 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 				t.Errorf("keys after: %q; want %d (the command ran only when in flight)", srv.Keys(), wantKeys)
 			}
 		})
+	}
+}
+
+// TestParentDeadlineIsAnOutage: a deadline that a server above set on the
+// request's context is a time bound, not a client gone: the Outage handler
+// of the error's class answers.
+func TestParentDeadlineIsAnOutage(t *testing.T) {
+	_, mini := newMini(t)
+	var log eventLog
+	h := mustNew(t, admit.New(stallingClient{mini}), lanes("t:"), refuseAll, admithttp.WithOutcome(log.record))(&recordingHandler{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	rec := sendCtx(ctx, h, "premium", "")
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
+		t.Errorf("status %d, Retry-After %q; want 503 from Refuse", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if diff := cmp.Diff([]string{"outage-refused"}, log.take()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
 

@@ -341,10 +341,11 @@ func (s *propState) expect(m *model.Server, rule admithttp.Rule, first admit.Req
 		}
 		return fmt.Errorf("events %v, want [%s]", names, wantOutcome)
 	}
-	wantStatus := map[string]int{"unlimited": 200, "admitted": 200, "refused": 429, "rule-error": 500, "outage-refused": 503, "client-gone": 0}[wantOutcome]
+	wantStatus := map[string]int{"unlimited": 200, "admitted": 200, "refused": 429, "rule-error": 500, "outage-refused": 503,
+		"client-gone": admithttp.StatusClientClosedRequest}[wantOutcome]
 	status := rec.Code
-	if wantOutcome == "client-gone" && (rec.Body.Len() != 0 || len(rec.Header()) != 0) {
-		return fmt.Errorf("client gone, yet the middleware wrote %d %v %q", rec.Code, rec.Header(), rec.Body.String())
+	if wantOutcome == "client-gone" && (rec.Code != admithttp.StatusClientClosedRequest || rec.Body.Len() != 0 || len(rec.Header()) != 0) {
+		return fmt.Errorf("client gone, yet the middleware wrote %d %v %q; want 499 alone", rec.Code, rec.Header(), rec.Body.String())
 	}
 	if wantStatus != 0 && status != wantStatus {
 		return fmt.Errorf("status %d, want %d (%s)", status, wantStatus, wantOutcome)
