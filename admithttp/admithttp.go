@@ -370,7 +370,9 @@ func WithErrorFunc(f func(r *http.Request, err error)) Option {
 // New returns an error when lim is nil or has no client (the zero
 // admit.Limiter, or admit.New(nil)), when classify is nil, when outage
 // lacks either handler, or when an Option is invalid. It sends nothing to
-// the store.
+// the store: it tells a Limiter without a client by one Peek on a context
+// that is already done, which admit refuses before sending (an observer
+// set with admit.WithObserver sees that Peek, not executed).
 func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, opts ...Option) (func(http.Handler) http.Handler, error) {
 	switch {
 	case lim == nil:
