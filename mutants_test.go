@@ -64,6 +64,14 @@ var scriptMutants = []mutant{
 		edits: []mutate.Edit{at("deny2", "pulled2 and STORE or KEEP", "STORE"), at("deny2-reply", "", "tk2 = tk2 - 1")}},
 	{name: "first-not-charged-on-second-denial", // the reply still says charged
 		edits: []mutate.Edit{at("deny2-charge", "tk1 = tk1 - c1", ""), at("deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
+	{name: "all-first-charged-on-second-denial", // AllowAll behaves as AllowOrdered; the reply still says uncharged
+		edits: []mutate.Edit{at("all-deny2", "pulled1 and STORE or KEEP,", "STORE,"), at("all-deny2-reply", "", "tk1 = tk1 - c1")}},
+	{name: "all-reply-reports-first-charged", // the state is right, the reply wrong
+		edits: []mutate.Edit{at("all-deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
+	{name: "all-second-rewritten-on-second-denial",
+		edits: []mutate.Edit{at("all-deny2", "pulled2 and STORE or KEEP", "STORE"), at("all-deny2-reply", "", "tk2 = math.max(tk2 - 1, 0)")}},
+	{name: "all-mode-ignored", // mode a decides as a take
+		edits: []mutate.Edit{at("all-deny2-test", "and mode == 'a'", "and mode == 'never'")}},
 	{name: "expiry-dropped",
 		edits: []mutate.Edit{at("store-expire", "redis.call('PEXPIREAT', keys[1], at)", "")}},
 	{name: "expiry-dropped-bucket2",

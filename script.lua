@@ -5,7 +5,9 @@
 -- ARGV[3i-2]     bucket i: microseconds per token (a whole number >= 1)
 -- ARGV[3i-1]     bucket i: burst, the most tokens the bucket holds
 -- ARGV[3i]       bucket i: cost, the tokens this call takes (1 <= cost <= burst)
--- ARGV[3n+1]     the mode, absent for 't': 't' take (AllowOrdered), 'p' peek
+-- ARGV[3n+1]     the mode, absent for 't': 't' take (AllowOrdered), 'a' take
+--                all or nothing (AllowAll: a second-bucket denial charges
+--                the first bucket nothing), 'p' peek
 --                (what take would decide, with no write: runs as
 --                EVALSHA_RO), 'r' refund, 'o' take once (AllowOrderedOnce):
 --                a recorded decision is returned marked as a replay;
@@ -23,8 +25,8 @@
 -- arguments, but any user allowed EVALSHA can.
 --
 -- So a take, the call nearly every decision makes, sends 3 arguments a
--- bucket and nothing else: every argument costs the server about 1,200
--- instructions. The expiry is computed here, from burst * interval.
+-- bucket and nothing else: every argument costs the server work. The
+-- expiry is computed here, from burst * interval.
 --
 -- Hash fields (the key schema; README "Key schema (compatibility contract)"):
 --   tokens  whole tokens left, a decimal integer in [0, burst]
@@ -40,8 +42,8 @@
 -- replay (mode 'o', the id already recorded) replies "R " and the recorded
 -- reply. An admission that records nothing (a take or a peek, the call
 -- nearly every decision makes) replies with an integer instead, which the
--- server formats itself (string.format cost 2,000 to 3,000 instructions, a
--- twentieth of the call): rem1 for one bucket, rem1 * 2^26 + rem2 for two
+-- server formats itself, far cheaper than string.format: rem1 for one
+-- bucket, rem1 * 2^26 + rem2 for two
 -- when both are below 2^26 (the sum stays below 2^52, exact), else the
 -- string.
 --
@@ -64,20 +66,19 @@
 -- script's earlier writes when a later command fails.
 --
 -- The script runs on every decision, so it is written for the server's
--- time (BENCHMARKS.md, "Server time per decision"), each choice weighed
--- with callgrind (scripts/script-instructions.sh): every VM instruction
--- costs the server about 45 machine instructions, a call into C (find,
--- string.format, redis.acl_check_cmd) about 400 more than its work. So a
--- take sends only what it needs; every argument and field is parsed once;
+-- time (BENCHMARKS.md, "Server time per decision"), each choice weighed by
+-- counting the server's instructions (scripts/script-instructions.sh):
+-- every Lua VM instruction and every call into C (find, string.format,
+-- redis.acl_check_cmd) costs the server far more than its work. So a take
+-- sends only what it needs; every argument and field is parsed once;
 -- numbers go to redis.call as numbers where the server formats them
 -- cheaply; the two buckets are written out one after the other, not in a
--- loop (a loop's index arithmetic and the copying of its results were a
--- fifth of a call's VM instructions); and the decision's path
--- builds no closure and no table (each costs an allocation and the
--- garbage collector's work). A refusal (a command or the ACL precheck
--- refused) sets ecmd, eerr and ei and breaks out of the one repeat block
--- to the script's end, where its reply is made, instead of calling a
--- function.
+-- loop (a loop's index arithmetic and the copying of its results cost more
+-- than the repetition); and the decision's path builds no closure and no
+-- table (each costs an allocation and the garbage collector's work). A
+-- refusal (a command or the ACL precheck refused) sets ecmd, eerr and ei
+-- and breaks out of the one repeat block to the script's end, where its
+-- reply is made, instead of calling a function.
 --
 -- It runs in six steps, numbered below: 1 check the arguments, 2 read
 -- (TIME, the record, each bucket: read, validate, refill), 3 decide,
@@ -102,7 +103,7 @@ end
 if not mode then
   -- a take with no mode: na is 3 * n, as n is na / 3 rounded down
   if #keys ~= n then --@argv-shape-take
-    return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, p, r or o')
+    return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, a, p, r or o')
   end
 elseif mode == 'o' then
   record = keys[n + 1]
@@ -111,8 +112,8 @@ elseif mode == 'o' then
     return redis.error_reply('ADMITARGS admit: mode o wants ' .. n ..
       ' bucket keys and a record key, then a window of whole ms >= 1')
   end
-elseif na ~= 3 * n + 1 or #keys ~= n or not (mode == 't' or mode == 'p' or mode == 'r') then --@argv-shape
-  return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, p, r or o')
+elseif na ~= 3 * n + 1 or #keys ~= n or not (mode == 't' or mode == 'a' or mode == 'p' or mode == 'r') then --@argv-shape
+  return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, a, p, r or o')
 end
 
 -- A refusal: ecmd is the command the server (eerr, its error) or the ACL
@@ -314,6 +315,11 @@ repeat
     reply = string.format('1 %d %d -1', ts1 + (c1 - tk1) * per1 - now, tk1) --@deny1-reply
     -- charged nothing: not recorded, so the id decides again
     record = nil --@deny1-unrecorded
+  elseif n == 2 and tk2 < c2 and mode == 'a' then --@all-deny2-test
+    -- all or nothing: bucket 1 admitted but is not charged; both are left
+    -- as a denial leaves a bucket
+    how1, how2 = pulled1 and STORE or KEEP, pulled2 and STORE or KEEP --@all-deny2
+    reply = string.format('2 %d %d %d', ts2 + (c2 - tk2) * per2 - now, tk1, tk2) --@all-deny2-reply
   elseif n == 2 and tk2 < c2 then --@deny2-test
     tk1 = tk1 - c1 --@deny2-charge
     how1, how2 = STORE, pulled2 and STORE or KEEP --@deny2

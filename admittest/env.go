@@ -512,6 +512,16 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 // fresh ts, an expiry) must lie between the two ends; all else must be
 // equal.
 func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, states map[string]model.State) (admit.Decision, error) {
+	return e.compareCall(ctx, l, false, first, second, states)
+}
+
+// compareCall is compareDecision for AllowOrdered (all false) or AllowAll
+// (all true), each against its own model.
+func (e *env) compareCall(ctx context.Context, l *admit.Limiter, all bool, first admit.Request, second *admit.Request, states map[string]model.State) (admit.Decision, error) {
+	call, decide, name := l.AllowOrdered, model.Decide, "AllowOrdered"
+	if all {
+		call, decide, name = l.AllowAll, model.DecideAll, "AllowAll"
+	}
 	keys := keysOf(first, second)
 	var err error
 	before := map[string]snapshot{}
@@ -524,16 +534,16 @@ func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit
 	if err != nil {
 		return admit.Decision{}, err
 	}
-	d, callErr := l.AllowOrdered(ctx, first, second)
+	d, callErr := call(ctx, first, second)
 	tAfter, err := e.serverTime(ctx, first.Key)
 	if err != nil {
 		return admit.Decision{}, err
 	}
 	if callErr != nil {
-		return d, fmt.Errorf("AllowOrdered: %w", callErr)
+		return d, fmt.Errorf("%s: %w", name, callErr)
 	}
-	dLo, wLo := model.Decide(tBefore, states, first, second)
-	dHi, wHi := model.Decide(tAfter, states, first, second)
+	dLo, wLo := decide(tBefore, states, first, second)
+	dHi, wHi := decide(tAfter, states, first, second)
 	if dLo.Denied != dHi.Denied || len(wLo) != len(wHi) {
 		return d, fmt.Errorf("inconclusive: the model's decision changes within the server window of %dµs", tAfter-tBefore)
 	}
@@ -574,6 +584,12 @@ func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit
 			}
 			minLo, minHi := min(lo.ExpireAtMs, hi.ExpireAtMs), max(lo.ExpireAtMs, hi.ExpireAtMs)
 			switch {
+			case !before[k].exists || !after.exists:
+				// An absent bucket is a full one: a denial's PEXPIREAT GT
+				// must not create it, nor remove a present one.
+				if after != before[k] {
+					errs = append(errs, fmt.Errorf("%s was denied and must not change: before %v, after %v", e.short(k), before[k], after))
+				}
 			case after.state != before[k].state:
 				errs = append(errs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
 			case (before[k].expireAt == -1 || before[k].expireAt >= minHi) && after.expireAt != before[k].expireAt:

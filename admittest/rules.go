@@ -22,6 +22,7 @@ var rules = []rule{
 	{"first-denial-leaves-second-untouched", checkFirstDenial},
 	{"second-denial-charges-first", checkSecondDenial},
 	{"both-allow-consume-once", checkBothAllow},
+	{"all-or-nothing-second-denial-charges-nothing", checkAllOrNothing},
 	{"one-state-for-both-paths", checkSharedState},
 	{"key-schema", checkKeySchema},
 
