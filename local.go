@@ -29,6 +29,7 @@ type Decider interface {
 }
 
 var (
+	_ Decider = (*Limiter)(nil)
 	_ Decider = (*Local)(nil)
 	_ Decider = (*Degraded)(nil)
 )
@@ -62,8 +63,8 @@ const localEvictSample = 8
 // eviction, and whether the bucket was full. "Full" is judged with the Spec
 // the key was last decided with; a key decided with another Spec since
 // behaves as it would on the store, where a missing key is full under any
-// Spec. Keys are held as given: bound their length before a Local holds
-// keys built from client input.
+// Spec. Keys are refused above [MaxKeyLen], as a Limiter refuses them, so a
+// full Local holds at most maxKeys × MaxKeyLen bytes of keys.
 //
 // A Local is safe for simultaneous use by multiple goroutines: every call
 // holds one mutex for its decision, a map lookup per bucket and a few

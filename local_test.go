@@ -92,26 +92,6 @@ func (m *localModel) apply(writes map[string]model.Write) {
 	}
 }
 
-// decideAll is AllowAll as the design states it, from model.Decide: when
-// the second bucket refuses, the first is left as a denial leaves it
-// (nothing stored, unless its ts is pulled back from the future), and its
-// Remaining is its tokens, uncharged.
-func decideAll(now int64, states map[string]model.State, first admit.Request, second *admit.Request) (admit.Decision, map[string]model.Write) {
-	d, writes := model.Decide(now, states, first, second)
-	if d.Denied != 2 {
-		return d, writes
-	}
-	st, ok := states[first.Key]
-	tk, ts := model.Refill(now, first.Spec, st, ok)
-	d.Remaining[0] = int(tk)
-	if ok && st.TS > now+(int64(first.Spec.Burst())-1)*first.Spec.Interval().Microseconds() {
-		writes[first.Key] = model.Write{Tokens: tk, TS: ts}
-	} else {
-		writes[first.Key] = model.Write{Keep: true}
-	}
-	return d, writes
-}
-
 func modelCost(r admit.Request) int64 {
 	if r.Cost == 0 {
 		return 1
@@ -240,7 +220,7 @@ func localSequence(seed uint64, steps int) error {
 				want, writes = model.Decide(now, m.states, first, second)
 			case "AllowAll":
 				got, err = l.AllowAll(ctx, first, second)
-				want, writes = decideAll(now, m.states, first, second)
+				want, writes = model.DecideAll(now, m.states, first, second)
 			case "Peek":
 				got, err = l.Peek(ctx, first, second)
 				want, _ = model.Decide(now, m.states, first, second)
@@ -410,6 +390,7 @@ func TestLocalErrorsAsLimiter(t *testing.T) {
 		{"second empty key", context.Background(), ok, &admit.Request{Spec: spec}, admit.ErrInvalidRequest},
 		{"same key", context.Background(), ok, &ok, admit.ErrInvalidRequest},
 		{"nil context", nil, ok, nil, admit.ErrInvalidRequest},
+		{"key over MaxKeyLen", context.Background(), admit.Request{Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: spec}, nil, admit.ErrInvalidRequest},
 		{"context done", done, ok, nil, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -444,12 +425,13 @@ func TestLocalErrorsAsLimiter(t *testing.T) {
 }
 
 // callLimiter makes call i of TestLocalErrorsAsLimiter's four on a
-// Limiter: AllowOrdered, AllowAll (AllowOrdered's checks until the Limiter
-// has it), Peek, Refund.
+// Limiter: AllowOrdered, AllowAll, Peek, Refund.
 func callLimiter(lim *admit.Limiter, i int, ctx context.Context, first admit.Request, second *admit.Request) (admit.Decision, error) {
 	switch i {
-	case 0, 1:
+	case 0:
 		return lim.AllowOrdered(ctx, first, second)
+	case 1:
+		return lim.AllowAll(ctx, first, second)
 	case 2:
 		return lim.Peek(ctx, first, second)
 	}

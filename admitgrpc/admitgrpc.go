@@ -40,7 +40,7 @@
 //
 // A call goes unlimited only when classify returns [NoLimit]. Every other
 // Rule is checked: a Rule whose keys are empty, identical, longer than
-// maxKeyLen or on different cluster slots (what a missing, empty or
+// [admit.MaxKeyLen] or on different cluster slots (what a missing, empty or
 // hostile metadata value makes of a key) is refused with
 // codes.InvalidArgument, never served; a Rule the server's code got wrong
 // (the zero Rule, a zero Spec, a Cost above the burst, a bad policy name)
@@ -71,9 +71,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
-
-// maxKeyLen is the longest key a Rule may name, in bytes: admit's bound.
-const maxKeyLen = 1024
 
 // A Bucket is one token bucket a call is charged to, and the name under
 // which a refusal's QuotaFailure names it.
@@ -581,9 +578,9 @@ func checkRule(rule Rule) (codes.Code, error) {
 		switch {
 		case b.Key == "":
 			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has an empty Key: %w", i+1, b.Policy, admit.ErrInvalidRequest)
-		case len(b.Key) > maxKeyLen:
+		case len(b.Key) > admit.MaxKeyLen:
 			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a Key of %d bytes, over %d; build key parts from client input with a digest (admit.KeyPart): %w",
-				i+1, b.Policy, len(b.Key), maxKeyLen, admit.ErrInvalidRequest)
+				i+1, b.Policy, len(b.Key), admit.MaxKeyLen, admit.ErrInvalidRequest)
 		case strings.HasPrefix(b.Key, ShadowPrefix):
 			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a key in the shadow rules' namespace %q: %w", i+1, b.Policy, ShadowPrefix, admit.ErrInvalidRequest)
 		}
