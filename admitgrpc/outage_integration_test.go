@@ -2,6 +2,7 @@ package admitgrpc_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -57,15 +58,16 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 
 	// Each outcome, stamped with the second of the run it happened in.
 	type stamp struct {
-		at time.Duration
-		o  admitgrpc.Outcome
+		at  time.Duration
+		o   admitgrpc.Outcome
+		err error
 	}
 	var mu sync.Mutex
 	var stamps []stamp
 	start := time.Now()
 	record := admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
 		mu.Lock()
-		stamps = append(stamps, stamp{time.Since(start), r.Outcome})
+		stamps = append(stamps, stamp{time.Since(start), r.Outcome, r.Err})
 		mu.Unlock()
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -85,7 +87,7 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 		}
 		ic, err := admitgrpc.New(admit.New(client), rule,
 			admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(degraded), OutcomeUnknown: admitgrpc.Degrade(degraded)},
-			record, admitgrpc.WithTimeout(100*time.Millisecond))
+			record, admitgrpc.WithTimeout(250*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +126,6 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 	byStore, byDegraded := make([]int, secs), make([]int, secs)
 	refused := make([]int, secs)
 	var firstStoreAfter time.Duration = -1
-	degradedAfterStore := 0
 	phase := map[string][2]int{} // admitted by store, degraded, per phase
 	for _, s := range stamps {
 		i := int(s.at / time.Second)
@@ -146,9 +147,6 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 		case admitgrpc.DegradedAdmitted:
 			byDegraded[i]++
 			c[1]++
-			if firstStoreAfter >= 0 && s.at > firstStoreAfter {
-				degradedAfterStore++
-			}
 		default:
 			refused[i]++
 		}
@@ -165,7 +163,7 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 	t.Logf("before:  %d admitted by the store in %v, bound burst + rate × t = %.0f", phase["before"][0], killed.Round(time.Millisecond), bound(killed))
 	t.Logf("outage:  %d admitted degraded (%d by the store, in flight at the kill) in %v, fleet bound N × f × (burst + rate × t) = %.0f",
 		phase["outage"][1], phase["outage"][0], (restarted - killed).Round(time.Millisecond), fleet(restarted-killed))
-	t.Logf("after:   %d admitted by the store, %d degraded (before its first answer), first store admission %v after the restart",
+	t.Logf("after:   %d admitted by the store, %d degraded (calls that failed while its clients reconnected), first store admission %v after the restart",
 		phase["after"][0], phase["after"][1], (firstStoreAfter - restarted).Round(time.Millisecond))
 	if got := float64(phase["before"][0]); got > bound(killed) {
 		t.Errorf("before the kill: %v admitted, above the bound %.0f", got, bound(killed))
@@ -179,12 +177,23 @@ func TestIntegrationDegradedOutage(t *testing.T) {
 	if firstStoreAfter < 0 {
 		t.Fatal("the store decided nothing after its restart")
 	}
-	// The store is back: from its first answer on, a Degraded decision can
-	// come only from a call that had already failed (its own 100 ms bound).
+	// No sticky state: a degraded decision is made only for a call whose
+	// store decision failed (its report carries that error), and once the
+	// store is back it decides again: in the run's last second it admits
+	// at least half its rate (the rest of each second may go to calls
+	// that timed out under load, which degrade one by one).
+	lastStore := 0
 	for _, s := range stamps {
-		if s.o == admitgrpc.DegradedAdmitted && s.at > firstStoreAfter+time.Second {
-			t.Fatalf("a degraded admission at %v, over a second after the store answered again at %v: sticky outage state", s.at, firstStoreAfter)
+		degraded := s.o == admitgrpc.DegradedAdmitted || s.o == admitgrpc.DegradedRefused
+		if degraded && !errors.Is(s.err, admit.ErrNotExecuted) && !errors.Is(s.err, admit.ErrOutcomeUnknown) {
+			t.Fatalf("a degraded decision at %v without a failed store decision (%v): sticky outage state", s.at, s.err)
 		}
+		if s.o == admitgrpc.Admitted && s.at >= end-time.Second {
+			lastStore++
+		}
+	}
+	if float64(lastStore) < rate/2 {
+		t.Errorf("the store admitted %d in the run's last second, under half its rate %v: decisions did not go back to it", lastStore, rate)
 	}
 	if got, b := float64(phase["after"][0]), bound(end-restarted); got > b {
 		t.Errorf("after the restart: %v admitted by the store, above burst + rate × t = %.0f", got, b)
