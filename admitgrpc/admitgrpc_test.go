@@ -14,6 +14,8 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admitgrpc"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -124,8 +126,28 @@ var failServe = admitgrpc.OutageFunc(func(*admitgrpc.Call, admitgrpc.Rule, error
 // wait rounded up to a ms) and a QuotaFailure naming the refusing bucket;
 // a second-bucket refusal names the second and charges neither.
 func TestRefusal(t *testing.T) {
+	for _, name := range []string{"Local", "Limiter"} {
+		t.Run(name, func(t *testing.T) { testRefusal(t, name) })
+	}
+}
+
+// testRefusal is TestRefusal on an admit.Local, or on an admit.Limiter
+// whose miniredis reads the test's clock.
+func testRefusal(t *testing.T, decider string) {
 	clock := newTestClock()
-	lim := mustLocal(t, clock)
+	var lim admit.Decider = mustLocal(t, clock)
+	sync := func() {}
+	if decider == "Limiter" {
+		srv := miniredis.RunT(t)
+		sync = func() { srv.SetTime(clock.time()) }
+		sync()
+		client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(client.Close)
+		lim = admit.New(client)
+	}
 	var outcomes []admitgrpc.Outcome
 	ic, err := admitgrpc.New(lim, byUser, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
 		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) { outcomes = append(outcomes, r.Outcome) }))
@@ -140,6 +162,7 @@ func TestRefusal(t *testing.T) {
 		}
 	}
 	clock.advance(300 * time.Microsecond) // the next token is 999.7 ms away
+	sync()
 	err = check(ctx, c, "x-user", "alice")
 	code, msg, delay, subjects := details(t, err)
 	t.Logf("client sees: code %v, message %q, retry delay %v, violations %q", code, msg, delay, subjects)
