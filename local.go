@@ -52,7 +52,7 @@ const localEvictSample = 8
 // move it), unless [WithLocalClock] sets another.
 //
 // Memory is bounded: a Local holds at most maxKeys buckets (a bucket is one
-// key's tokens and ts, about a hundred bytes beside its key). Inserting a
+// key's tokens and ts, a few machine words beside its key). Inserting a
 // bucket into a full Local evicts one, in constant time: among the
 // localEvictSample (8) least recently used buckets, the first one that has
 // refilled to full, which carries no state (a full bucket and a missing one

@@ -503,3 +503,36 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("reports %+v", reports)
 	}
 }
+
+// TestClassifySeesTheCall: classify gets the full method, the metadata and
+// the peer, and a per-peer limit keyed on the peer's address holds.
+func TestClassifySeesTheCall(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	ic, err := admitgrpc.New(mustLocal(t, newTestClock()), func(c *admitgrpc.Call) admitgrpc.Rule {
+		host := ""
+		if c.Peer != nil && c.Peer.Addr != nil {
+			host, _, _ = net.SplitHostPort(c.Peer.Addr.String())
+		}
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%s %s %q %v", c.FullMethod, host, c.Metadata.Get("x-trace"), c.Stream))
+		mu.Unlock()
+		return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "per-peer", Key: "rl:peer:" + host, Spec: userSpec}}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := serve(t, ic)
+	codesSeen := []codes.Code{}
+	for range 3 {
+		codesSeen = append(codesSeen, status.Code(check(context.Background(), c, "x-trace", "t1")))
+	}
+	if fmt.Sprint(codesSeen) != fmt.Sprint([]codes.Code{codes.OK, codes.OK, codes.ResourceExhausted}) {
+		t.Fatalf("codes %v, want OK OK ResourceExhausted: the per-peer burst is 2", codesSeen)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := `/grpc.health.v1.Health/Check 127.0.0.1 ["t1"] false`; seen[0] != want {
+		t.Fatalf("classify saw %q, want %q", seen[0], want)
+	}
+}
