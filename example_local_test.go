@@ -65,3 +65,31 @@ func ExampleDegraded() {
 	// while degraded:  2.5/s burst 5 (400ms per token)
 	// admitted of 10 at once: 5
 }
+
+// Code written against a Decider runs on a Limiter (a fleet sharing
+// Valkey), on a Local (one process, or a test with no server), or on a
+// Degraded (a store outage's fallback).
+func ExampleDecider() {
+	send := func(ctx context.Context, lim admit.Decider, channel string) string {
+		spec := admit.MustSpec(admit.Every(time.Second), 1)
+		d, err := lim.AllowAll(ctx, admit.Request{Key: "rl:{chan:" + channel + "}:shared", Spec: spec}, nil)
+		switch {
+		case err != nil:
+			return "error: " + err.Error()
+		case !d.Allowed():
+			return "wait " + d.RetryAfter.String()
+		}
+		return "sent"
+	}
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	local, err := admit.NewLocal(1000, admit.WithLocalClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	fmt.Println(send(ctx, local, "42"))
+	fmt.Println(send(ctx, local, "42"))
+	// Output:
+	// sent
+	// wait 1s
+}

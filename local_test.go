@@ -487,6 +487,56 @@ func TestLocalConcurrent(t *testing.T) {
 	}
 }
 
+// TestLocalConcurrentEviction has goroutines decide pairs of many keys on
+// a Local of few, on a clock that moves (and steps back) under them:
+// under the race detector, every call succeeds, the Local never holds
+// more than its bound, and every bucket it holds decides within its Spec.
+func TestLocalConcurrentEviction(t *testing.T) {
+	clock := newLocalClock()
+	var evictions atomic.Int64
+	l := mustLocal(t, 5, admit.WithLocalClock(clock.time), admit.WithEvictFunc(func(string, bool) { evictions.Add(1) }))
+	specs := []admit.Spec{admit.MustSpec(admit.Every(time.Millisecond), 3), admit.MustSpec(admit.Every(time.Second), 1)}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 5))
+			for range 500 {
+				if g == 0 && rng.IntN(10) == 0 {
+					clock.advance(time.Duration(rng.IntN(3000)-500) * time.Microsecond)
+				}
+				a := admit.Request{Key: fmt.Sprintf("k%d", rng.IntN(20)), Spec: specs[rng.IntN(2)]}
+				b := admit.Request{Key: fmt.Sprintf("k%d", rng.IntN(20)), Spec: specs[rng.IntN(2)]}
+				var d admit.Decision
+				var err error
+				switch {
+				case a.Key == b.Key:
+					d, err = l.AllowOrdered(context.Background(), a, nil)
+				case rng.IntN(3) == 0:
+					err = l.Refund(context.Background(), a, &b)
+				case rng.IntN(2) == 0:
+					d, err = l.AllowAll(context.Background(), a, &b)
+				default:
+					d, err = l.Peek(context.Background(), a, &b)
+				}
+				if err != nil || d.Remaining[0] > a.Spec.Burst() || d.Remaining[1] > b.Spec.Burst() {
+					t.Errorf("%v, %v: %v", a, b, err)
+					return
+				}
+				if n := l.Len(); n > 5 {
+					t.Errorf("the Local holds %d keys, over its bound 5", n)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if evictions.Load() == 0 {
+		t.Fatal("no eviction: the test did not press on the bound")
+	}
+}
+
 // TestSpecScale checks Scale against its promises on random Specs and
 // fractions: never faster than fraction × rate, and no slower than one
 // microsecond per token more; burst fraction × burst rounded down, at

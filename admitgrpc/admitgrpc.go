@@ -229,7 +229,11 @@ func OutageFunc(f func(c *Call, rule Rule, err error) error) OutagePolicy {
 //   - OutcomeUnknown ([admit.ErrOutcomeUnknown]): the decision may have
 //     run and taken tokens; Serve may run a call the store refused.
 type Outage struct {
-	NotExecuted    OutagePolicy
+	// NotExecuted answers a call whose decision failed with
+	// admit.ErrNotExecuted: nothing was taken.
+	NotExecuted OutagePolicy
+	// OutcomeUnknown answers a call whose decision failed with
+	// admit.ErrOutcomeUnknown: tokens may have been taken.
 	OutcomeUnknown OutagePolicy
 }
 
@@ -266,6 +270,8 @@ const (
 var outcomeNames = [...]string{"", "admitted", "refused", "unlimited", "outage-served", "outage-refused",
 	"degraded-admitted", "degraded-refused", "client-gone", "invalid-rule"}
 
+// String returns the Outcome's name, such as "admitted" or
+// "degraded-refused".
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) && o != 0 {
 		return outcomeNames[o]
@@ -275,8 +281,11 @@ func (o Outcome) String() string {
 
 // A Report is one call's outcome, for [WithOutcomeFunc].
 type Report struct {
-	Call    *Call
-	Rule    Rule
+	// Call is the call classify saw.
+	Call *Call
+	// Rule is the Rule classify returned.
+	Rule Rule
+	// Outcome is what the interceptor did.
 	Outcome Outcome
 	// Decision is the deciding Decision (the store's, or Degrade's); the
 	// zero Decision when there was none.
@@ -407,6 +416,7 @@ type admittedStream struct {
 	ctx context.Context
 }
 
+// Context returns the stream's context, which carries its Admission.
 func (s *admittedStream) Context() context.Context { return s.ctx }
 
 // admit decides one call: the context for its handler, or the error that
