@@ -227,7 +227,9 @@ func OutageFunc(f func(c *Call, rule Rule, err error) error) OutagePolicy {
 //   - NotExecuted ([admit.ErrNotExecuted]): nothing was taken; the store
 //     was unreachable or refused the command.
 //   - OutcomeUnknown ([admit.ErrOutcomeUnknown]): the decision may have
-//     run and taken tokens; Serve may run a call the store refused.
+//     run and taken tokens; Serve may run a call the store refused. An
+//     error in neither class (from a Decider of your own) is taken as
+//     this one: it may have taken tokens.
 type Outage struct {
 	// NotExecuted answers a call whose decision failed with
 	// admit.ErrNotExecuted: nothing was taken.
@@ -459,10 +461,10 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 		}
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
 		return nil, invalidStatus(code)
-	case errors.Is(err, admit.ErrOutcomeUnknown):
-		return ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
-	default: // admit.ErrNotExecuted: every error is in one of the two classes
+	case errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown):
 		return ic.outageRun(ctx, call, rule, ic.outage.NotExecuted, err)
+	default: // admit.ErrOutcomeUnknown, or a Decider of your own's unclassed error
+		return ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
 	}
 }
 
