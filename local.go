@@ -53,8 +53,8 @@ const localEvictSample = 8
 //
 // Memory is bounded: a Local holds at most maxKeys buckets (a bucket is one
 // key's tokens and ts, a few machine words beside its key). Inserting a
-// bucket into a full Local evicts one, in constant time: among the
-// localEvictSample (8) least recently used buckets, the first one that has
+// bucket into a full Local evicts one, in constant time: among the 8
+// least recently used buckets, the first one that has
 // refilled to full, which carries no state (a full bucket and a missing one
 // decide alike); when none of them is full, the one of them that misses the
 // fewest tokens. A bucket evicted before it is full comes back full the next
@@ -132,11 +132,12 @@ func WithEvictFunc(f func(key string, full bool)) LocalOption {
 
 // NewLocal returns an empty Local that holds at most maxKeys buckets,
 // configured by opts. maxKeys must be at least 2, so that both buckets of
-// a call fit; a Local takes memory only as keys arrive.
+// a call fit, and at most math.MaxInt32; a Local takes memory only as keys
+// arrive.
 func NewLocal(maxKeys int, opts ...LocalOption) (*Local, error) {
-	if maxKeys < 2 {
-		return nil, fmt.Errorf("admit: NewLocal: maxKeys %d must be at least 2 (both buckets of a call are held at once); "+
-			"size it to the keys in use, such as 100000", maxKeys)
+	if maxKeys < 2 || maxKeys > math.MaxInt32 {
+		return nil, fmt.Errorf("admit: NewLocal: maxKeys %d must be at least 2 (both buckets of a call are held at once) "+
+			"and at most %d; size it to the keys in use, such as 100000", maxKeys, math.MaxInt32)
 	}
 	start := time.Now()
 	base := start.UnixMicro()

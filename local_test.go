@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"strings"
@@ -656,8 +657,10 @@ func TestDegradedRefusesACostAboveItsBurst(t *testing.T) {
 			t.Errorf("NewDegraded(%v) accepted", f)
 		}
 	}
-	if _, err := admit.NewLocal(1); err == nil {
-		t.Error("NewLocal(1) accepted")
+	for _, n := range []int{-1, 0, 1, math.MaxInt32 + 1} {
+		if _, err := admit.NewLocal(n); err == nil {
+			t.Errorf("NewLocal(%d) accepted", n)
+		}
 	}
 }
 
