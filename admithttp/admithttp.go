@@ -217,8 +217,8 @@ func FromContext(ctx context.Context) (Admission, bool) {
 }
 
 // An OutageHandler answers a request whose decision failed with err: next
-// is the handler the middleware wraps. [Serve] and [Refuse] are the two
-// usual ones; a function of your own may, for example, serve some routes
+// is the handler the middleware wraps. [Serve], [Refuse] and [Degrade] are
+// the usual ones; a function of your own may, for example, serve some routes
 // and refuse others, or log err and then refuse. Whether it runs next
 // decides the request's [Outcome]: OutageServed or OutageRefused.
 type OutageHandler func(w http.ResponseWriter, r *http.Request, next http.Handler, err error)
@@ -383,7 +383,7 @@ func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, o
 		return nil, errors.New("admithttp: New: nil classify; pass a function from the request to its Rule (the zero Rule for no limit)")
 	case outage.NotExecuted == nil || outage.OutcomeUnknown == nil:
 		return nil, errors.New("admithttp: New: Outage needs both NotExecuted and OutcomeUnknown " +
-			"(admithttp.Serve, admithttp.Refuse or your own function): choose what a store outage does, " +
+			"(admithttp.Serve, admithttp.Refuse, admithttp.Degrade or your own function): choose what a store outage does, " +
 			"since either default would fail open or closed without your say")
 	}
 	m := &middleware{lim: lim, classify: classify, outage: outage}
@@ -460,6 +460,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.Is(err, admit.ErrOutcomeUnknown) { // every error is in one of the two classes
 			handler = m.outage.OutcomeUnknown
 		}
+		r = r.WithContext(context.WithValue(r.Context(), outageKey{}, &outageCall{m: m, rule: rule})) // for Degrade
 		if m.outcome == nil {
 			handler(w, r, next, err)
 			return
