@@ -5,7 +5,7 @@ package admit_test
 // steps (TestIntegrationLeaseProperty), against internal/model; holders
 // killed with SIGKILL (TestIntegrationLeaseKill9); and the server's time
 // per call beside the sorted-set semaphore recipe
-// (BenchmarkIntegrationLeaseServerTime).
+// (BenchmarkLeaseServerTime, in the benchmarks module).
 
 import (
 	"context"
