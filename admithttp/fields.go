@@ -24,7 +24,7 @@ const (
 	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
 
 	concurrentUnit = "concurrent-requests" // the qu of a concurrency part
-	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
+	resetParam     = "t"                   // RateLimit: the effective window, seconds until more than r
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
