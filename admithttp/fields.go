@@ -22,9 +22,9 @@ const (
 	unitParam      = "qu" // RateLimit-Policy: the quota unit (Bucket.Unit)
 	windowParam    = "w"  // RateLimit-Policy: the window, seconds (Burst × Interval)
 	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
+	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
 
-	concurrentUnit = "concurrent-requests" // the qu of a concurrency part
-	resetParam     = "t"                   // RateLimit: the effective window, seconds until more than r
+	concurrentUnit = "concurrent-requests" // the qu of a concurrency part (Rule.Concurrent)
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
