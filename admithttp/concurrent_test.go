@@ -336,3 +336,160 @@ func hashOf(t *testing.T, c valkey.Client, key string) map[string]string {
 	}
 	return m
 }
+
+// TestConcurrentOnly: a Rule with a concurrency part and no bucket is a
+// plain concurrency limit; its fields describe the slots alone.
+func TestConcurrentOnly(t *testing.T) {
+	_, c := newMini(t)
+	rule := admithttp.Rule{Concurrent: &admithttp.Concurrent{Policy: "inflight", Key: "only:{org}:conc", Spec: admit.MustConcurrency(2, 10*time.Second)}}
+	var inside http.Header
+	var admission admithttp.Admission
+	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders())(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inside = w.Header().Clone()
+			admission, _ = admithttp.FromContext(r.Context())
+		}))
+	if rec := send(h, "", ""); rec.Code != http.StatusOK {
+		t.Fatalf("%d", rec.Code)
+	}
+	if got, want := inside.Get(admithttp.PolicyField), `"inflight";q=2;qu="concurrent-requests"`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got, want := inside.Get(admithttp.LimitField), `"inflight";r=1;t=10`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if err := checkFields(inside, ""); err != nil {
+		t.Error(err)
+	}
+	if admission.Lease == nil || !admission.Lease.Granted() || admission.Lease.Holders != 1 {
+		t.Errorf("Admission %+v; want the granted Lease", admission)
+	}
+	if f, s := rule.Requests(); f != (admit.Request{}) || s != nil {
+		t.Errorf("Requests of a Rule without a bucket: %v %v", f, s)
+	}
+	if got := holders(t, c, "only:{org}:conc"); got != 0 {
+		t.Errorf("%d slots taken after the handler returned", got)
+	}
+}
+
+// TestConcurrentInvalid: a concurrency part without a Key, a Policy or a
+// Spec, with a policy name a bucket has, a shadow key, or the key of a
+// bucket is an invalid Rule: 500, the handler never runs, nothing is
+// written; and it is never the zero Rule's "no limit".
+func TestConcurrentInvalid(t *testing.T) {
+	srv, c := newMini(t)
+	base := concRule("bad:", concSpec, wideSpec)
+	for _, tc := range []struct {
+		name string
+		edit func(r *admithttp.Rule)
+	}{
+		{"empty key", func(r *admithttp.Rule) { r.Concurrent.Key = "" }},
+		{"empty policy", func(r *admithttp.Rule) { r.Concurrent.Policy = "" }},
+		{"zero spec", func(r *admithttp.Rule) { r.Concurrent.Spec = admit.Concurrency{} }},
+		{"a bucket's policy", func(r *admithttp.Rule) { r.Concurrent.Policy = "tpm" }},
+		{"policy not ASCII", func(r *admithttp.Rule) { r.Concurrent.Policy = "c\x00" }},
+		{"shadow key", func(r *admithttp.Rule) { r.Concurrent.Key = admithttp.ShadowPrefix + "x" }},
+		{"a bucket's key", func(r *admithttp.Rule) { r.Concurrent.Key = r.First.Key }},
+		{"empty and alone", func(r *admithttp.Rule) { r.First = admithttp.Bucket{}; r.Concurrent.Key = "" }},
+		{"second without first", func(r *admithttp.Rule) { r.Second = &r.First; r.First = admithttp.Bucket{} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := base
+			part := *base.Concurrent
+			rule.Concurrent = &part
+			tc.edit(&rule)
+			next := &recordingHandler{}
+			var errs []error
+			h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll,
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(next)
+			rec := send(h, "", "")
+			if rec.Code != http.StatusInternalServerError || next.calls != 0 {
+				t.Errorf("%d, handler ran %d times; want 500 and never", rec.Code, next.calls)
+			}
+			if len(errs) != 1 || !errors.Is(errs[0], admit.ErrInvalidRequest) {
+				t.Errorf("errors %v; want one ErrInvalidRequest", errs)
+			}
+		})
+	}
+	if keys := srv.Keys(); len(keys) != 0 {
+		t.Errorf("keys written: %v", keys)
+	}
+}
+
+// TestConcurrentReleaseReported: a release that fails (the store went
+// down while the handler ran) and a lease found expired at release (the
+// handler outlived it) go to the error hook; neither crashes nor changes
+// the handler's answer.
+func TestConcurrentReleaseReported(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		during func(srv interface{ Close() }, setTime func(time.Time))
+		want   string
+	}{
+		{"store down", func(srv interface{ Close() }, _ func(time.Time)) { srv.Close() }, "releasing the slot"},
+		{"lease expired", func(_ interface{ Close() }, setTime func(time.Time)) { setTime(t0.Add(31 * time.Second)) }, "had expired"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, c := newMini(t)
+			rule := concRule("release:", concSpec, wideSpec)
+			var errs []error
+			h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll,
+				admithttp.WithDecisionTimeout(200*time.Millisecond),
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					tc.during(srv, srv.SetTime)
+					io.WriteString(w, "ok")
+				}))
+			rec := send(h, "", "")
+			if rec.Code != http.StatusOK || rec.Body.String() != "ok" {
+				t.Errorf("%d %q; want the handler's 200", rec.Code, rec.Body.String())
+			}
+			if len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want) {
+				t.Errorf("errors reported %v; want one saying %q", errs, tc.want)
+			}
+		})
+	}
+}
+
+// TestConcurrentDegrade: while the store is down, Degrade decides the
+// buckets locally and does not enforce the concurrency part (admit's
+// Degraded holds no leases): a Rule of slots alone is served, and the
+// fields describe the buckets only.
+func TestConcurrentDegrade(t *testing.T) {
+	srv, c := newMini(t)
+	g, err := admit.NewDegraded(0.5, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := admit.MustConcurrency(1, 30*time.Second)
+	withBucket := concRule("degrade:", one, standardSpec) // burst 6, 3 when scaled
+	alone := admithttp.Rule{Concurrent: withBucket.Concurrent}
+	var flight inFlight
+	rule := withBucket
+	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule },
+		admithttp.Outage{NotExecuted: admithttp.Degrade(g), OutcomeUnknown: admithttp.Degrade(g)}, admithttp.WithHeaders())(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { flight.enter(); flight.leave() }))
+	srv.Close()
+	codes := map[int]int{}
+	for i := range 5 {
+		rec := send(h, "", "")
+		codes[rec.Code]++
+		violated := ""
+		if rec.Code == http.StatusTooManyRequests {
+			violated = "tpm"
+		}
+		if err := checkFields(rec.Header(), violated); err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+		if p := rec.Header().Get(admithttp.PolicyField); strings.Contains(p, "conc") {
+			t.Errorf("request %d: RateLimit-Policy %q lists the concurrency part, which is not enforced while degraded", i, p)
+		}
+	}
+	if codes[200] != 3 || codes[429] != 2 {
+		t.Errorf("degraded, with a bucket of 3: %v; want 3 served, 2 refused", codes)
+	}
+	rule = alone
+	if rec := send(h, "", ""); rec.Code != http.StatusOK || rec.Header().Get(admithttp.PolicyField) != "" {
+		t.Errorf("degraded, slots alone: %d %v; want served without fields", rec.Code, rec.Header())
+	}
+}

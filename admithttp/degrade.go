@@ -43,12 +43,12 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			Refuse(w, r, next, err)
 			return
 		}
-		rule := o.rule
-		rule.Concurrent = nil // not enforced while degraded
-		if !rule.hasBuckets() {
-			next.ServeHTTP(w, r)
+		if !o.rule.hasBuckets() {
+			next.ServeHTTP(w, r) // a concurrency limit alone: not enforced while degraded
 			return
 		}
+		rule := o.rule
+		rule.Concurrent = nil // not enforced while degraded
 		scaled, serr := scaleRule(d, rule)
 		first, second := rule.Requests()
 		dec, derr := d.AllowAll(r.Context(), first, second)
