@@ -493,3 +493,27 @@ func TestConcurrentDegrade(t *testing.T) {
 		t.Errorf("degraded, slots alone: %d %v; want served without fields", rec.Code, rec.Header())
 	}
 }
+
+// TestConcurrentClientGoneFreesSlot: a client that goes away while its
+// handler runs (net/http cancels the request's context) still has its slot
+// freed when the handler returns.
+func TestConcurrentClientGoneFreesSlot(t *testing.T) {
+	_, c := newMini(t)
+	rule := concRule("gone:", concSpec, wideSpec)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errs []error
+	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll,
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cancel() // the client goes away
+			<-r.Context().Done()
+		}))
+	sendCtx(ctx, h, "", "")
+	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
+		t.Errorf("%d slots taken after the handler of a gone client returned", got)
+	}
+	if len(errs) != 0 {
+		t.Errorf("errors reported: %v", errs)
+	}
+}
