@@ -63,12 +63,22 @@ type ShadowReport struct {
 	// Enforced is the enforced Rule's Decision. Its Allowed is false when
 	// the enforced rule refused, and also when no Rule applied or its
 	// decision failed, or the Rule had a concurrency part: see
-	// EnforcedLease.
+	// EnforcedLease, and EnforcedAdmitted, which tells for every Rule.
 	Enforced admit.Decision
 	// EnforcedLease is the enforced Acquire's outcome when the enforced
 	// Rule had a concurrency part (Granted when it admitted the
 	// request), nil otherwise.
 	EnforcedLease *admit.Lease
+}
+
+// EnforcedAdmitted reports whether the enforced Rule admitted the request:
+// its Decision was Allowed, or, with a concurrency part, its Lease was
+// Granted.
+func (r ShadowReport) EnforcedAdmitted() bool {
+	if r.EnforcedLease != nil {
+		return r.EnforcedLease.Granted()
+	}
+	return r.Enforced.Allowed()
 }
 
 // WithShadow adds a shadow rule; give it once per Shadow.
