@@ -48,7 +48,8 @@
 //	RateLimit-Policy: "standard";q=6;w=12, "shared";q=10;w=3
 //	RateLimit: "standard";r=5;t=2, "shared";r=0;t=1
 //
-// RateLimit-Policy lists every bucket of the Rule: q is the bucket's burst
+// RateLimit-Policy lists every bucket of the Rule (after its concurrency
+// part, if any; see Concurrency below): q is the bucket's burst
 // (Spec.Burst), w the seconds it takes to refill from empty (Burst ×
 // Interval, rounded up; at least 1). RateLimit lists every bucket the
 // decision evaluated (the second is not evaluated when the first refuses):
@@ -65,6 +66,30 @@
 // is not a request, set Bucket.Unit, the draft's qu parameter, so that
 // clients do not read q and r as requests. Refusals always carry the
 // fields; admitted responses carry them with [WithHeaders].
+//
+// # Concurrency
+//
+// A Rule's [Concurrent] part bounds the requests of a key in flight: an
+// admitted request holds one of its slots (an [admit.Lease]) while the
+// handler runs, decided with the Rule's buckets in one
+// [admit.Limiter.Acquire], all or nothing: a refusal by the slot, or by a
+// bucket, takes nothing from the other parts. The middleware releases the
+// slot when the handler returns, and when it panics (the panic then goes
+// on up); the release runs on a context that outlives the request's
+// cancellation (a client that goes away does not keep its slot), bounded
+// by [WithDecisionTimeout] or, without it, one second. A release that
+// fails, or finds the lease expired (the handler outlived it), goes to
+// [WithErrorFunc]; the slot is then freed when its lease expires. A
+// process that dies mid-request frees its slots the same way.
+//
+// RateLimit-Policy lists the part first, with q the limit and
+// qu="concurrent-requests", and no w (it has no window); RateLimit gives r,
+// the slots left after the decision, and t: for a refusal by the slot, the
+// time until the oldest lease of the key expires, which Retry-After
+// repeats; otherwise the lease duration, by which this request's slot is
+// free at the latest. A release frees a slot sooner: t is an upper bound.
+// A refusal by the slot is a 429 whose violated-policies names the part.
+// While degraded ([Degrade]) the part is not enforced.
 //
 // # Outages
 //
