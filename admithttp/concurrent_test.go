@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,3 +518,69 @@ func TestConcurrentClientGoneFreesSlot(t *testing.T) {
 		t.Errorf("errors reported: %v", errs)
 	}
 }
+
+// TestConcurrentHostileKeys: a concurrency key built with admit.KeyPart
+// from a header that is missing, empty, a megabyte long, full of braces or
+// of binary bytes keeps its limit: with the one slot taken, the request is
+// refused (never admitted, never a 5xx); with it free, admitted. A key
+// built from the raw header instead is an invalid Rule (500) when the
+// header is missing or too long: never unlimited.
+func TestConcurrentHostileKeys(t *testing.T) {
+	_, c := newMini(t)
+	lim := admit.New(c)
+	one := admit.MustConcurrency(1, 30*time.Second)
+	keyOf := func(v string) string { return "conc:{" + admit.KeyPart(v) + "}" }
+	hostile := []struct {
+		name  string
+		value *string
+	}{
+		{"missing", nil}, {"empty", ptr("")}, {"1 MB", ptr(strings.Repeat("x", 1<<20))},
+		{"braces", ptr("}{org}{")}, {"binary", ptr("\x00\xff\r\n:{")},
+	}
+	for _, raw := range []bool{false, true} {
+		h := mustNew(t, lim, func(r *http.Request) admithttp.Rule {
+			v := r.Header.Get("X-Org")
+			key := keyOf(v)
+			if raw {
+				key = v
+			}
+			return admithttp.Rule{Concurrent: &admithttp.Concurrent{Policy: "inflight", Key: key, Spec: one}}
+		}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve})(&recordingHandler{})
+		for _, tc := range hostile {
+			req := func() int {
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				if tc.value != nil {
+					r.Header[http.CanonicalHeaderKey("X-Org")] = []string{*tc.value}
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, r)
+				return rec.Code
+			}
+			v := ""
+			if tc.value != nil {
+				v = *tc.value
+			}
+			if raw {
+				if (v == "" || len(v) > admit.MaxKeyLen) && req() != http.StatusInternalServerError {
+					t.Errorf("raw %s: not an invalid Rule", tc.name)
+				}
+				continue
+			}
+			x, err := lim.Acquire(context.Background(), admit.Slot{Key: keyOf(v), Spec: one}, nil, nil)
+			if err != nil || !x.Granted() {
+				t.Fatalf("%s: Acquire %v %v", tc.name, x, err)
+			}
+			if code := req(); code != http.StatusTooManyRequests {
+				t.Errorf("%s: %d with the one slot taken; want 429", tc.name, code)
+			}
+			if _, err := x.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if code := req(); code != http.StatusOK {
+				t.Errorf("%s: %d with the slot free; want 200", tc.name, code)
+			}
+		}
+	}
+}
+
+func ptr(s string) *string { return &s }
