@@ -282,7 +282,7 @@ func TestConcurrentSlotRefusalTakesNothing(t *testing.T) {
 	if err := checkFields(rec.Header(), "conc"); err != nil {
 		t.Error(err)
 	}
-	if p := problemOf(t, rec); fmt.Sprint(p["violated-policies"]) != "[conc]" || !strings.Contains(fmt.Sprint(p["detail"]), "1 requests at once") {
+	if p := problemOf(t, rec); fmt.Sprint(p["violated-policies"]) != "[conc]" || !strings.Contains(fmt.Sprint(p["detail"]), "allows 1 requests in flight at once") {
 		t.Errorf("problem %v", p)
 	}
 	if ra := rec.Header().Get("Retry-After"); ra != "30" {
@@ -584,3 +584,57 @@ func TestConcurrentHostileKeys(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// TestConcurrentOutage: with the store down, Serve and Refuse answer a
+// Rule with a concurrency part as any other. An Acquire lost in flight
+// (outcome unknown: the client may use its dying connection first) may
+// have taken a slot, so the middleware tries to release it, and reports
+// that release's failure too; an Acquire that was not executed sent
+// nothing, so there is nothing to release and no second error.
+func TestConcurrentOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler admithttp.OutageHandler
+		code    int
+		outcome admithttp.Outcome
+	}{
+		{"serve", admithttp.Serve, http.StatusOK, admithttp.OutageServed},
+		{"refuse", admithttp.Refuse, http.StatusServiceUnavailable, admithttp.OutageRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, c := newMini(t)
+			var errs []error
+			var events []admithttp.Event
+			next := &recordingHandler{}
+			h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return concRule("outage:", concSpec, wideSpec) },
+				admithttp.Outage{NotExecuted: tc.handler, OutcomeUnknown: admithttp.Refuse},
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }),
+				admithttp.WithOutcome(func(e admithttp.Event) { events = append(events, e) }))(next)
+			srv.Close()
+			for i := range 20 {
+				errs, events = nil, nil
+				rec := send(h, "", "")
+				if len(errs) == 0 {
+					t.Fatalf("request %d: %d with no error reported", i, rec.Code)
+				}
+				if errors.Is(errs[0], admit.ErrOutcomeUnknown) {
+					if rec.Code != http.StatusServiceUnavailable || len(errs) != 2 || !strings.Contains(errs[1].Error(), "releasing the slot") {
+						t.Errorf("request %d, outcome unknown: %d, errors %v; want 503 and the failed release reported", i, rec.Code, errs)
+					}
+					continue
+				}
+				if rec.Code != tc.code || next.admitted {
+					t.Errorf("%d (admission %v); want %d without an Admission", rec.Code, next.admitted, tc.code)
+				}
+				if len(errs) != 1 || !errors.Is(errs[0], admit.ErrNotExecuted) {
+					t.Errorf("errors %v; want the one not-executed Acquire", errs)
+				}
+				if len(events) != 1 || events[0].Outcome != tc.outcome {
+					t.Errorf("events %+v; want one %v", events, tc.outcome)
+				}
+				return
+			}
+			t.Fatal("no decision was not executed in 20 requests to a closed store")
+		})
+	}
+}

@@ -131,7 +131,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	var detail string
 	if c := ref.ViolatedConcurrent; c != nil {
 		detail = "policy " + strconv.Quote(c.Policy) + " allows " + strconv.Itoa(c.Spec.Limit()) +
-			" requests at once, and all are in flight; retry after " + formatSeconds(ref.RetryAfter()) + " s at the latest"
+			" requests in flight at once, and all its slots are taken; retry after " + formatSeconds(ref.RetryAfter()) + " s at the latest"
 	} else {
 		left := 0
 		if i := int(ref.Decision.Denied) - 1; i >= 0 && i < len(ref.Decision.Remaining) {
