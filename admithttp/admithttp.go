@@ -274,9 +274,8 @@ type Admission struct {
 	// Rule is the Rule the request was charged.
 	Rule Rule
 	// Decision is the limiter's Decision: Allowed, with Remaining. With
-	// a concurrency part, the decision is an Acquire, whose outcome is
-	// Lease: Decision then holds the Lease's Remaining, and its Allowed
-	// is false, since admit made no Decision.
+	// a concurrency part it is the Acquire's decision of the buckets
+	// (admit.Lease.Decision), Allowed too.
 	Decision admit.Decision
 	// Lease is the granted lease when the Rule has a concurrency part,
 	// nil otherwise. The middleware releases it when the handler returns
@@ -526,12 +525,13 @@ func (res result) denied() admit.Part {
 	return admit.Part(res.d.Denied)
 }
 
-// leaseResult is the result of an Acquire: its Decision carries the
-// Lease's bucket fields (Denied only for a bucket's refusal).
+// leaseResult is the result of an Acquire: its Decision is the Lease's
+// decision of the buckets (Allowed when granted), with, for a slot
+// refusal, the slot's RetryAfter and the buckets' Remaining.
 func leaseResult(x *admit.Lease) result {
-	d := admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
-	if x.Denied == admit.PartFirst || x.Denied == admit.PartSecond {
-		d.Denied = uint8(x.Denied)
+	d := x.Decision()
+	if x.Denied == admit.PartSlot {
+		d = admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
 	}
 	return result{d: d, lease: x}
 }

@@ -362,8 +362,8 @@ func TestConcurrentOnly(t *testing.T) {
 	if err := checkFields(inside, ""); err != nil {
 		t.Error(err)
 	}
-	if admission.Lease == nil || !admission.Lease.Granted() || admission.Lease.Holders != 1 {
-		t.Errorf("Admission %+v; want the granted Lease", admission)
+	if admission.Lease == nil || !admission.Lease.Granted() || admission.Lease.Holders != 1 || !admission.Decision.Allowed() {
+		t.Errorf("Admission %+v; want the granted Lease and an Allowed Decision", admission)
 	}
 	if f, s := rule.Requests(); f != (admit.Request{}) || s != nil {
 		t.Errorf("Requests of a Rule without a bucket: %v %v", f, s)

@@ -65,9 +65,10 @@ type Event struct {
 	Rule Rule
 	// Decision is the limiter's Decision for Admitted, Refused and
 	// ShadowWouldRefuse; the zero Decision otherwise. With a concurrency
-	// part it holds the Lease's RetryAfter and Remaining, and Denied for
-	// a bucket's refusal; its Allowed is false (admit made no Decision):
-	// read Lease.
+	// part it is the Acquire's decision of the buckets
+	// (admit.Lease.Decision; Allowed when granted), and for a slot
+	// refusal, which a Decision cannot name, it holds the slot's
+	// RetryAfter and the Remaining with Denied 0: read Lease.
 	Decision admit.Decision
 	// Lease is the Acquire's outcome for Admitted and Refused when the
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the

@@ -61,9 +61,9 @@ type ShadowReport struct {
 	// answered as the enforced rule and the Outage say, regardless).
 	Err error
 	// Enforced is the enforced Rule's Decision. Its Allowed is false when
-	// the enforced rule refused, and also when no Rule applied or its
-	// decision failed, or the Rule had a concurrency part: see
-	// EnforcedLease, and EnforcedAdmitted, which tells for every Rule.
+	// the enforced rule refused (a slot refusal included: see
+	// EnforcedLease), and also when no Rule applied or its decision
+	// failed. EnforcedAdmitted tells for every Rule.
 	Enforced admit.Decision
 	// EnforcedLease is the enforced Acquire's outcome when the enforced
 	// Rule had a concurrency part (Granted when it admitted the
