@@ -13,8 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // TestDemo runs a short demo on the in-process miniredis (what a fresh
@@ -26,7 +24,7 @@ func TestDemo(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			addr := ""
 			if mode == "valkey" {
-				addr = testserver.Shared(t).Addr
+				addr = testenv.Shared(t).Addr
 			}
 			t.Setenv("VALKEY_ADDR", addr)
 			// 240 messages, the pause after 80 of them, 80 more published
@@ -147,7 +145,6 @@ func checkDemo(t *testing.T, res *demoResult) {
 // the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }

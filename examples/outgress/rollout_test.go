@@ -14,7 +14,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // TestRolloutDemo runs the rollout on the real server: a baseline with
@@ -35,7 +34,7 @@ import (
 // window waits for both replicas to measure its last one) and snapshot age
 // readings.
 func TestRolloutDemo(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", testserver.Shared(t).Addr)
+	t.Setenv("VALKEY_ADDR", testenv.Shared(t).Addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*windowLimit) // a bound per window; each takes seconds
 	defer cancel()
 	var out strings.Builder
@@ -83,7 +82,7 @@ func TestRolloutDemo(t *testing.T) {
 // lost event's reconcile coming at least 3.2 s after it, which load only
 // delays further.
 func TestCanaryGatesFail(t *testing.T) {
-	srv := testserver.Shared(t)
+	srv := testenv.Shared(t)
 	t.Setenv("VALKEY_ADDR", srv.Addr)
 	dial, _, stop, err := demo.Valkey()
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // TestWorkerReplicasServeMgmt runs two replicas of `outgress worker` on one
@@ -24,16 +23,16 @@ import (
 // resumed at version 2, with the answering replica's stale snapshot beside
 // it.
 func TestWorkerReplicasServeMgmt(t *testing.T) {
-	srv := testserver.Shared(t)
+	srv := testenv.Shared(t)
 	t.Setenv("VALKEY_ADDR", srv.Addr)
 	dial, _, stop, err := demo.Valkey()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	raw := testserver.NewClient(t, srv)
+	raw := testenv.Client(t, srv.Addr)
 	run := fmt.Sprintf("%x", rand.Uint64())
-	cfg := workerConfig{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testserver.Prefix(t, raw),
+	cfg := workerConfig{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testenv.Prefix(t),
 		Subjects: "outgress-wtest-" + run, Stream: "OUTGRESS_WTEST_" + run,
 		Pause: pause.Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour}}
 	replicas := map[string]*workerReplica{}

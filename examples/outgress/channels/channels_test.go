@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -71,9 +70,9 @@ func TestChannelCacheUnknownChannel(t *testing.T) {
 // until 15 more callers wait for the same channel: all 16 get it from one
 // command.
 func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +119,8 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 
 // TestChannelCacheBounded: past MaxEntries, entries are evicted.
 func TestChannelCacheBounded(t *testing.T) {
-	raw := testserver.NewClient(t, testserver.Shared(t))
-	prefix := testserver.Prefix(t, raw)
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	prefix := testenv.Prefix(t)
 	cc := New(raw, Config{Prefix: prefix, MaxEntries: 2})
 	for _, id := range []string{"1", "2", "3", "4"} {
 		if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, id)).FieldValue().FieldValue("login", "c"+id).Build()).Error(); err != nil {
@@ -144,9 +143,9 @@ func TestChannelCacheBounded(t *testing.T) {
 // load belongs to no caller: the first gets its own cancellation, the two
 // others get the channel, from the one HGETALL.
 func TestChannelCacheFirstCallerCancelled(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +210,7 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 // TestMain stops the shared test server after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -225,8 +224,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	raw := testserver.NewClient(t, testserver.Shared(t))
-	return &env{raw: raw, c: &counting.Client{Client: raw}, prefix: testserver.Prefix(t, raw)}
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	return &env{raw: raw, c: &counting.Client{Client: raw}, prefix: testenv.Prefix(t)}
 }
 
 // seed stores a channel's metadata.

@@ -11,14 +11,12 @@ import (
 
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/nats-io/nats.go"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -51,12 +49,12 @@ func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver f
 // startReplica starts a replica's pause snapshot and management server on
 // one NATS connection of its own, as a worker does (its pause events on the
 // subject of prefix's replicas; lost when dropEvents is set).
-func startReplica(t *testing.T, srv *testserver.Server, prefix, name string, cfg Config, reconcile time.Duration, dropEvents bool) *replica {
+func startReplica(t *testing.T, srv *testenv.Server, prefix, name string, cfg Config, reconcile time.Duration, dropEvents bool) *replica {
 	t.Helper()
 	r := &replica{name: name, nc: testenv.NATSConn(t)}
 	r.drop.Store(dropEvents)
 	events := droppingEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, drop: &r.drop}
-	r.pause = pause.New(testserver.NewClient(t, srv), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
+	r.pause = pause.New(testenv.Client(t, srv.Addr), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
 	t.Cleanup(r.pause.Close)
 	if err := r.pause.Start(testenv.Ctx(t)); err != nil {
 		t.Fatal(err)
@@ -75,9 +73,8 @@ func startReplica(t *testing.T, srv *testserver.Server, prefix, name string, cfg
 // matching the counters), and every replica applies every change (both
 // snapshots reach version 10, resumed).
 func TestSetPausedQueueGrouped(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
 	b := startReplica(t, srv, prefix, "B", cfg, time.Hour, false)
@@ -118,8 +115,8 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 // TestSetPausedMalformed: a request that is neither "1" nor "0" is refused
 // by the one replica that takes it, and changes nothing.
 func TestSetPausedMalformed(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
 	m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte("yes"))
@@ -141,9 +138,8 @@ func TestSetPausedMalformed(t *testing.T) {
 // lost and it never reconciles) answers status with what Valkey holds,
 // and reports its stale snapshot beside it.
 func TestStatusIsStrong(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	writer := startReplica(t, srv, prefix, "writer", Config{Prefix: subjects()}, time.Hour, false)
 	cfg := Config{Prefix: subjects()}
 	stale := startReplica(t, srv, prefix, "stale", cfg, time.Hour, true)

@@ -15,16 +15,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
 // replicaPause starts one replica's Pause on its own Valkey client and its
 // own NATS connection, its events on the subject of the replicas that share
 // prefix (unless cfg.Events is set).
-func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
+func replicaPause(t *testing.T, srv *testenv.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
 	t.Helper()
-	c := &counting.Client{Client: testserver.NewClient(t, srv)}
+	c := &counting.Client{Client: testenv.Client(t, srv.Addr)}
 	cfg.Prefix = prefix
 	if cfg.Events == nil {
 		cfg.NATS, cfg.Subject = testenv.NATSConn(t), testenv.PauseSubject(prefix)
@@ -119,9 +118,9 @@ func snapshotOf(t *testing.T, p *Pause) Snapshot {
 // that the replica is subscribed, yet not ready and failing closed, until
 // the state is loaded.
 func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	writeWithoutEvent(t, raw, prefix, true)
 
 	arrived, release := make(chan struct{}), make(chan struct{})
@@ -172,8 +171,8 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 // hour). Each change is exactly one message on the replicas' NATS subject,
 // and each replica other than the writer applies each one.
 func TestPauseEveryReplicaSeesPause(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	on := countSubject(t, prefix)
 	var replicas []*Pause
 	for range 3 {
@@ -241,9 +240,9 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 // reconciles hourly, which got no event either, does not: the repair is the
 // reconciliation's.
 func TestPauseLostEventRepairedByReconcile(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	fast, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
 	slow, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 
@@ -268,9 +267,8 @@ func TestPauseLostEventRepairedByReconcile(t *testing.T) {
 // TestPauseOlderVersionNeverReverts delivers events out of order and a
 // reconcile read older than the snapshot: none moves the state back.
 func TestPauseOlderVersionNeverReverts(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	publish := publisher(t, prefix)
 
@@ -315,9 +313,8 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 // while events change it (run with -race): no Valkey command is sent and
 // Check allocates nothing.
 func TestPauseHotReadsSendNothing(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	publish := publisher(t, prefix)
 	before, _ := c.Totals()
@@ -370,10 +367,7 @@ func (c *fakeClocks) step(d, wall time.Duration) {
 // maximum age of the last confirmation: Check fails closed, paused or not,
 // until a reconcile succeeds again; failed reconciles are counted.
 func TestPauseStaleFailsClosed(t *testing.T) {
-	srv := testserver.Own(t)
-	if !srv.Owned {
-		t.Skip("stops the server; skipped on VALKEY_ADDR")
-	}
+	srv := testenv.Own(t)
 	prefix := "stale:" // a server of its own, stopped below: no cleanup needed
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
@@ -436,8 +430,8 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 // confirmation): the snapshot is stale, and Check fails closed. Measured
 // on the wall clock it would look fresh for another hour.
 func TestPauseStalenessIgnoresWallClock(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
 	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
@@ -466,9 +460,9 @@ func TestPauseStalenessIgnoresWallClock(t *testing.T) {
 // writes (maxmemory 1): SetPaused fails, the writer keeps its state, no
 // event reaches another replica, and nothing is stored.
 func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
-	srv := testserver.Own(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Own(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	config := func(v string) {
@@ -514,8 +508,8 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 // TestPauseCloseStopsAndJoins checks that after Close returns, the
 // reconciler sends nothing more, and that Close may be called twice.
 func TestPauseCloseStopsAndJoins(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: 5 * time.Millisecond})
 	if !testenv.WaitFor(func() bool { return p.Stats().Reconciles >= 3 }) {
 		t.Fatalf("stats %+v: the reconciler is not running", p.Stats())
@@ -558,9 +552,9 @@ func TestPauseEventEncoding(t *testing.T) {
 // count as confirmations, so that every replica fails closed once MaxAge
 // passes instead of sending on.
 func TestPauseLostKeysFailLoudly(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	cfg := Config{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
 	var replicas []*Pause
 	for range 3 {
@@ -599,8 +593,7 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 // TestMain stops the shared test server after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -611,9 +604,9 @@ func TestMain(m *testing.M) {
 // the reader's wall clocks are the test's (each stands still), so the
 // figures are exact: the reader's clock minus the writer's stamp.
 func TestPausePropagationMeasured(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	t0 := time.UnixMilli(time.Now().UnixMilli()) // the stamp has millisecond resolution
 	writerClock, readerClock := &fakeClocks{}, &fakeClocks{}
 	writerClock.wall.Store(t0.UnixNano())
@@ -695,9 +688,9 @@ func (c *afterExec) DoMulti(ctx context.Context, multi ...valkey.Completed) []va
 // version key: SetPaused succeeds, returns the version and publishes the
 // event, so that the other replicas learn it at once.
 func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	c := &afterExec{Client: raw}
 	writer := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
 	t.Cleanup(writer.Close)

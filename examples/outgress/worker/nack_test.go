@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 func TestRetryOrDrop(t *testing.T) {
@@ -125,10 +124,7 @@ func TestDenialBeyondLifetimeDropped(t *testing.T) {
 // TestValkeyDownIsRealError: with the server gone, the limiter's failure
 // is a dependency failure: reported and redelivered, not an expected nack.
 func TestValkeyDownIsRealError(t *testing.T) {
-	srv := testserver.Own(t)
-	if !srv.Owned {
-		t.Skip("stops the server; skipped on VALKEY_ADDR")
-	}
+	srv := testenv.Own(t)
 	e := newEnv(t, srv, withPrefix("down:"))
 	e.seed(t, "42", false)
 	if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil { // warms the channel cache

@@ -7,7 +7,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"testing"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -15,16 +14,16 @@ import (
 // commands each path sends: the plan's table, before and after, exactly.
 // It runs on a server of its own, so no other traffic is counted.
 func TestCommandsPerMessage(t *testing.T) {
-	srv := testserver.Own(t)
+	srv := testenv.Own(t)
 	e := newEnv(t, srv)
 	for _, id := range []string{"1", "2", "3", "4", "5"} {
 		e.seed(t, id, false)
 	}
-	start := testserver.CommandStats(t, e.raw)
+	start := testenv.CommandStats(t, e.raw)
 	// The Limiter's observer (metrics.ObserveLimiter) counts every call that
 	// reached the server: exactly the script runs the server counted.
 	defer func() {
-		end := testserver.CommandStats(t, e.raw)
+		end := testenv.CommandStats(t, e.raw)
 		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls
 		if got := e.metrics.ScriptRuns(); got != runs || runs == 0 {
 			t.Errorf("the observer counted %d script runs, the server %d", got, runs)
@@ -34,9 +33,9 @@ func TestCommandsPerMessage(t *testing.T) {
 	// with AllowOrdered (the legacy path's).
 	measure := func(t *testing.T, want map[string]int64, once bool, send func() (Path, error)) (Path, error) {
 		t.Helper()
-		before := testserver.CommandStats(t, e.raw)
+		before := testenv.CommandStats(t, e.raw)
 		path, err := send()
-		after := testserver.CommandStats(t, e.raw)
+		after := testenv.CommandStats(t, e.raw)
 		if diff := cmp.Diff(want, commandDelta(t, before, after, once)); diff != "" {
 			t.Errorf("commands (-want +got):\n%s", diff)
 		}
