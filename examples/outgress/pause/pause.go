@@ -219,6 +219,12 @@ type Pause struct {
 	lastErr                                                               atomic.Pointer[string]
 }
 
+// Keys is the pause state's keys under prefix: the flag, the version and
+// the time of the last change, in one cluster slot.
+func Keys(prefix string) []string {
+	return []string{prefix + "pause:{pause}:flag", prefix + "pause:{pause}:version", prefix + "pause:{pause}:changed"}
+}
+
 // New returns a Pause on c. It is not ready, and Check fails, until
 // Start has loaded the state.
 func New(c valkey.Client, cfg Config) *Pause {
@@ -233,9 +239,9 @@ func New(c valkey.Client, cfg Config) *Pause {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pause{
 		c:             c,
-		flagKey:       cfg.Prefix + "pause:{pause}:flag",
-		versionKey:    cfg.Prefix + "pause:{pause}:version",
-		changedKey:    cfg.Prefix + "pause:{pause}:changed",
+		flagKey:       Keys(cfg.Prefix)[0],
+		versionKey:    Keys(cfg.Prefix)[1],
+		changedKey:    Keys(cfg.Prefix)[2],
 		onPropagation: cfg.OnPropagation,
 		events:        cfg.Events,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,

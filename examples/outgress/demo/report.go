@@ -1,8 +1,8 @@
-package main
+package demo
 
 import (
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -29,16 +29,16 @@ type replicaReport struct {
 	mgmt  mgmt.Stats
 }
 
-// demoResult is everything a run measured.
-type demoResult struct {
-	cfg            demoConfig
+// Result is everything a run measured.
+type Result struct {
+	cfg            Config
 	where          string
 	helixURL       string
 	warmupCommands int64
 	rows           *worker.PathTable
 	oldShape       worker.PathTable
 	metrics        *metrics.Metrics
-	pauseLog       []demo.PauseChange
+	pauseLog       []PauseChange
 	status         mgmt.Status // the status request after the run
 	statusErr      error
 	natsWhere      string
@@ -49,7 +49,7 @@ type demoResult struct {
 	restartErr     error
 	restartedAt    time.Duration // when B's restart began, from the start
 	pausedMsgs     int           // the paused batch: published while every replica was paused
-	contract       []demo.ContractCase
+	contract       []ContractCase
 	elapsed        time.Duration
 	bus            bus.Stats // summed over every replica's connections
 	reported       int64
@@ -66,9 +66,9 @@ type demoResult struct {
 }
 
 // Print writes the report for a newcomer.
-func (r *demoResult) Print(out io.Writer) {
+func (r *Result) Print(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[limits.LaneStandard], laneWorkers[limits.LanePremium], laneWorkers[limits.LaneSystem])
+	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", fleetenv.LaneWorkers[limits.LaneStandard], fleetenv.LaneWorkers[limits.LanePremium], fleetenv.LaneWorkers[limits.LaneSystem])
 	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
 	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
 	fmt.Fprintf(out, "  NATS    %s\n", r.natsWhere)
@@ -126,7 +126,7 @@ func (r *demoResult) Print(out io.Writer) {
 		for i, d := range ev.Seen {
 			name := r.replicas[i].name
 			if d < 0 {
-				seen = append(seen, name+" not within "+demo.SeenWithin.String())
+				seen = append(seen, name+" not within "+SeenWithin.String())
 			} else {
 				how := "NATS event"
 				if name == ev.By {
@@ -304,7 +304,7 @@ func round(d time.Duration) time.Duration {
 // premiumSentence says what the run measured of the premium reserve: the
 // chat tokens the standard lane took from the shared limit against its
 // share's, and premium chat's admissions and refusals by the shared limit.
-func (r *demoResult) premiumSentence() []string {
+func (r *Result) premiumSentence() []string {
 	m := r.metrics
 	stdShare, stdShared := m.Tokens(limits.LaneStandard, limits.ClassStandard), m.Tokens(limits.LaneStandard, limits.ClassShared)
 	refused := m.Denied(limits.LanePremium, limits.ClassShared)

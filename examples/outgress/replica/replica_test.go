@@ -1,9 +1,10 @@
-package main
+package replica
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 )
 
 // TestWorkerReplicasServeMgmt runs two replicas of `outgress worker` on one
-// Valkey and one NATS, as the subcommand starts them (startWorker), and
+// Valkey and one NATS, as the subcommand starts them (Start), and
 // sends one set_paused request: exactly one replica executed it (its
 // counter 1, the other's 0, as the reply says), and both applied it (the
 // other by its event: each reconciles once an hour here). Then the pause
@@ -32,17 +33,17 @@ func TestWorkerReplicasServeMgmt(t *testing.T) {
 	defer stop()
 	raw := testenv.Client(t, srv.Addr)
 	run := fmt.Sprintf("%x", rand.Uint64())
-	cfg := workerConfig{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testenv.Prefix(t),
+	cfg := Config{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testenv.Prefix(t),
 		Subjects: "outgress-wtest-" + run, Stream: "OUTGRESS_WTEST_" + run,
 		Pause: pause.Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour}}
-	replicas := map[string]*workerReplica{}
+	replicas := map[string]*Replica{}
 	for _, name := range []string{"A", "B"} {
 		cfg.Name = name
-		r, err := startWorker(testenv.Ctx(t), cfg)
+		r, err := Start(testenv.Ctx(t), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.close()
+		defer r.Close()
 		replicas[name] = r
 	}
 	defer func() { // the stream the replicas set up
@@ -96,4 +97,12 @@ func TestWorkerReplicasServeMgmt(t *testing.T) {
 			t.Errorf("replica %s: snapshot %+v; want still paused at version 1 (no event, no reconcile)", name, snap)
 		}
 	}
+}
+
+// TestMain stops the shared test server and the embedded NATS server after
+// the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Stop()
+	os.Exit(code)
 }

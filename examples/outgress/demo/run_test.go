@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -33,14 +33,14 @@ func TestDemo(t *testing.T) {
 			// drain's bound is generous: it ends once every message is
 			// finished, at most 5 s (their lifetime) after the last is
 			// taken, which a loaded machine delays.
-			cfg := demoConfig{
+			cfg := Config{
 				Duration: 600 * time.Millisecond, Rate: 400, Channels: 20,
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
 				Drain: 30 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			res, err := runDemo(ctx, cfg)
+			res, err := Run(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +56,7 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-func checkDemo(t *testing.T, res *demoResult) {
+func checkDemo(t *testing.T, res *Result) {
 	t.Helper()
 	want := map[worker.Row]int64{
 		worker.RowStdWarm: 1, worker.RowStdCold: 2, worker.RowPremWarm: 1, worker.RowPremCold: 2,

@@ -1,4 +1,4 @@
-package main
+package rollout
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/admitkit/admit/examples/outgress/canary"
 	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
@@ -38,7 +39,7 @@ func TestRolloutDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*windowLimit) // a bound per window; each takes seconds
 	defer cancel()
 	var out strings.Builder
-	res, err := runRollout(ctx, 300, 300, &out)
+	res, err := Run(ctx, 300, 300, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -104,7 +105,7 @@ func TestCanaryGatesFail(t *testing.T) {
 	if err := f.deploy(f.baseline, 0, worker.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	srvCount := valkeyServer(f.admin)
+	srvCount := canary.ValkeyScriptRuns(f.admin)
 	seed := uint64(100)
 	// Each window is 300 messages, and more until each replica has
 	// admitted 40 warm messages on each of the standard and premium lanes:
@@ -116,7 +117,7 @@ func TestCanaryGatesFail(t *testing.T) {
 		t.Helper()
 		seed++
 		wc.Rate, wc.Messages, wc.MinWarm, wc.Seed, wc.Server = 300, 300, 40, seed, srvCount
-		wc.Bounds.InFlight, wc.Bounds.MaxAge = 2*fleetWorkers(), 10*time.Second // the canary fails closed at 10 s
+		wc.Bounds.InFlight, wc.Bounds.MaxAge = 2*fleetenv.Workers(), 10*time.Second // the canary fails closed at 10 s
 		res, err := f.window(ctx, wc)
 		if err != nil {
 			t.Fatal(err)
@@ -204,4 +205,12 @@ func TestCanaryGatesFail(t *testing.T) {
 		gate(t, rep, canary.GatePropagation, false)
 		measured(rep)
 	})
+}
+
+// TestMain stops the shared test server and the embedded NATS server after
+// the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Stop()
+	os.Exit(code)
 }

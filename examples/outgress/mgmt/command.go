@@ -1,0 +1,58 @@
+package mgmt
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
+	"github.com/nats-io/nats.go"
+)
+
+// Command is `outgress mgmt pause|resume|status`: one management request
+// to the fleet, answered by one replica. It returns the exit code: 1 when
+// the request fails, 2 on bad usage.
+func Command(args []string) int {
+	fs := flag.NewFlagSet("mgmt", flag.ContinueOnError)
+	ff := fleetenv.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	_, natsURL, err := fleetenv.Env(false)
+	if err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] pause|resume|status")
+		return 2
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("outgress-mgmt"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
+		return 1
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := Config{Prefix: *ff.Subjects + ".mgmt"}
+	switch cmd := fs.Arg(0); cmd {
+	case "pause", "resume":
+		r, err := SetPaused(ctx, nc, cfg, cmd == "pause")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
+			return 1
+		}
+		fmt.Printf("%sd by replica %s: version %d\n", cmd, r.Replica, r.Version)
+	case "status":
+		s, err := SystemStatus(ctx, nc, cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
+			return 1
+		}
+		fmt.Printf("Valkey: paused %v, version %d (read for this request by replica %s); its snapshot: paused %v, version %d, %.1f s old\n",
+			s.Paused, s.Version, s.Replica, s.Snapshot.Paused, s.Snapshot.Version, s.Snapshot.AgeSec)
+	default:
+		fmt.Fprintf(os.Stderr, "outgress mgmt: unknown request %q; want pause, resume or status\n", cmd)
+		return 2
+	}
+	return 0
+}
