@@ -70,21 +70,7 @@ func TestChannelCacheUnknownChannel(t *testing.T) {
 // until 15 more callers wait for the same channel: all 16 get it from one
 // command.
 func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
-	srv := testenv.Shared(t)
-	raw := testenv.Client(t, srv.Addr)
-	prefix := testenv.Prefix(t)
-	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var loads atomic.Int64
-	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
-		if testenv.IsCommand(cmd, "HGETALL") {
-			loads.Add(1)
-			<-release
-		}
-	}}
-	cc := New(c, Config{Prefix: prefix})
+	cc, loads, release := heldLoads(t, "7", "seven")
 
 	const callers = 16
 	var wg sync.WaitGroup
@@ -143,21 +129,7 @@ func TestChannelCacheBounded(t *testing.T) {
 // load belongs to no caller: the first gets its own cancellation, the two
 // others get the channel, from the one HGETALL.
 func TestChannelCacheFirstCallerCancelled(t *testing.T) {
-	srv := testenv.Shared(t)
-	raw := testenv.Client(t, srv.Addr)
-	prefix := testenv.Prefix(t)
-	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var loads atomic.Int64
-	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
-		if testenv.IsCommand(cmd, "HGETALL") {
-			loads.Add(1)
-			<-release
-		}
-	}}
-	cc := New(c, Config{Prefix: prefix})
+	cc, loads, release := heldLoads(t, "8", "eight")
 
 	firstCtx, cancelFirst := context.WithCancel(testenv.Ctx(t))
 	firstErr := make(chan error, 1)
@@ -205,6 +177,24 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 	if _, use, err := cc.Get(testenv.Ctx(t), "8"); err != nil || use != CacheHit {
 		t.Errorf("after the load: %v, %v; want a hit (the detached load was cached)", use, err)
 	}
+}
+
+// heldLoads stores channel id with login, and returns a cache whose
+// HGETALLs are counted in loads and held until release is closed.
+func heldLoads(t *testing.T, id, login string) (_ *Cache, loads *atomic.Int64, release chan struct{}) {
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	prefix := testenv.Prefix(t)
+	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, id)).FieldValue().FieldValue("login", login).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	loads, release = new(atomic.Int64), make(chan struct{})
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "HGETALL") {
+			loads.Add(1)
+			<-release
+		}
+	}}
+	return New(c, Config{Prefix: prefix}), loads, release
 }
 
 // TestMain stops the shared test server after the last test.

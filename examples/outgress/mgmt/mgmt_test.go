@@ -1,7 +1,6 @@
 package mgmt
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -31,21 +30,6 @@ type replica struct {
 	drop  atomic.Bool
 }
 
-// droppingEvents passes pause events through unless drop is set: a replica
-// that loses its events.
-type droppingEvents struct {
-	pause.Events
-	drop *atomic.Bool
-}
-
-func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
-	d.Events.Listen(ctx, subscribed, func(m string) {
-		if !d.drop.Load() {
-			deliver(m)
-		}
-	})
-}
-
 // startReplica starts a replica's pause snapshot and management server on
 // one NATS connection of its own, as a worker does (its pause events on the
 // subject of prefix's replicas; lost when dropEvents is set).
@@ -53,7 +37,7 @@ func startReplica(t *testing.T, srv *testenv.Server, prefix, name string, cfg Co
 	t.Helper()
 	r := &replica{name: name, nc: testenv.NATSConn(t)}
 	r.drop.Store(dropEvents)
-	events := droppingEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, drop: &r.drop}
+	events := pause.LossyEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, Drop: &r.drop}
 	r.pause = pause.New(testenv.Client(t, srv.Addr), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
 	t.Cleanup(r.pause.Close)
 	if err := r.pause.Start(testenv.Ctx(t)); err != nil {

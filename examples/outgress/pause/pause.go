@@ -219,6 +219,23 @@ type Pause struct {
 	lastErr                                                               atomic.Pointer[string]
 }
 
+// LossyEvents passes Events' events through unless Drop is set: a replica
+// that loses its pause events, for tests and fault drills (it learns of a
+// change only at its next reconcile).
+type LossyEvents struct {
+	Events
+	Drop *atomic.Bool
+}
+
+// Listen implements Events.
+func (d LossyEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	d.Events.Listen(ctx, subscribed, func(m string) {
+		if !d.Drop.Load() {
+			deliver(m)
+		}
+	})
+}
+
 // Keys is the pause state's keys under prefix: the flag, the version and
 // the time of the last change, in one cluster slot.
 func Keys(prefix string) []string {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
@@ -25,12 +25,7 @@ import (
 // it.
 func TestWorkerReplicasServeMgmt(t *testing.T) {
 	srv := testenv.Shared(t)
-	t.Setenv("VALKEY_ADDR", srv.Addr)
-	dial, _, stop, err := demo.Valkey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	dial := fleetenv.DialAddr(srv.Addr)
 	raw := testenv.Client(t, srv.Addr)
 	run := fmt.Sprintf("%x", rand.Uint64())
 	cfg := Config{Dial: dial, NATSURL: testenv.NATSURL(t), Prefix: testenv.Prefix(t),

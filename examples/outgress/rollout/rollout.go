@@ -46,21 +46,6 @@ type fleetReplica struct {
 	drop     atomic.Bool // pause events dropped
 }
 
-// droppingEvents passes pause events through unless drop is set: a replica
-// that loses its events (the canary of the propagation gate's test).
-type droppingEvents struct {
-	pause.Events
-	drop *atomic.Bool
-}
-
-func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
-	d.Events.Listen(ctx, subscribed, func(m string) {
-		if !d.drop.Load() {
-			deliver(m)
-		}
-	})
-}
-
 // fleet is a baseline and a canary replica on one Valkey and one bus.
 type fleet struct {
 	cfg       fleetConfig
@@ -171,7 +156,7 @@ func (f *fleet) startReplica(ctx context.Context, name string) (*fleetReplica, e
 		r.drop.Store(f.cfg.CanaryLosesEvents)
 	}
 	pcfg.Prefix, pcfg.OnPropagation = f.cfg.Prefix, r.met.PausePropagation
-	pcfg.Events = droppingEvents{Events: &pause.NATSEvents{Conn: r.events, Subject: f.subject}, drop: &r.drop}
+	pcfg.Events = pause.LossyEvents{Events: &pause.NATSEvents{Conn: r.events, Subject: f.subject}, Drop: &r.drop}
 	r.pause = pause.New(r.client, pcfg)
 	if err := r.met.RegisterPause(name, r.pause); err != nil {
 		return r, err

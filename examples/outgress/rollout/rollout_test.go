@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/canary"
-	"github.com/admitkit/admit/examples/outgress/demo"
 	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
@@ -84,12 +83,7 @@ func TestRolloutDemo(t *testing.T) {
 // delays further.
 func TestCanaryGatesFail(t *testing.T) {
 	srv := testenv.Shared(t)
-	t.Setenv("VALKEY_ADDR", srv.Addr)
-	dial, _, stop, err := demo.Valkey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	dial := fleetenv.DialAddr(srv.Addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*windowLimit) // six windows, each bounded
 	defer cancel()
 	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: testenv.NATSURL(t),
