@@ -303,8 +303,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		}
 	}
+	var version int64 // the operator's view: each edit is made against the version it last saw
 	set := func(ctx context.Context, paused bool) (int64, string, error) {
-		r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused)
+		r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused, version)
+		if err == nil {
+			version = r.Version
+		}
 		return r.Version, r.Replica, err
 	}
 	publishTo(count(cfg.PauseAt))

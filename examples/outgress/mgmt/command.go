@@ -17,12 +17,14 @@ import (
 func Command(args []string) int {
 	fs := flag.NewFlagSet("mgmt", flag.ContinueOnError)
 	ff := fleetenv.AddFlags(fs)
+	against := fs.Int64("version", -1, "pause|resume: the `version` the edit is made against (a status request's); "+
+		"refused, writing nothing, if the fleet has moved past it. Default: the version a status request reads just before")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	_, natsURL, err := fleetenv.Env(false)
 	if err != nil || fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] pause|resume|status")
+		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] [-version N] pause|resume|status")
 		return 2
 	}
 	nc, err := nats.Connect(natsURL, nats.Name("outgress-mgmt"))
@@ -36,12 +38,21 @@ func Command(args []string) int {
 	cfg := Config{Prefix: *ff.Subjects + ".mgmt"}
 	switch cmd := fs.Arg(0); cmd {
 	case "pause", "resume":
-		r, err := SetPaused(ctx, nc, cfg, cmd == "pause")
+		expected := *against
+		if expected < 0 {
+			s, err := SystemStatus(ctx, nc, cfg)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
+				return 1
+			}
+			expected = s.Version
+		}
+		r, err := SetPaused(ctx, nc, cfg, cmd == "pause", expected)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
 			return 1
 		}
-		fmt.Printf("%sd by replica %s: version %d\n", cmd, r.Replica, r.Version)
+		fmt.Printf("%sd by replica %s: version %d (the edit was made against version %d)\n", cmd, r.Replica, r.Version, expected)
 	case "status":
 		s, err := SystemStatus(ctx, nc, cfg)
 		if err != nil {

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +49,9 @@ type SetPausedReply struct {
 	Replica string `json:"replica"` // the one that executed it
 	Version int64  `json:"version"`
 	Error   string `json:"error,omitempty"`
+	// Conflict is set when the edit was made against a version Valkey no
+	// longer holds (pause.ErrVersionConflict): nothing was written.
+	Conflict bool `json:"conflict,omitempty"`
 }
 
 // Status is the answer to a status request.
@@ -106,17 +111,20 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, 
 	srv.set, err = nc.QueueSubscribe(cfg.Prefix+".set_paused", cfg.Queue, func(m *nats.Msg) {
 		srv.executed.Add(1)
 		r := SetPausedReply{Replica: replica}
-		switch string(m.Data) {
-		case "1", "0":
+		flag, against, _ := strings.Cut(string(m.Data), ":")
+		expected, perr := strconv.ParseInt(against, 10, 64)
+		switch {
+		case (flag == "1" || flag == "0") && perr == nil && expected >= 0:
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-			v, err := p.SetPaused(ctx, string(m.Data) == "1")
+			v, err := p.SetPaused(ctx, flag == "1", expected)
 			cancel()
 			r.Version = v
 			if err != nil {
 				r.Error = err.Error()
+				r.Conflict = errors.Is(err, pause.ErrVersionConflict)
 			}
 		default:
-			r.Error = fmt.Sprintf("set_paused wants \"1\" (pause) or \"0\" (resume), got %q", m.Data)
+			r.Error = fmt.Sprintf("set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, got %q", m.Data)
 		}
 		if r.Error != "" {
 			srv.failed.Add(1)
@@ -153,16 +161,22 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, 
 	return srv, nil
 }
 
-// SetPaused asks the fleet to pause (or resume): one replica executes it.
-func SetPaused(ctx context.Context, nc *nats.Conn, cfg Config, paused bool) (SetPausedReply, error) {
+// SetPaused asks the fleet to pause (or resume), an edit made against
+// version expected (a status request's Version): one replica executes it.
+// If Valkey holds another version, nothing is written and the error wraps
+// pause.ErrVersionConflict, naming both.
+func SetPaused(ctx context.Context, nc *nats.Conn, cfg Config, paused bool, expected int64) (SetPausedReply, error) {
 	cfg = cfg.withDefaults()
-	data := []byte("0")
+	data := []byte("0:" + strconv.FormatInt(expected, 10))
 	if paused {
-		data = []byte("1")
+		data[0] = '1'
 	}
 	var r SetPausedReply
 	if err := request(ctx, nc, cfg.Prefix+".set_paused", data, &r); err != nil {
 		return r, err
+	}
+	if r.Conflict {
+		return r, fmt.Errorf("%w (set_paused on replica %s): %s", pause.ErrVersionConflict, r.Replica, r.Error)
 	}
 	if r.Error != "" {
 		return r, errors.New("outgress: set_paused on replica " + r.Replica + ": " + r.Error)

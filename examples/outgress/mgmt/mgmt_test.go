@@ -1,9 +1,12 @@
 package mgmt
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,7 +68,7 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	operator := testenv.NATSConn(t)
 	by := map[string]int64{}
 	for i := range 10 {
-		r, err := SetPaused(testenv.Ctx(t), operator, cfg, i%2 == 0)
+		r, err := SetPaused(testenv.Ctx(t), operator, cfg, i%2 == 0, int64(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +88,7 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 			t.Errorf("replica %s: snapshot %+v, want resumed at version 10", r.name, s)
 		}
 	}
-	if _, err := SetPaused(testenv.Ctx(t), operator, cfg, true); err != nil {
+	if _, err := SetPaused(testenv.Ctx(t), operator, cfg, true, 10); err != nil {
 		t.Fatal(err)
 	}
 	if s, err := SystemStatus(testenv.Ctx(t), operator, cfg); err != nil || !s.Paused || s.Version != 11 {
@@ -96,22 +99,28 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	}
 }
 
-// TestSetPausedMalformed: a request that is neither "1" nor "0" is refused
-// by the one replica that takes it, and changes nothing.
+// TestSetPausedMalformed: a request that is not "1:N" or "0:N" (N a
+// version) is refused by the one replica that takes it, and changes
+// nothing.
 func TestSetPausedMalformed(t *testing.T) {
 	srv := testenv.Shared(t)
 	prefix := testenv.Prefix(t)
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
-	m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte("yes"))
-	if err != nil {
-		t.Fatal(err)
+	bad := []string{"yes", "1", "0:", "1:-1", "2:0", "1:x", ":0"}
+	for _, data := range bad {
+		m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `{"replica":"A","version":0,"error":"set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, got ` +
+			strconv.Quote(strconv.Quote(data))[1:len(strconv.Quote(strconv.Quote(data)))-1] + `"}`
+		if string(m.Data) != want {
+			t.Errorf("reply %s, want %s", m.Data, want)
+		}
 	}
-	if want := `{"replica":"A","version":0,"error":"set_paused wants \"1\" (pause) or \"0\" (resume), got \"yes\""}`; string(m.Data) != want {
-		t.Errorf("reply %s, want %s", m.Data, want)
-	}
-	if st := a.srv.Stats(); st.SetPaused != 1 || st.SetPausedFailed != 1 {
-		t.Errorf("stats %+v, want 1 request, failed", st)
+	if st := a.srv.Stats(); st.SetPaused != int64(len(bad)) || st.SetPausedFailed != int64(len(bad)) {
+		t.Errorf("stats %+v, want %d requests, all failed", st, len(bad))
 	}
 	if s, _ := a.pause.Snapshot(); s.Version != 0 {
 		t.Errorf("snapshot %+v, want version 0: nothing changed", s)
@@ -127,7 +136,7 @@ func TestStatusIsStrong(t *testing.T) {
 	writer := startReplica(t, srv, prefix, "writer", Config{Prefix: subjects()}, time.Hour, false)
 	cfg := Config{Prefix: subjects()}
 	stale := startReplica(t, srv, prefix, "stale", cfg, time.Hour, true)
-	if _, err := writer.pause.SetPaused(testenv.Ctx(t), true); err != nil {
+	if _, err := writer.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	s, err := SystemStatus(testenv.Ctx(t), stale.nc, cfg)
@@ -136,5 +145,31 @@ func TestStatusIsStrong(t *testing.T) {
 	}
 	if s.Replica != "stale" || !s.Paused || s.Version != 1 || s.Snapshot.Paused || s.Snapshot.Version != 0 {
 		t.Errorf("status %+v; want the stale replica answering paused at version 1 from Valkey, its snapshot still resumed at 0", s)
+	}
+}
+
+// TestSetPausedConflict: two operators read status (version 0); the
+// first's pause is executed; the second's resume, made against version 0,
+// is refused with pause.ErrVersionConflict naming both versions, and
+// nothing changes: the fleet stays paused at version 1.
+func TestSetPausedConflict(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	cfg := Config{Prefix: subjects()}
+	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
+	operator := testenv.NATSConn(t)
+	s, err := SystemStatus(testenv.Ctx(t), operator, cfg)
+	if err != nil || s.Version != 0 {
+		t.Fatalf("status %+v, %v; want version 0", s, err)
+	}
+	if r, err := SetPaused(testenv.Ctx(t), operator, cfg, true, s.Version); err != nil || r.Version != 1 {
+		t.Fatalf("first operator: %+v, %v; want version 1", r, err)
+	}
+	r, err := SetPaused(testenv.Ctx(t), operator, cfg, false, s.Version)
+	if !errors.Is(err, pause.ErrVersionConflict) || !r.Conflict || !strings.Contains(err.Error(), "made against version 0, Valkey holds version 1 (paused)") {
+		t.Fatalf("second operator: %+v, %v; want ErrVersionConflict naming versions 0 and 1", r, err)
+	}
+	if paused, v, err := a.pause.Stored(testenv.Ctx(t)); err != nil || !paused || v != 1 {
+		t.Errorf("stored: paused %v at version %d, %v; want paused at version 1", paused, v, err)
 	}
 }

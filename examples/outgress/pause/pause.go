@@ -39,6 +39,11 @@ var (
 	// ErrNoEvents is returned by Start when the Config names no transport
 	// for pause events (neither NATS nor Events).
 	ErrNoEvents = errors.New("outgress: pause events have no transport: set pause.Config.NATS to the worker's NATS connection (the bus's), or Config.Events")
+	// ErrVersionConflict is returned (wrapped) by SetPaused when the edit
+	// was made against a version that Valkey no longer holds: another
+	// writer changed the state since the caller read it. Nothing is
+	// written; the error names both versions.
+	ErrVersionConflict = errors.New("outgress: pause edit made against an old version")
 	// ErrOvertaken is returned (wrapped) by SetPaused when another writer's
 	// change landed after this one, before this replica could apply its
 	// own: the fleet follows the other writer's state, which the error
@@ -301,6 +306,21 @@ func (p *Pause) Start(ctx context.Context) error {
 	return nil
 }
 
+// setScript is SetPaused's compare-and-swap: KEYS flag, version, changed;
+// ARGV the expected version, "1" (pause) or "0" (resume), the writer's
+// wall time in Unix ms. It reads before it writes, so an edit against
+// another version writes nothing. It returns {1, new version, 0} when it
+// wrote, {0, the version held, 1 if paused} when it did not.
+var setScript = valkey.NewLuaScript(`
+local held = tonumber(redis.call('GET', KEYS[2]) or '0')
+if not held then return redis.error_reply('pause version is not a counter') end
+if held ~= tonumber(ARGV[1]) then return {0, held, redis.call('EXISTS', KEYS[1])} end
+if ARGV[2] == '1' then redis.call('SET', KEYS[1], '1') else redis.call('DEL', KEYS[1]) end
+local v = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[3], ARGV[3])
+return {1, v, 0}
+`)
+
 // FlagKey is the key of the stored pause flag ("1" when paused).
 func (p *Pause) FlagKey() string { return p.flagKey }
 
@@ -388,58 +408,62 @@ func (p *Pause) Stats() Stats {
 	return s
 }
 
-// SetPaused stores the new state and a new version in one MULTI/EXEC, then
-// updates this replica and publishes the event. It returns the new version.
+// SetPaused stores the new state and a new version, if Valkey still holds
+// version expected (the version the caller's view was read at: Snapshot,
+// Stored, or a status request; 0 before the first write), in one script
+// run; then it updates this replica and publishes the event. It returns the
+// new version. An edit against any other version writes nothing and
+// returns an error wrapping ErrVersionConflict that names both versions:
+// of two writers racing from one view, one wins and the other fails loudly.
 //
 // If the write fails, nothing is applied or published. If ctx ends with the
-// transaction in flight, it may or may not have run: SetPaused reports the
+// script in flight, it may or may not have run: SetPaused reports the
 // error, applies and publishes nothing, and reconciliation converges every
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
 //
 // This replica's own reconcile may read the write back between the
-// transaction and the rest of SetPaused (a loaded machine delays the
-// caller): a snapshot of the version written, in the state written,
-// confirmed after the transaction was sent, is this write, and SetPaused
-// goes on to publish it. Otherwise, if the version written is not newer
-// than the one this replica holds, Valkey has lost the version key (or a
-// concurrent write overtook this one): no replica would apply it.
-// SetPaused then applies and publishes nothing and returns an error
-// wrapping ErrOvertaken when Valkey's version has moved past this write's
-// since (another writer won the race: the fleet follows it), or
-// ErrVersionBehind when it has not. In that second case the
-// replicas' reconciles read an older version, which confirms nothing, so
-// the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
-// operator sets the version key above the replicas' (the error names the
-// key and the version) or restarts them.
-func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
-	b := p.c.B()
-	write := b.Del().Key(p.flagKey).Build()
+// script and the rest of SetPaused (a loaded machine delays the caller): a
+// snapshot of the version written, in the state written, confirmed after
+// the script was sent, is this write, and SetPaused goes on to publish it.
+// Otherwise, if the version written is not newer than the one this replica
+// holds, Valkey has lost the version key (or a later write overtook this
+// one): no replica would apply it. SetPaused then applies and publishes
+// nothing and returns an error wrapping ErrOvertaken when Valkey's version
+// has moved past this write's since (another writer won the race: the
+// fleet follows it), or ErrVersionBehind when it has not. In that second
+// case the replicas' reconciles read an older version, which confirms
+// nothing, so the whole fleet fails closed (ErrPauseStale) once MaxAge
+// passes, until an operator sets the version key above the replicas' (the
+// error names the key and the version) or restarts them.
+func (p *Pause) SetPaused(ctx context.Context, paused bool, expected int64) (int64, error) {
+	flag := "0"
 	if paused {
-		write = b.Set().Key(p.flagKey).Value("1").Build()
+		flag = "1"
 	}
-	stamp := b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build()
 	sent := p.elapsed()
-	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), stamp, b.Exec().Build())
-	for _, r := range res[:4] {
-		if err := r.Error(); err != nil {
-			return 0, fmt.Errorf("outgress: pause not changed: %w", err)
-		}
-	}
-	replies, err := res[4].ToArray()
+	reply, err := setScript.Exec(ctx, p.c, []string{p.flagKey, p.versionKey, p.changedKey},
+		[]string{strconv.FormatInt(expected, 10), flag, strconv.FormatInt(p.now().UnixMilli(), 10)}).ToArray()
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
 	}
-	if len(replies) != 3 {
-		return 0, fmt.Errorf("outgress: pause transaction: want 3 replies, got %d", len(replies))
+	if len(reply) != 3 {
+		return 0, fmt.Errorf("outgress: pause script: want 3 replies, got %d", len(reply))
 	}
-	if err := replies[0].Error(); err != nil {
-		return 0, fmt.Errorf("outgress: pause write failed: %w", err)
-	}
-	version, err := replies[1].AsInt64()
+	written, _ := reply[0].AsInt64()
+	version, err := reply[1].AsInt64()
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
+	if written != 1 {
+		state := "resumed"
+		if n, _ := reply[2].AsInt64(); n == 1 {
+			state = "paused"
+		}
+		return 0, fmt.Errorf("%w: this edit was made against version %d, Valkey holds version %d (%s); nothing written: "+
+			"read the state again (mgmt status) and repeat the edit against version %d if it still stands", ErrVersionConflict, expected, version, state, version)
+	}
+	b := p.c.B()
 	if held, ok := p.confirm(paused, version, &sent); !ok {
 		// Either another writer's change overtook this one (Valkey's
 		// version has moved past ours), or Valkey lost the keys (it has not).

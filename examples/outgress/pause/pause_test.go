@@ -3,6 +3,7 @@ package pause
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/nats-io/nats.go"
@@ -179,7 +180,7 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 		replicas = append(replicas, p)
 	}
-	for _, paused := range []bool{true, false} {
+	for i, paused := range []bool{true, false} {
 		ctx := testenv.Ctx(t)
 		if !paused {
 			// A context without a deadline, as a command's: the event's
@@ -188,7 +189,7 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 			// ErrNotPublished).
 			ctx = context.Background()
 		}
-		version, err := replicas[0].SetPaused(ctx, paused)
+		version, err := replicas[0].SetPaused(ctx, paused, int64(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,7 +403,7 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 
 	// Valkey goes away: reconciles fail and are counted, and the snapshot
 	// ages into failing closed, paused or not.
-	if _, err := p.SetPaused(testenv.Ctx(t), true); err != nil { // confirmed at +4s
+	if _, err := p.SetPaused(testenv.Ctx(t), true, 0); err != nil { // confirmed at +4s
 		t.Fatal(err)
 	}
 	srv.Stop()
@@ -477,7 +478,7 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 	}
 
 	config("1")
-	if v, err := writer.SetPaused(testenv.Ctx(t), true); err == nil {
+	if v, err := writer.SetPaused(testenv.Ctx(t), true, 0); err == nil {
 		config(orig["maxmemory"])
 		t.Fatalf("SetPaused succeeded (version %d) on a server refusing writes", v)
 	}
@@ -561,8 +562,8 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 		p, _ := replicaPause(t, srv, prefix, cfg)
 		replicas = append(replicas, p)
 	}
-	for _, paused := range []bool{true, false} {
-		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused); err != nil {
+	for i, paused := range []bool{true, false} {
+		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused, int64(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -575,7 +576,8 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 	if err := raw.Do(testenv.Ctx(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	v, err := replicas[0].SetPaused(testenv.Ctx(t), true)
+	// An edit against the version Valkey holds now (0: the keys are gone).
+	v, err := replicas[0].SetPaused(testenv.Ctx(t), true, 0)
 	if !errors.Is(err, ErrVersionBehind) {
 		t.Errorf("SetPaused(true) after the keys were lost: version %d, %v; want ErrVersionBehind", v, err)
 	}
@@ -612,7 +614,7 @@ func TestPausePropagationMeasured(t *testing.T) {
 	writerClock.wall.Store(t0.UnixNano())
 	readerClock.wall.Store(t0.Add(250 * time.Millisecond).UnixNano()) // the reader's clock is 250 ms ahead of the writer's
 	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, Now: writerClock.now})
-	if _, err := writer.SetPaused(testenv.Ctx(t), false); err != nil { // a change before the reader starts
+	if _, err := writer.SetPaused(testenv.Ctx(t), false, 0); err != nil { // a change before the reader starts
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -627,7 +629,7 @@ func TestPausePropagationMeasured(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(seen)
 	}
-	v, err := writer.SetPaused(testenv.Ctx(t), true)
+	v, err := writer.SetPaused(testenv.Ctx(t), true, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -666,23 +668,24 @@ func TestPausePropagationMeasured(t *testing.T) {
 	}
 }
 
-// afterExec runs a hook after each DoMulti (SetPaused's MULTI/EXEC) has
-// its replies, before they are returned.
+// afterExec runs a hook after each script call (SetPaused's write) has
+// its reply, before it is returned.
 type afterExec struct {
 	valkey.Client
 	hook func()
 }
 
-func (c *afterExec) DoMulti(ctx context.Context, multi ...valkey.Completed) []valkey.ValkeyResult {
-	res := c.Client.DoMulti(ctx, multi...)
-	if c.hook != nil {
+func (c *afterExec) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	script := testenv.IsCommand(cmd, "EVALSHA") || testenv.IsCommand(cmd, "EVAL") // before Do, which recycles cmd
+	res := c.Client.Do(ctx, cmd)
+	if c.hook != nil && script && res.Error() == nil {
 		c.hook()
 	}
 	return res
 }
 
 // TestPauseWriteReadBackByOwnReconcile: the writer's own reconcile runs
-// between its MULTI/EXEC and the rest of SetPaused, and reads the version
+// between its write and the rest of SetPaused, and reads the version
 // just written (on a loaded machine, a reconcile that was due does). The
 // snapshot then holds that version already; it is this write, not a lost
 // version key: SetPaused succeeds, returns the version and publishes the
@@ -705,7 +708,7 @@ func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
 		}
 	}
 	for i, paused := range []bool{true, false} {
-		v, err := writer.SetPaused(testenv.Ctx(t), paused)
+		v, err := writer.SetPaused(testenv.Ctx(t), paused, int64(i))
 		if err != nil || v != int64(i+1) {
 			t.Fatalf("SetPaused(%v) with its write read back first: version %d, %v; want version %d, nil", paused, v, err, i+1)
 		}
@@ -722,5 +725,133 @@ func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
 	}
 	if st := writer.Stats(); st.ServerBehind != 0 {
 		t.Errorf("writer stats %+v: its own write counted as behind", st)
+	}
+}
+
+// TestPauseRacingWritersOneWins: two writers, on clients of their own,
+// edit from one view (the same version) at once, 50 times: each time
+// exactly one writes, the other is refused with ErrVersionConflict naming
+// the version it was made against and the one Valkey holds, and writes
+// nothing (the version counts only the winners' edits).
+func TestPauseRacingWritersOneWins(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	a, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	b, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	const rounds = 50
+	for i := range int64(rounds) {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		var versions [2]int64
+		var errs [2]error
+		for w, p := range []*Pause{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				versions[w], errs[w] = p.SetPaused(testenv.Ctx(t), w == 0, i) // a pauses, b resumes
+			}()
+		}
+		close(start)
+		wg.Wait()
+		won, lost := 0, 1
+		if errs[0] != nil {
+			won, lost = 1, 0
+		}
+		want := fmt.Sprintf("made against version %d, Valkey holds version %d", i, i+1)
+		if errs[won] != nil || versions[won] != i+1 || !errors.Is(errs[lost], ErrVersionConflict) || versions[lost] != 0 ||
+			!strings.Contains(errs[lost].Error(), want) {
+			t.Fatalf("round %d: writer a: version %d, %v; writer b: version %d, %v; want one at version %d, the other ErrVersionConflict %q",
+				i, versions[0], errs[0], versions[1], errs[1], i+1, want)
+		}
+		if paused, v, err := a.Stored(testenv.Ctx(t)); err != nil || v != i+1 || paused != (won == 0) {
+			t.Fatalf("round %d: stored paused %v at version %d, %v; want the winner's state at version %d", i, paused, v, err, i+1)
+		}
+	}
+}
+
+// TestPauseStartWithoutEvents: a Pause with no event transport refuses to
+// start with ErrNoEvents, and stays not ready.
+func TestPauseStartWithoutEvents(t *testing.T) {
+	p := New(testenv.Client(t, testenv.Shared(t).Addr), Config{Prefix: testenv.Prefix(t)})
+	t.Cleanup(p.Close)
+	if err := p.Start(testenv.Ctx(t)); !errors.Is(err, ErrNoEvents) {
+		t.Errorf("Start without NATS or Events: %v, want ErrNoEvents", err)
+	}
+	if err := p.Check(); err != ErrPauseNotReady {
+		t.Errorf("Check: %v, want ErrPauseNotReady", err)
+	}
+}
+
+// failingPublish is an Events whose Publish fails; Listen works.
+type failingPublish struct{ Events }
+
+func (failingPublish) Publish(context.Context, string) error { return errors.New("NATS is away") }
+
+// TestPauseStoredNotPublished: when the event cannot be published,
+// SetPaused returns the version it stored with an error wrapping
+// ErrNotPublished; the writer holds it, and another replica, which got no
+// event, learns it at its next reconcile.
+func TestPauseStoredNotPublished(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour,
+		Events: failingPublish{&NATSEvents{Conn: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)}}})
+	other, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	v, err := writer.SetPaused(testenv.Ctx(t), true, 0)
+	if !errors.Is(err, ErrNotPublished) || v != 1 {
+		t.Fatalf("SetPaused: version %d, %v; want version 1 with ErrNotPublished", v, err)
+	}
+	if s := snapshotOf(t, writer); !s.Paused || s.Version != 1 {
+		t.Errorf("writer: %+v, want paused at version 1", s)
+	}
+	if !testenv.WaitFor(func() bool { return other.Check() == ErrPaused }) {
+		t.Errorf("other replica: %v, %+v; want paused by its reconcile", other.Check(), other.Stats())
+	}
+	if st := other.Stats(); st.EventsApplied != 0 {
+		t.Errorf("other replica applied %d events; none was published", st.EventsApplied)
+	}
+}
+
+// TestPauseOvertakenByLaterWrite: between writer a's write (version 1)
+// and the rest of its SetPaused, writer b writes version 2 against it, and
+// a applies b's event: a's own version is behind what it holds. a's
+// SetPaused then fails with ErrOvertaken naming both versions, publishes
+// nothing, and every replica follows b.
+func TestPauseOvertakenByLaterWrite(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	c := &afterExec{Client: testenv.Client(t, srv.Addr)}
+	a := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
+	t.Cleanup(a.Close)
+	if err := a.Start(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	events := countSubject(t, prefix)
+	c.hook = func() {
+		c.hook = nil
+		if v, err := b.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+			t.Errorf("b's write: version %d, %v; want 2", v, err)
+		}
+		if !testenv.WaitFor(func() bool { return snapshotOf(t, a).Version == 2 }) {
+			t.Errorf("a never applied b's event: %+v", snapshotOf(t, a))
+		}
+	}
+	v, err := a.SetPaused(testenv.Ctx(t), true, 0)
+	if !errors.Is(err, ErrOvertaken) || v != 1 || !strings.Contains(err.Error(), "this call wrote version 1, another writer then wrote version 2 (resumed)") {
+		t.Fatalf("a's SetPaused: version %d, %v; want version 1 with ErrOvertaken naming versions 1 and 2", v, err)
+	}
+	publisher(t, prefix)("marker") // after anything a published
+	if !testenv.WaitFor(func() bool { return slices.Contains(events.got(), "marker") }) {
+		t.Fatal("the marker never arrived")
+	}
+	if got := events.got(); !slices.Equal(got, []string{"0:2", "marker"}) {
+		t.Errorf("events %q, want only b's (0:2), then the marker", got)
+	}
+	for name, p := range map[string]*Pause{"a": a, "b": b} {
+		if s := snapshotOf(t, p); s.Paused || s.Version != 2 {
+			t.Errorf("%s: %+v, want resumed at version 2 (b's)", name, s)
+		}
 	}
 }

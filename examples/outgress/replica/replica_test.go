@@ -47,7 +47,7 @@ func TestWorkerReplicasServeMgmt(t *testing.T) {
 	operator := testenv.NATSConn(t)
 	mcfg := mgmt.Config{Prefix: cfg.Subjects + ".mgmt"}
 
-	reply, err := mgmt.SetPaused(testenv.Ctx(t), operator, mcfg, true)
+	reply, err := mgmt.SetPaused(testenv.Ctx(t), operator, mcfg, true, 0)
 	if err != nil || reply.Version != 1 {
 		t.Fatalf("set_paused: %+v, %v; want version 1", reply, err)
 	}

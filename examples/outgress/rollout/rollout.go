@@ -357,7 +357,12 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 			// reaches the replicas, by their reconcile; another error is
 			// the window's.
 			for _, paused := range []bool{true, false} {
-				v, err := f.operator.SetPaused(ctx, paused)
+				_, against, err := f.operator.Stored(ctx) // the operator reads, then edits against what it read
+				if err != nil {
+					opErr = fmt.Errorf("the operator's read before SetPaused(%v): %w", paused, err)
+					return
+				}
+				v, err := f.operator.SetPaused(ctx, paused, against)
 				if err != nil && !errors.Is(err, pause.ErrNotPublished) {
 					opErr = fmt.Errorf("the operator's SetPaused(%v): %w", paused, err)
 					return

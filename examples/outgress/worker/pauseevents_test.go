@@ -48,7 +48,7 @@ func TestPauseEventsOnNATS(t *testing.T) {
 	}
 
 	for i, paused := range []bool{true, false} {
-		version, err := first.pause.SetPaused(testenv.Ctx(t), paused)
+		version, err := first.pause.SetPaused(testenv.Ctx(t), paused, int64(i))
 		if err != nil || version != int64(i+1) {
 			t.Fatalf("SetPaused(%v): version %d, %v; want version %d", paused, version, err, i+1)
 		}

@@ -166,7 +166,7 @@ func TestMixedFleet(t *testing.T) {
 	}
 
 	// The new replica pauses; the old one, which GETs the flag, stops at once.
-	if _, err := fresh.pause.SetPaused(testenv.Ctx(t), true); err != nil {
+	if _, err := fresh.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	path, err := old.process(t, limits.LanePremium, chat("42"))
