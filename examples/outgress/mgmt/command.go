@@ -19,12 +19,13 @@ func Command(args []string) int {
 	ff := fleetenv.AddFlags(fs)
 	against := fs.Int64("version", -1, "pause|resume: the `version` the edit is made against (a status request's); "+
 		"refused, writing nothing, if the fleet has moved past it. Default: the version a status request reads just before")
+	pauseFor := fs.Duration("for", 0, "pause: end the pause on its own after this `duration` (0: no end)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	_, natsURL, err := fleetenv.Env(false)
 	if err != nil || fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] [-version N] pause|resume|status")
+		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] [-version N] [-for 10m] pause|resume|status")
 		return 2
 	}
 	nc, err := nats.Connect(natsURL, nats.Name("outgress-mgmt"))
@@ -47,7 +48,13 @@ func Command(args []string) int {
 			}
 			expected = s.Version
 		}
-		r, err := SetPaused(ctx, nc, cfg, cmd == "pause", expected)
+		var r SetPausedReply
+		var err error
+		if cmd == "pause" && *pauseFor > 0 {
+			r, err = PauseFor(ctx, nc, cfg, *pauseFor, expected)
+		} else {
+			r, err = SetPaused(ctx, nc, cfg, cmd == "pause", expected)
+		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
 			return 1
@@ -59,8 +66,12 @@ func Command(args []string) int {
 			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
 			return 1
 		}
-		fmt.Printf("Valkey: paused %v, version %d (read for this request by replica %s); its snapshot: paused %v, version %d, %.1f s old\n",
-			s.Paused, s.Version, s.Replica, s.Snapshot.Paused, s.Snapshot.Version, s.Snapshot.AgeSec)
+		until := ""
+		if !s.Until.IsZero() {
+			until = " until " + s.Until.Format(time.RFC3339)
+		}
+		fmt.Printf("Valkey: paused %v%s, version %d (read for this request by replica %s); its snapshot: paused %v, version %d, %.1f s old\n",
+			s.Paused, until, s.Version, s.Replica, s.Snapshot.Paused, s.Snapshot.Version, s.Snapshot.AgeSec)
 	default:
 		fmt.Fprintf(os.Stderr, "outgress mgmt: unknown request %q; want pause, resume or status\n", cmd)
 		return 2

@@ -99,21 +99,21 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	}
 }
 
-// TestSetPausedMalformed: a request that is not "1:N" or "0:N" (N a
-// version) is refused by the one replica that takes it, and changes
+// TestSetPausedMalformed: a request that is not "1:N", "0:N" or "1:N:D"
+// (N a version, D a duration in ms) is refused by the one replica that takes it, and changes
 // nothing.
 func TestSetPausedMalformed(t *testing.T) {
 	srv := testenv.Shared(t)
 	prefix := testenv.Prefix(t)
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
-	bad := []string{"yes", "1", "0:", "1:-1", "2:0", "1:x", ":0"}
+	bad := []string{"yes", "1", "0:", "1:-1", "2:0", "1:x", ":0", "0:0:1000", "1:0:0", "1:0:-5", "1:0:x", "1:0:"}
 	for _, data := range bad {
 		m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte(data))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := `{"replica":"A","version":0,"error":"set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, got ` +
+		want := `{"replica":"A","version":0,"error":"set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, or \"1:N:D\" (pause for D ms, D at least 1), got ` +
 			strconv.Quote(strconv.Quote(data))[1:len(strconv.Quote(strconv.Quote(data)))-1] + `"}`
 		if string(m.Data) != want {
 			t.Errorf("reply %s, want %s", m.Data, want)
@@ -171,5 +171,38 @@ func TestSetPausedConflict(t *testing.T) {
 	}
 	if paused, v, err := a.pause.Stored(testenv.Ctx(t)); err != nil || !paused || v != 1 {
 		t.Errorf("stored: paused %v at version %d, %v; want paused at version 1", paused, v, err)
+	}
+}
+
+// TestPauseForThroughMgmt: a timed pause requested through mgmt ends on
+// its own; status shows its end, from Valkey and from the snapshot.
+func TestPauseForThroughMgmt(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	cfg := Config{Prefix: subjects()}
+	a := startReplica(t, srv, prefix, "A", cfg, 20*time.Millisecond, false)
+	operator := testenv.NATSConn(t)
+	before := time.Now()
+	if r, err := PauseFor(testenv.Ctx(t), operator, cfg, time.Hour, 0); err != nil || r.Version != 1 {
+		t.Fatalf("PauseFor: %+v, %v; want version 1", r, err)
+	}
+	s, err := SystemStatus(testenv.Ctx(t), operator, cfg)
+	if err != nil || !s.Paused || s.Version != 1 || s.Until.Before(before.Add(59*time.Minute)) || !s.Snapshot.Until.Equal(s.Until) {
+		t.Fatalf("status %+v, %v; want paused at version 1 until an hour from now, in Valkey and in the snapshot", s, err)
+	}
+	if a.pause.Check() != pause.ErrPaused {
+		t.Errorf("replica: %v, want paused", a.pause.Check())
+	}
+	if r, err := PauseFor(testenv.Ctx(t), operator, cfg, 100*time.Millisecond, 1); err != nil || r.Version != 2 {
+		t.Fatalf("PauseFor(100ms): %+v, %v; want version 2", r, err)
+	}
+	if !testenv.WaitFor(func() bool { return a.pause.Check() == nil }) {
+		t.Fatalf("the 100 ms pause never ended: %v", a.pause.Check())
+	}
+	// Valkey's expiry and the replica's clock may be a few ms apart.
+	var s2 Status
+	if !testenv.WaitFor(func() bool { s2, err = SystemStatus(testenv.Ctx(t), operator, cfg); return err == nil && !s2.Paused }) ||
+		s2.Version != 2 || !s2.Until.IsZero() {
+		t.Errorf("status after the end %+v, %v; want running at version 2, no end", s2, err)
 	}
 }

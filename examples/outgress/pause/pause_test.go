@@ -335,7 +335,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 		}()
 	}
 	for v := 1; v <= 20; v++ { // writers race the readers
-		publish(encodePauseEvent(v%2 == 1, int64(v)))
+		publish(encodePauseEvent(v%2 == 1, 0, int64(v)))
 	}
 	wg.Wait()
 	if !testenv.WaitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
@@ -528,19 +528,19 @@ func TestPauseCloseStopsAndJoins(t *testing.T) {
 // TestPauseEventEncoding freezes the event format and refuses bad ones.
 func TestPauseEventEncoding(t *testing.T) {
 	for _, c := range []struct {
-		paused  bool
-		version int64
-		want    string
-	}{{true, 42, "1:42"}, {false, 0, "0:0"}} {
-		if got := encodePauseEvent(c.paused, c.version); got != c.want {
-			t.Errorf("encode(%v, %d) = %q, want %q", c.paused, c.version, got, c.want)
+		paused         bool
+		until, version int64
+		want           string
+	}{{true, 0, 42, "1:42"}, {false, 0, 0, "0:0"}, {true, 1764640000000, 43, "1:43:1764640000000"}} {
+		if got := encodePauseEvent(c.paused, c.until, c.version); got != c.want {
+			t.Errorf("encode(%v, %d, %d) = %q, want %q", c.paused, c.until, c.version, got, c.want)
 		}
-		if p, v, ok := decodePauseEvent(c.want); !ok || p != c.paused || v != c.version {
-			t.Errorf("decode(%q) = %v, %d, %v", c.want, p, v, ok)
+		if p, u, v, ok := decodePauseEvent(c.want); !ok || p != c.paused || u != c.until || v != c.version {
+			t.Errorf("decode(%q) = %v, %d, %d, %v", c.want, p, u, v, ok)
 		}
 	}
-	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "1:3:4"} {
-		if _, _, ok := decodePauseEvent(bad); ok {
+	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "0:3:4", "1:3:0", "1:3:-4", "1:3:x", "1:3:4:5"} {
+		if _, _, _, ok := decodePauseEvent(bad); ok {
 			t.Errorf("decode(%q) accepted", bad)
 		}
 	}
@@ -853,5 +853,98 @@ func TestPauseOvertakenByLaterWrite(t *testing.T) {
 		if s := snapshotOf(t, p); s.Paused || s.Version != 2 {
 			t.Errorf("%s: %+v, want resumed at version 2 (b's)", name, s)
 		}
+	}
+}
+
+// TestPauseForEndsOnItsOwn: a pause made with PauseFor(1h) stops every
+// replica, one started after it too, and each shows when it ends; once the
+// replicas' clocks pass the end, each runs again with no write and no event
+// (the version stays 1), and a late event of the pause, even one naming a
+// later end, cannot revive it. Ending it sooner is an edit against its
+// version, as any other.
+func TestPauseForEndsOnItsOwn(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	cfg := Config{ReconcileEvery: 20 * time.Millisecond, Now: clk.now, Elapsed: clk.elapsed}
+	a, _ := replicaPause(t, srv, prefix, cfg)
+	b, _ := replicaPause(t, srv, prefix, cfg)
+	if _, err := a.PauseFor(testenv.Ctx(t), 0, 0); err == nil {
+		t.Error("PauseFor(0) accepted")
+	}
+	v, err := a.PauseFor(testenv.Ctx(t), time.Hour, 0)
+	if err != nil || v != 1 {
+		t.Fatalf("PauseFor: version %d, %v; want 1", v, err)
+	}
+	stored, err := a.StoredState(testenv.Ctx(t))
+	if err != nil || !stored.Paused || stored.Version != 1 || time.Until(stored.Until) < 59*time.Minute || time.Until(stored.Until) > time.Hour {
+		t.Fatalf("stored %+v, %v; want paused at version 1 until an hour from now", stored, err)
+	}
+	c, _ := replicaPause(t, srv, prefix, cfg) // started after the write: a restarted replica
+	replicas := map[string]*Pause{"a": a, "b": b, "c": c}
+	for name, p := range replicas {
+		if !testenv.WaitFor(func() bool { return p.Check() == ErrPaused }) {
+			t.Fatalf("%s: %v, want ErrPaused", name, p.Check())
+		}
+		if s := snapshotOf(t, p); !s.Paused || s.Version != 1 || !s.Until.Equal(stored.Until) {
+			t.Errorf("%s: %+v, want paused at version 1 until %v", name, s, stored.Until)
+		}
+	}
+	events := countSubject(t, prefix)
+	clk.step(0, time.Hour+time.Minute) // the replicas' wall clocks pass the end
+	for name, p := range replicas {
+		if err := p.Check(); err != nil {
+			t.Errorf("%s past the end: %v, want running", name, err)
+		}
+		if s := snapshotOf(t, p); s.Paused || s.Version != 1 || !s.Until.Equal(stored.Until) {
+			t.Errorf("%s past the end: %+v, want not paused, version 1, the end shown", name, s)
+		}
+	}
+	// Late events of the pause, the second naming a later end: the
+	// version is not newer, so neither revives it.
+	late := publisher(t, prefix)
+	late(encodePauseEvent(true, stored.Until.UnixMilli(), 1))
+	late(encodePauseEvent(true, stored.Until.Add(24*time.Hour).UnixMilli(), 1))
+	late("marker")
+	if !testenv.WaitFor(func() bool { return b.Stats().EventsIgnored >= 2 && slices.Contains(events.got(), "marker") }) {
+		t.Fatalf("the late events never arrived: %+v", b.Stats())
+	}
+	for name, p := range replicas {
+		if err := p.Check(); err != nil {
+			t.Errorf("%s after the late events: %v, want running", name, err)
+		}
+	}
+	if _, v, _ := a.Stored(testenv.Ctx(t)); v != 1 {
+		t.Errorf("version %d after the end, want 1: the end is no write", v)
+	}
+	if got := events.got(); !slices.Equal(got[len(got)-1:], []string{"marker"}) || len(got) != 3 {
+		t.Errorf("events after the end: %q, want only the test's own", got)
+	}
+	// Ending it is an edit against version 1, as any other.
+	if v, err := b.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+		t.Errorf("resume after the end: %d, %v; want version 2", v, err)
+	}
+}
+
+// TestPauseForExpiresInValkey: a short timed pause ends in Valkey too: its
+// flag expires, so the strong lookups (Stored, Lookup) and a replica
+// started after the end read it as running, at the same version.
+func TestPauseForExpiresInValkey(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	a, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	if v, err := a.PauseFor(testenv.Ctx(t), 200*time.Millisecond, 0); err != nil || v != 1 {
+		t.Fatalf("PauseFor: %d, %v", v, err)
+	}
+	if !testenv.WaitFor(func() bool { paused, _, _ := a.Stored(testenv.Ctx(t)); return !paused && a.Check() == nil }) {
+		t.Fatalf("the pause never ended: check %v", a.Check())
+	}
+	if paused, err := a.Lookup(testenv.Ctx(t)); err != nil || paused {
+		t.Errorf("Lookup: %v, %v; want not paused", paused, err)
+	}
+	later, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	if s := snapshotOf(t, later); s.Paused || s.Version != 1 || later.Check() != nil {
+		t.Errorf("a replica started after the end: %+v, %v; want running at version 1", s, later.Check())
 	}
 }
