@@ -27,7 +27,7 @@ const (
 	FirstChannel   = 1001 // the mix uses 1001 .. 1000+channels; the first three are hot
 	MeasureStd     = 2001 // channels outside the mix, for one-off measurements
 	MeasurePremium = 2002
-	ContractFirst  = 2011 // 2011 .. 2013: one channel per fault of ErrorContract (none a moderator's)
+	ContractFirst  = 2011 // 2011 .. 2014: one channel per case of ErrorContract (none a moderator's)
 	UnknownChannel = 9999 // never seeded: its messages are dropped
 )
 
@@ -197,7 +197,7 @@ func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) er
 // seeded is the ids of the channels SeedChannels stores for a mix on n
 // channels.
 func seeded(n int) []int {
-	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2}
+	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2, ContractFirst + 3}
 	for id := FirstChannel; id < FirstChannel+n; id++ {
 		ids = append(ids, id)
 	}

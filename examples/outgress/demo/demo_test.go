@@ -77,7 +77,7 @@ func TestSeedChannels(t *testing.T) {
 	if err := SeedChannels(context.Background(), c, "p:", 10); err != nil {
 		t.Fatal(err)
 	}
-	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2}
+	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2, ContractFirst + 3}
 	for id := FirstChannel; id < FirstChannel+10; id++ {
 		ids = append(ids, id)
 	}
@@ -91,8 +91,8 @@ func TestSeedChannels(t *testing.T) {
 			t.Errorf("%s: bot_mod %q login %q", key, got, srv.HGet(key, "login"))
 		}
 	}
-	if n := len(srv.Keys()); n != 15 {
-		t.Errorf("%d keys, want 15", n)
+	if n := len(srv.Keys()); n != 16 {
+		t.Errorf("%d keys, want 16", n)
 	}
 	// The pause state, and a key of another prefix that Forget leaves.
 	for _, k := range append(pause.Keys("p:"), "q:"+channels.Key("p:", "1001")) {

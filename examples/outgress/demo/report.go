@@ -164,10 +164,12 @@ func (r *Result) Print(out io.Writer) {
 	for _, line := range r.premiumSentence() {
 		fmt.Fprintln(out, "   "+line)
 	}
-	fmt.Fprintln(out, "   admit's error contract, on three premium messages whose script calls fail:")
+	fmt.Fprintln(out, "   admit's error contract, on four premium messages whose script calls fail:")
 	for _, c := range r.contract {
 		outcome := "admitted"
 		switch {
+		case errors.Is(c.Err, admit.ErrOutcomeUnknown) && c.LimiterCalls == 1:
+			outcome = "ErrOutcomeUnknown, not repeated: the error nacks the message"
 		case errors.Is(c.Err, admit.ErrOutcomeUnknown):
 			outcome = "ErrOutcomeUnknown again: the error nacks the message"
 		case c.Err != nil:
@@ -175,10 +177,15 @@ func (r *Result) Print(out io.Writer) {
 		case !c.Admitted:
 			outcome = "denied"
 		}
-		fmt.Fprintf(out, "     %s: %d limiter call(s), %s, %d token(s) charged\n", c.Fault, c.LimiterCalls, outcome, c.Charged)
+		mode := "default"
+		if c.RetryUnknown {
+			mode = "RetryOutcomeUnknown"
+		}
+		fmt.Fprintf(out, "     %s (%s): %d limiter call(s), %s, %d token(s) charged\n", c.Fault, mode, c.LimiterCalls, outcome, c.Charged)
 	}
-	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: repeated once under the")
-	fmt.Fprintln(out, "   message's id; the server returns the Decision it recorded if the first call ran, and takes nothing.)")
+	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: not repeated, as the plan")
+	fmt.Fprintln(out, "   says of its script; with the opt-in RetryOutcomeUnknown, repeated once under the message's id, and the")
+	fmt.Fprintln(out, "   server returns the Decision it recorded if the first call ran, and takes nothing.)")
 	fmt.Fprintln(out)
 
 	b := r.bus

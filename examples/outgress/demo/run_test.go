@@ -78,11 +78,12 @@ func checkDemo(t *testing.T, res *Result) {
 			t.Errorf("old shape, %s: %d commands over %d messages, want %d over 1", worker.RowNames[row], s.Commands, s.N, n)
 		}
 	}
-	if c := res.contract; len(c) != 3 || c[0].LimiterCalls != 2 || !c[0].Admitted || c[0].Err != nil || c[0].Charged != 1 ||
-		c[1].LimiterCalls != 2 || !c[1].Admitted || c[1].Err != nil || c[1].Charged != 1 ||
-		c[2].LimiterCalls != 2 || !errors.Is(c[2].Err, admit.ErrOutcomeUnknown) || c[2].Charged != 1 {
-		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown repeated once and admitted, "+
-			"lost twice an ErrOutcomeUnknown; each charged one token", c)
+	if c := res.contract; len(c) != 4 || c[0].LimiterCalls != 2 || !c[0].Admitted || c[0].Err != nil || c[0].Charged != 1 ||
+		c[1].LimiterCalls != 1 || c[1].Admitted || !errors.Is(c[1].Err, admit.ErrOutcomeUnknown) || c[1].Charged != 1 ||
+		c[2].LimiterCalls != 2 || !c[2].Admitted || c[2].Err != nil || c[2].Charged != 1 ||
+		c[3].LimiterCalls != 2 || !errors.Is(c[3].Err, admit.ErrOutcomeUnknown) || c[3].Charged != 1 {
+		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown not repeated by default, "+
+			"repeated once and admitted with RetryOutcomeUnknown, lost twice an ErrOutcomeUnknown; each charged one token", c)
 	}
 	if len(res.pauseLog) != 2 {
 		t.Fatalf("%d pause changes, want 2", len(res.pauseLog))

@@ -38,6 +38,9 @@ type Config struct {
 	HelixURL, ClientID, Token, BotID string
 	MetricsAddr                      string // "" is 127.0.0.1 on a free port
 	Off                              worker.Steps
+	// RetryOutcomeUnknown is worker.Config's: the id-record retry, a
+	// departure from the plan (off by default).
+	RetryOutcomeUnknown bool
 	// Pause configures the pause snapshot; its Prefix, NATS and Subject
 	// are set from the fields above.
 	Pause pause.Config
@@ -113,7 +116,7 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 		return nil, err
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
-		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off})
+		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown})
 	if r.metricsURL, r.stopMetrics, err = r.metrics.Serve(cfg.MetricsAddr); err != nil {
 		return nil, err
 	}
@@ -159,6 +162,8 @@ func Command(args []string) int {
 	ff := fleetenv.AddFlags(fs)
 	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
+	retryUnknown := fs.Bool("retry-unknown", false, "decide under each message's id and repeat an outcome-unknown decision once "+
+		"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)")
 	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
 	bot := fs.String("bot", "", "the bot's Helix user `id`")
 	if err := fs.Parse(args); err != nil {
@@ -182,7 +187,7 @@ func Command(args []string) int {
 		Name: *name, Dial: fleetenv.DialAddr(valkeyAddr), NATSURL: natsURL,
 		Prefix: *ff.Prefix, Subjects: *ff.Subjects, Stream: *ff.Stream,
 		HelixURL: *helixURL, ClientID: os.Getenv("HELIX_CLIENT_ID"), Token: os.Getenv("HELIX_TOKEN"), BotID: *bot,
-		MetricsAddr: *metricsAddr, Off: steps,
+		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown,
 		OnError: func(subject string, err error) {
 			fmt.Fprintf(os.Stderr, "outgress worker %s: %s: %v\n", *name, subject, err)
 		},

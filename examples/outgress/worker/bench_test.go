@@ -93,9 +93,9 @@ func BenchmarkPreHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	newWorker := func(ttl time.Duration) *Worker {
+	newWorker := func(ttl time.Duration, retryUnknown bool) *Worker {
 		return New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix, TTL: ttl}), hx, m,
-			Config{Prefix: prefix, Limits: &benchLimits})
+			Config{Prefix: prefix, Limits: &benchLimits, RetryOutcomeUnknown: retryUnknown})
 	}
 	data := []byte(chat("1001"))
 
@@ -106,7 +106,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 		if cache == "cold" {
 			ttl = time.Nanosecond
 		}
-		w := newWorker(ttl)
+		w, once := newWorker(ttl, false), newWorker(ttl, true)
 		legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
 			return w.LegacyPrepare(ctx, lane, m)
 		}
@@ -114,7 +114,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 			for _, shape := range []struct {
 				name    string
 				prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
-			}{{"old", legacy}, {"new", w.Prepare}} {
+			}{{"old", legacy}, {"new", w.Prepare}, {"new-id-record", once.Prepare}} {
 				warm := cache == "warm"
 				b.Run("cache="+cache+"/lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
 					m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}

@@ -48,7 +48,7 @@ func TestDeniedMessageWritesNothing(t *testing.T) {
 	l := slowChat()
 	l.ChatStandard = admit.MustSpec(admit.Every(time.Hour), 1)
 	l.ChatShared = admit.MustSpec(admit.Every(time.Hour), 2)
-	e := newEnv(t, srv, withLimits(l))
+	e := newEnv(t, srv, withLimits(l), withRetryUnknown())
 	e.worker.cfg.Lifetime = 2 * time.Hour // RetryAfter is an hour: a nack, not a drop
 
 	for _, c := range []struct {
@@ -126,7 +126,7 @@ func TestDeniedMessageWritesNothing(t *testing.T) {
 func TestRedeliveryAfterSecondBucketDenial(t *testing.T) {
 	l := slowChat()
 	l.ChatShared = admit.MustSpec(admit.Every(time.Hour), 1)
-	e := newEnv(t, nil, withLimits(l))
+	e := newEnv(t, nil, withLimits(l), withRetryUnknown())
 	e.seed(t, "42", false)
 	std, shared := channels.ChatKeys(e.prefix, "42")
 	if p, err := e.process(t, limits.LanePremium, chat("42")); err != nil || !p.Admitted { // premium takes the shared bucket's one token

@@ -82,11 +82,16 @@ type env struct {
 type envOption func(*envConfig)
 
 type envConfig struct {
-	limits *limits.Limits
-	pause  pause.Config
-	prefix string
-	off    Steps
+	limits       *limits.Limits
+	pause        pause.Config
+	prefix       string
+	off          Steps
+	retryUnknown bool
 }
+
+// withRetryUnknown decides under the message's id and repeats an
+// ErrOutcomeUnknown once (Config.RetryOutcomeUnknown).
+func withRetryUnknown() envOption { return func(c *envConfig) { c.retryUnknown = true } }
 
 // withOff switches rollout steps off (Config.Off, and the Helix client's
 // legacy transport when the transport step is off).
@@ -134,7 +139,7 @@ func newEnv(t *testing.T, srv *testenv.Server, opts ...envOption) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off})
+	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off, RetryOutcomeUnknown: cfg.retryUnknown})
 	return e
 }
 

@@ -45,6 +45,16 @@ type Config struct {
 	// DecisionBackoff is the pause before the first retry of a limiter
 	// call; the n-th retry waits n times as long. Default 5ms.
 	DecisionBackoff time.Duration
+	// RetryOutcomeUnknown, a departure from the plan (whose script is not
+	// retried), decides with AllowOrderedOnce under the message's id (see
+	// [DecisionID]) and repeats a call that failed with
+	// admit.ErrOutcomeUnknown once: the server returns the Decision it
+	// recorded if the first call ran, and a redelivery of an admitted
+	// message is not charged again. The id's record costs a GET and a SET
+	// inside every admission's script. Off by default: the worker decides
+	// with AllowOrdered, and an ErrOutcomeUnknown is the message's error at
+	// once (the bus redelivers it, and its next decision may charge again).
+	RetryOutcomeUnknown bool
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// DoubleChargeShared is a deliberate bug, for the canary's tests and
@@ -356,22 +366,26 @@ func (w *Worker) plan1(lane limits.Lane, k command.Kind, ch *channels.Channel) *
 }
 
 // decide is the one limiter decision of a message: one script, one round
-// trip, made with AllowOrderedOnce under the message's id (see
-// [DecisionID]). A denial is a Decision; only a failed call is an error, and
-// it stays one (a dependency failure is not backpressure). admit's error
-// contract decides what happens next:
+// trip, made with AllowOrdered, or, with Config.RetryOutcomeUnknown, with
+// AllowOrderedOnce under the message's id (see [DecisionID]). A denial is a
+// Decision; only a failed call is an error, and it stays one (a dependency
+// failure is not backpressure). admit's error contract decides what happens
+// next:
 //
 //   - admit.ErrNotExecuted (the server proves nothing ran, no token was
 //     taken): the call is repeated, at most DecisionAttempts calls in all,
 //     after a short pause, within the message's deadline. Refusals that
 //     cannot pass on a retry (an invalid request, a wrong-type or corrupt
 //     bucket) are not repeated.
-//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): repeated
-//     once, with the same id, after the same short pause and within the
-//     deadline. If the first call ran, the server returns the Decision it
-//     recorded then and takes nothing; if it did not, this call decides. A
-//     second ErrOutcomeUnknown is returned: the error nacks the message.
+//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): by
+//     default not repeated, as the plan says of its script: the error nacks
+//     the message. With Config.RetryOutcomeUnknown it is repeated once, with
+//     the same id, after the same short pause and within the deadline. If
+//     the first call ran, the server returns the Decision it recorded then
+//     and takes nothing; if it did not, this call decides. A second
+//     ErrOutcomeUnknown is returned: the error nacks the message.
 //
+// The rest of this comment is about the id path (RetryOutcomeUnknown).
 // Every call of a delivery uses the same id, so the two rules combine
 // safely: at most DecisionAttempts + 1 calls in all.
 //
@@ -392,6 +406,9 @@ func (w *Worker) plan1(lane limits.Lane, k command.Kind, ch *channels.Channel) *
 // the Limiter's observer's: see metrics.ObserveLimiter); path.LimiterCalls
 // counts them, and each repeat is counted under the failure that caused it.
 func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m *bus.Message, path *Path) (admit.Decision, error) {
+	if !w.cfg.RetryOutcomeUnknown {
+		return w.decideOnce(ctx, lane, p, "", path)
+	}
 	id := DecisionID(m)
 	d, err := w.decideOnce(ctx, lane, p, id, path)
 	if err == nil && d.Replayed() && !d.Allowed() {
@@ -402,17 +419,24 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m
 	return d, err
 }
 
-// decideOnce is one decision under id, with admit's error contract (see
-// decide).
+// decideOnce is one decision under id (AllowOrderedOnce), or with
+// AllowOrdered when id is "", with admit's error contract (see decide); an
+// ErrOutcomeUnknown is repeated only under an id.
 func (w *Worker) decideOnce(ctx context.Context, lane limits.Lane, p *limits.Plan, id string, path *Path) (admit.Decision, error) {
 	var second *admit.Request
 	if p.HasSecond {
 		second = &p.Second
 	}
-	unknownRetried := false
+	unknownRetried := id == "" // without an id, not repeated: the plan's rule
 	calls := 0
 	for {
-		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
+		var d admit.Decision
+		var err error
+		if id == "" {
+			d, err = w.lim.AllowOrdered(ctx, p.First, second)
+		} else {
+			d, err = w.lim.AllowOrderedOnce(ctx, id, p.First, second)
+		}
 		path.LimiterCalls++
 		calls++
 		label := decisionOf(p, d, err)
