@@ -777,10 +777,42 @@ func decodePauseEvent(s string) (paused bool, until, version int64, ok bool) {
 	return flag == "1", until, version, true
 }
 
+// ReconnectPoll is how often NATSEvents.Listen looks for a reconnect of its
+// connection.
+const ReconnectPoll = 20 * time.Millisecond
+
+// watchReconnects calls subscribed after each reconnect of e.Conn, once a
+// flush has confirmed that the server has the subscription again, until
+// ctx ends.
+func (e *NATSEvents) watchReconnects(ctx context.Context, subscribed func()) {
+	seen := e.Conn.Stats().Reconnects
+	tick := time.NewTicker(ReconnectPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n := e.Conn.Stats().Reconnects
+		if n == seen || !e.Conn.IsConnected() {
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := e.Conn.FlushWithContext(fctx)
+		cancel()
+		if err == nil {
+			seen = n
+			subscribed()
+		}
+	}
+}
+
 // NATSEvents are pause events on a dedicated NATS subject (core NATS, not
 // the stream): the plan's invalidation channel. A NATS connection keeps its
-// subscriptions across reconnects; events published while it was away are
-// repaired by the next reconcile (within ReconcileEvery + 20%).
+// subscriptions across reconnects, but events published while it was away
+// are lost: on every reconnect Listen confirms the subscription again and
+// reports it, and the Pause reconciles at once.
 type NATSEvents struct {
 	Conn    *nats.Conn
 	Subject string // for example "outgress.pause"
@@ -801,7 +833,9 @@ func (e *NATSEvents) Publish(ctx context.Context, msg string) error {
 }
 
 // Listen subscribes, confirms the subscription with the server (a flush),
-// reports it, and delivers events until ctx ends.
+// reports it, and delivers events until ctx ends. After each reconnect of
+// the connection (seen within ReconnectPoll), it confirms the
+// subscription again and reports it again.
 func (e *NATSEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
 	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
@@ -813,7 +847,7 @@ func (e *NATSEvents) Listen(ctx context.Context, subscribed func(), deliver func
 			cancel()
 			if err == nil {
 				subscribed()
-				<-ctx.Done()
+				e.watchReconnects(ctx, subscribed)
 				sub.Unsubscribe()
 				return
 			}

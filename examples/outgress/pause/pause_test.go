@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"os"
 	"slices"
@@ -947,4 +948,98 @@ func TestPauseForExpiresInValkey(t *testing.T) {
 	if s := snapshotOf(t, later); s.Paused || s.Version != 1 || later.Check() != nil {
 		t.Errorf("a replica started after the end: %+v, %v; want running at version 1", s, later.Check())
 	}
+}
+
+// TestPauseReconcilesOnReconnect cuts NATS (its server stops) while a
+// pause is written: the writer stores it but cannot publish
+// (ErrNotPublished), and the reader, which reconciles only once an hour,
+// hears nothing. When the server is back, the reader reconnects, confirms
+// its subscription again and reconciles at once: paused, without an
+// event. Events after the reconnect reach it as before.
+func TestPauseReconcilesOnReconnect(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startNATS := func() *server.Server {
+		t.Helper()
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatal("NATS not ready")
+		}
+		return ns
+	}
+	ns := startNATS()
+	t.Cleanup(func() { ns.Shutdown() })
+	conn := func() *nats.Conn {
+		nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	cfg := Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour, Subject: "pause-reconnect"}
+	wcfg, rcfg := cfg, cfg
+	// The writer's publishes fail while NATS is cut (nats.go would
+	// otherwise buffer them for the reconnect): its event is lost.
+	var cut atomic.Bool
+	wcfg.NATS, rcfg.NATS = conn(), conn()
+	wcfg.Events = cutEvents{&NATSEvents{Conn: wcfg.NATS, Subject: cfg.Subject}, &cut}
+	rcfg.Events = &NATSEvents{Conn: rcfg.NATS, Subject: cfg.Subject}
+	writer, _ := replicaPause(t, srv, prefix, wcfg)
+	reader, _ := replicaPause(t, srv, prefix, rcfg)
+	before := reader.Stats()
+
+	ns.Shutdown() // NATS is cut
+	ns.WaitForShutdown()
+	cut.Store(true)
+	if !testenv.WaitFor(func() bool { return !rcfg.NATS.IsConnected() && !wcfg.NATS.IsConnected() }) {
+		t.Fatal("the connections never noticed the cut")
+	}
+	if v, err := writer.SetPaused(testenv.Ctx(t), true, 0); !errors.Is(err, ErrNotPublished) || v != 1 {
+		t.Fatalf("SetPaused with NATS cut: version %d, %v; want version 1 with ErrNotPublished", v, err)
+	}
+	time.Sleep(100 * time.Millisecond) // a reconnect attempt or more, against no server
+	if err := reader.Check(); err != nil {
+		t.Fatalf("reader before NATS is back: %v, want running (it heard nothing)", err)
+	}
+
+	ns = startNATS() // NATS is back, on the same port
+	cut.Store(false)
+	if !testenv.WaitFor(func() bool { return reader.Check() == ErrPaused }) {
+		t.Fatalf("reader after the reconnect: %v, stats %+v; want paused by a reconcile at once", reader.Check(), reader.Stats())
+	}
+	st := reader.Stats()
+	if st.Subscriptions != before.Subscriptions+1 || st.Reconciles != before.Reconciles+1 || st.EventsApplied != before.EventsApplied {
+		t.Errorf("reader stats %+v (before %+v); want one more subscription and one more reconcile, no event", st, before)
+	}
+	if !testenv.WaitFor(func() bool { return wcfg.NATS.IsConnected() }) {
+		t.Fatal("the writer never reconnected")
+	}
+	if v, err := writer.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+		t.Fatalf("SetPaused after the reconnect: %d, %v", v, err)
+	}
+	if !testenv.WaitFor(func() bool { return reader.Check() == nil }) || reader.Stats().EventsApplied != before.EventsApplied+1 {
+		t.Errorf("reader: %v, stats %+v; want resumed by the event", reader.Check(), reader.Stats())
+	}
+}
+
+// cutEvents fails every publish while cut is set.
+type cutEvents struct {
+	Events
+	cut *atomic.Bool
+}
+
+func (c cutEvents) Publish(ctx context.Context, msg string) error {
+	if c.cut.Load() {
+		return errors.New("NATS is cut")
+	}
+	return c.Events.Publish(ctx, msg)
 }
