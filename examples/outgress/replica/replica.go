@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -66,11 +67,17 @@ type Replica struct {
 	stopMetrics func()
 }
 
-// Start starts one replica: it checks the timing rules, connects to
-// Valkey and NATS, sets the stream up (idempotent: every replica does),
-// loads the pause state with its events on the bus's connection, serves
-// the management requests in their queue group and /metrics, and consumes
-// every lane. Close it with close.
+// Start starts one replica: it checks the timing rules, serves /metrics
+// and /readyz, connects to Valkey and NATS, sets the stream up
+// (idempotent: every replica does), subscribes to the pause events on the
+// bus's connection and then loads the pause state, serves the management
+// requests in their queue group, and consumes every lane. Close it with
+// Close.
+//
+// /readyz answers 503 until the first snapshot is loaded (after the
+// subscription is confirmed) and every lane is consumed, and again while
+// the NATS connection that carries the pause events is down; 200 "ready"
+// otherwise.
 func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	r := &Replica{name: cfg.Name, metrics: metrics.New(), mgmtCfg: mgmt.Config{Prefix: cfg.Subjects + ".mgmt"}}
 	defer func() {
@@ -82,6 +89,9 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	pcfg := cfg.Pause
 	pcfg.Prefix, pcfg.Subject = cfg.Prefix, cfg.Subjects+".pause"
 	if err := worker.CheckTiming(worker.Config{Prefix: cfg.Prefix}, busCfg, pcfg); err != nil {
+		return nil, err
+	}
+	if r.metricsURL, r.stopMetrics, err = r.metrics.Serve(cfg.MetricsAddr); err != nil { // /readyz: 503 until ready
 		return nil, err
 	}
 	if r.client, err = cfg.Dial(); err != nil {
@@ -99,6 +109,19 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	if err := r.metrics.RegisterPause(cfg.Name, r.pause); err != nil {
 		return nil, err
 	}
+	p, nc := r.pause, r.bus.Conn()
+	var consuming atomic.Bool
+	r.metrics.SetReady(func() error {
+		switch {
+		case !p.Ready():
+			return errors.New("the pause state is not loaded yet (its events' subscription first, then the load)")
+		case !consuming.Load():
+			return errors.New("not consuming every lane yet")
+		case !nc.IsConnected():
+			return errors.New("NATS is not connected: the pause events' subscription is not live")
+		}
+		return nil
+	})
 	if err := r.pause.Start(ctx); err != nil { // subscribe, then load, before serving or consuming anything
 		return nil, fmt.Errorf("replica %s: %w", cfg.Name, err)
 	}
@@ -117,14 +140,12 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
 		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown})
-	if r.metricsURL, r.stopMetrics, err = r.metrics.Serve(cfg.MetricsAddr); err != nil {
-		return nil, err
-	}
 	for lane := range limits.NumLanes {
 		if err := r.bus.Consume(ctx, busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], w.Handler(lane)); err != nil {
 			return nil, err
 		}
 	}
+	consuming.Store(true)
 	return r, nil
 }
 

@@ -3,8 +3,11 @@ package replica
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +103,79 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testenv.Stop()
 	os.Exit(code)
+}
+
+// heldEvents holds the pause events' subscription until release closes.
+type heldEvents struct {
+	pause.Events
+	release chan struct{}
+}
+
+func (h heldEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return
+	}
+	h.Events.Listen(ctx, subscribed, deliver)
+}
+
+// TestReadinessAfterSubscribeAndLoad starts a replica as `outgress worker`
+// does, with its pause events' subscription held: /readyz answers 503,
+// naming the pause state, and Start has not returned; once the
+// subscription goes through, the state is loaded, every lane consumed,
+// Start returns and /readyz answers 200.
+func TestReadinessAfterSubscribeAndLoad(t *testing.T) {
+	srv := testenv.Shared(t)
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := fmt.Sprintf("%x", rand.Uint64())
+	release := make(chan struct{})
+	cfg := Config{Name: "R", Dial: fleetenv.DialAddr(srv.Addr), NATSURL: testenv.NATSURL(t), Prefix: testenv.Prefix(t),
+		Subjects: "outgress-rtest-" + run, Stream: "OUTGRESS_RTEST_" + run, MetricsAddr: fmt.Sprintf("127.0.0.1:%d", port),
+		Pause: pause.Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour,
+			Events: heldEvents{&pause.NATSEvents{Conn: testenv.NATSConn(t), Subject: "outgress-rtest-" + run + ".pause"}, release}}}
+	type started struct {
+		r   *Replica
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		r, err := Start(testenv.Ctx(t), cfg)
+		done <- started{r, err}
+	}()
+	probe := func() (int, string) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var code int
+	var body string
+	if !testenv.WaitFor(func() bool {
+		code, body = probe()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "pause state is not loaded")
+	}) {
+		t.Fatalf("/readyz while the subscription is held: %d %q; want 503 naming the pause state", code, body)
+	}
+	select {
+	case s := <-done:
+		t.Fatalf("Start returned (%v) before the pause events' subscription", s.err)
+	default:
+	}
+	close(release)
+	s := <-done
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	defer s.r.Close()
+	defer s.r.bus.JetStream().DeleteStream(context.Background(), cfg.Stream)
+	if code, body := probe(); code != http.StatusOK || body != "ready\n" || !s.r.pause.Ready() {
+		t.Errorf("/readyz after Start: %d %q, pause ready %v; want 200 ready", code, body, s.r.pause.Ready())
+	}
 }
