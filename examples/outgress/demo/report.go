@@ -211,7 +211,8 @@ func (r *Result) Print(out io.Writer) {
 	if r.restartErr != nil {
 		fmt.Fprintf(out, "   Replica B's restart failed: %v\n", r.restartErr)
 	}
-	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_<cause>: limited, paused, throttled or error).")
+	fmt.Fprintln(out, "   A refusal by a limit is redelivered after the error delay (DelayUntilToken off, the default); a delay past")
+	fmt.Fprintln(out, "   the message's remaining life drops it at once (Term, no_time_<cause>: limited, paused, throttled or error).")
 	fmt.Fprintln(out)
 
 	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")

@@ -42,6 +42,8 @@ type Config struct {
 	// RetryOutcomeUnknown is worker.Config's: the id-record retry, a
 	// departure from the plan (off by default).
 	RetryOutcomeUnknown bool
+	// DelayUntilToken is worker.Config's (off by default).
+	DelayUntilToken bool
 	// Pause configures the pause snapshot; its Prefix, NATS and Subject
 	// are set from the fields above.
 	Pause pause.Config
@@ -139,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 		return nil, err
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
-		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown})
+		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown, DelayUntilToken: cfg.DelayUntilToken})
 	for lane := range limits.NumLanes {
 		if err := r.bus.Consume(ctx, busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], w.Handler(lane)); err != nil {
 			return nil, err
@@ -183,6 +185,7 @@ func Command(args []string) int {
 	ff := fleetenv.AddFlags(fs)
 	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
+	delayToken := fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime (default: the error delay)")
 	retryUnknown := fs.Bool("retry-unknown", false, "decide under each message's id and repeat an outcome-unknown decision once "+
 		"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)")
 	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
@@ -208,7 +211,7 @@ func Command(args []string) int {
 		Name: *name, Dial: fleetenv.DialAddr(valkeyAddr), NATSURL: natsURL,
 		Prefix: *ff.Prefix, Subjects: *ff.Subjects, Stream: *ff.Stream,
 		HelixURL: *helixURL, ClientID: os.Getenv("HELIX_CLIENT_ID"), Token: os.Getenv("HELIX_TOKEN"), BotID: *bot,
-		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown,
+		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown, DelayUntilToken: *delayToken,
 		OnError: func(subject string, err error) {
 			fmt.Fprintf(os.Stderr, "outgress worker %s: %s: %v\n", *name, subject, err)
 		},

@@ -87,7 +87,12 @@ type envConfig struct {
 	prefix       string
 	off          Steps
 	retryUnknown bool
+	delayToken   bool
 }
+
+// withDelayUntilToken redelivers a refusal by a limit after its RetryAfter
+// and drops it when that is past its lifetime (Config.DelayUntilToken).
+func withDelayUntilToken() envOption { return func(c *envConfig) { c.delayToken = true } }
 
 // withRetryUnknown decides under the message's id and repeats an
 // ErrOutcomeUnknown once (Config.RetryOutcomeUnknown).
@@ -139,7 +144,7 @@ func newEnv(t *testing.T, srv *testenv.Server, opts ...envOption) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off, RetryOutcomeUnknown: cfg.retryUnknown})
+	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off, RetryOutcomeUnknown: cfg.retryUnknown, DelayUntilToken: cfg.delayToken})
 	return e
 }
 

@@ -102,8 +102,10 @@ func TestStepsEachSwitch(t *testing.T) {
 // by the new worker stops the old one at once.
 func TestMixedFleet(t *testing.T) {
 	srv := testenv.Shared(t)
-	fresh := newEnv(t, srv, withLimits(slowChat()))
-	old := newEnv(t, srv, withLimits(slowChat()), withPrefix(fresh.prefix), withOff(AllSteps))
+	// Refusals past their lifetime dropped at once (DelayUntilToken), in
+	// both: the switch is not a rollout step.
+	fresh := newEnv(t, srv, withLimits(slowChat()), withDelayUntilToken())
+	old := newEnv(t, srv, withLimits(slowChat()), withPrefix(fresh.prefix), withOff(AllSteps), withDelayUntilToken())
 	fresh.seed(t, "42", false)
 	std, shared := channels.ChatKeys(fresh.prefix, "42")
 

@@ -45,6 +45,13 @@ type Config struct {
 	// DecisionBackoff is the pause before the first retry of a limiter
 	// call; the n-th retry waits n times as long. Default 5ms.
 	DecisionBackoff time.Duration
+	// DelayUntilToken redelivers a message refused by a limit (a limiter
+	// denial, a Helix 429) no sooner than its RetryAfter, when the limit
+	// can have room again, and drops it at once when that is past its
+	// lifetime (the plan's deferred change). Off by default: such a message
+	// keeps the delivery timing of an error (the bus's ErrorDelay), only not
+	// reported when StepNackSuppression is on.
+	DelayUntilToken bool
 	// RetryOutcomeUnknown, a departure from the plan (whose script is not
 	// retried), decides with AllowOrderedOnce under the message's id (see
 	// [DecisionID]) and repeats a call that failed with
@@ -184,12 +191,35 @@ func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	return path, w.outcome(err)
 }
 
-// outcome is the error the bus gets. With StepNackSuppression off, an
-// expected nack (a denial, a pause, a 429) is returned as a plain error, as
-// before the step: the bus reports it and redelivers after its error delay.
+// outcome is the error the bus gets. Without Config.DelayUntilToken, a
+// message refused by a limit (a denial, a 429) is an expected nack
+// redelivered after the bus's error delay, as an error would be, even when
+// the limit's RetryAfter is past its lifetime (no early drop). With
+// StepNackSuppression off, an expected nack (a denial, a pause, a 429) is
+// returned as a plain error, as before the step: the bus reports it and
+// redelivers it after its error delay. So the step changes what is
+// reported, never when a message comes back.
 func (w *Worker) outcome(err error) error {
+	if err == nil {
+		return nil
+	}
 	var nack *bus.ExpectedNack
-	if err != nil && !w.steps.Has(StepNackSuppression) && errors.As(err, &nack) {
+	var drop *bus.Dropped
+	if !w.cfg.DelayUntilToken {
+		for _, r := range []bus.NackReason{bus.NackLimited, bus.NackThrottled} {
+			if errors.As(err, &nack) && nack.Reason == r {
+				same := *nack
+				same.SameDelayAsError = true
+				err = &same
+				break
+			}
+			if errors.As(err, &drop) && drop.Reason == bus.NoTimeToRetry(r) {
+				err = &bus.ExpectedNack{Reason: r, SameDelayAsError: true}
+				break
+			}
+		}
+	}
+	if !w.steps.Has(StepNackSuppression) && errors.As(err, &nack) {
 		return errors.New(nack.Error())
 	}
 	return err
