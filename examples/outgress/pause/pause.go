@@ -61,6 +61,16 @@ type Config struct {
 	// MaxAge bounds how old the last confirmation from Valkey may be before
 	// Check fails closed. Default 5s.
 	MaxAge time.Duration
+	// LastKnownGood keeps Check answering from the last snapshot, however
+	// old, when Valkey cannot confirm it (the etcd write-up's
+	// last-known-good state), instead of failing closed past MaxAge (the
+	// plan's rule, and the default). The trade-off: with it, a Valkey
+	// outage stops nothing, but a pause set during the outage (or whose
+	// event was lost) is not seen until Valkey answers again; failing
+	// closed sends nothing while the state cannot be trusted, so an outage
+	// of the store stops the fleet. Age and the reconcile failures still
+	// show the staleness.
+	LastKnownGood bool
 	// Timeout bounds each reconcile MGET. Default 1s.
 	Timeout time.Duration
 	// Elapsed is the monotonic clock that ages confirmations: the time
@@ -207,6 +217,7 @@ type Pause struct {
 	propagations           atomic.Int64 // reported to onPropagation
 	propagated             atomic.Int64 // the newest version reported to onPropagation
 	every, maxAge, timeout time.Duration
+	lastKnownGood          bool
 	elapsed                func() time.Duration
 	now                    func() time.Time
 
@@ -273,6 +284,7 @@ func New(c valkey.Client, cfg Config) *Pause {
 		untilKey:      Keys(cfg.Prefix)[3],
 		onPropagation: cfg.OnPropagation,
 		events:        cfg.Events,
+		lastKnownGood: cfg.LastKnownGood,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
@@ -397,13 +409,14 @@ func (p *Pause) Ready() bool { return p.snap.Load() != nil }
 
 // Check is the message path's question: may I send now? It returns nil,
 // ErrPaused, ErrPauseNotReady, or ErrPauseStale once Valkey last confirmed
-// the state more than MaxAge ago on the monotonic clock.
+// the state more than MaxAge ago on the monotonic clock (never with
+// Config.LastKnownGood).
 func (p *Pause) Check() error {
 	s := p.snap.Load()
 	switch {
 	case s == nil:
 		return ErrPauseNotReady
-	case p.elapsed()-s.confirmed > p.maxAge:
+	case !p.lastKnownGood && p.elapsed()-s.confirmed > p.maxAge:
 		return ErrPauseStale
 	case s.paused && (s.until == 0 || p.now().UnixMilli() < s.until):
 		return ErrPaused

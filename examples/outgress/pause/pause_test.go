@@ -1043,3 +1043,25 @@ func (c cutEvents) Publish(ctx context.Context, msg string) error {
 	}
 	return c.Events.Publish(ctx, msg)
 }
+
+// TestPauseLastKnownGood: with Config.LastKnownGood, a snapshot past
+// MaxAge without a confirmation (Valkey gone) still answers, paused or
+// not, where the default fails closed (TestPauseStaleFailsClosed); its age
+// still shows the staleness.
+func TestPauseLastKnownGood(t *testing.T) {
+	srv := testenv.Own(t)
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, "lkg:", Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now, LastKnownGood: true})
+	if _, err := p.SetPaused(testenv.Ctx(t), true, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	clk.step(time.Hour, time.Hour)
+	if err := p.Check(); err != ErrPaused {
+		t.Errorf("an hour without Valkey, paused: %v, want ErrPaused (last known good)", err)
+	}
+	if age := p.Age(); age != time.Hour {
+		t.Errorf("Age %v, want 1h", age)
+	}
+}
