@@ -157,3 +157,39 @@ func ExampleWithoutACLPrecheck() {
 	// allowed - shared bucket left: 18
 	// denied by bucket 1, retry after 3s - shared bucket left: -1
 }
+
+// An edge that answers 429 when the shared bucket is empty should not also
+// spend the caller's own bucket: AllowAll charges nothing unless both
+// buckets admit, and still decides in one round trip.
+func ExampleLimiter_AllowAll() {
+	srv := miniredis.NewMiniRedis()
+	if err := srv.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	srv.SetTime(exampleNow)
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	lim := admit.New(client)
+	ctx := context.Background()
+	user := admit.Request{Key: "rl:{api}:user:7", Spec: admit.MustSpec(admit.Every(time.Second), 5)}
+	shared := admit.Request{Key: "rl:{api}:shared", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
+
+	for range 3 {
+		d, err := lim.AllowAll(ctx, user, &shared)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(d, "user bucket holds", d.Remaining[0])
+	}
+	// Output:
+	// allowed user bucket holds 4
+	// allowed user bucket holds 3
+	// denied by bucket 2, retry after 1s user bucket holds 3
+}

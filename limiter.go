@@ -56,10 +56,18 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
+// MaxKeyLen is the longest bucket key a Request may name, in bytes. A
+// longer key is refused with ErrInvalidRequest before anything is sent, so
+// that input a client controls (a header, a path) can never make the
+// server store a key of that client's choosing size. Build key parts from
+// such input with [KeyPart].
+const MaxKeyLen = 1024
+
 // A Request names one bucket: the key of its hash, its shape, and what this
 // call takes from it.
 type Request struct {
-	// Key is the bucket's hash key. It must not be empty.
+	// Key is the bucket's hash key. It must not be empty nor longer than
+	// MaxKeyLen bytes.
 	Key string
 	// Spec is the bucket's rate and burst. It must not be the zero Spec.
 	Spec Spec
@@ -172,7 +180,8 @@ func New(client valkey.Client, opts ...Option) *Limiter {
 
 // Script modes, sent after the buckets' arguments; a take sends none.
 const (
-	modeTake   = "" // the script's default: nothing sent
+	modeTake   = ""  // the script's default: nothing sent
+	modeAll    = "a" // take, all or nothing
 	modePeek   = "p"
 	modeRefund = "r"
 	modeOnce   = "o" // take, recorded under an id
@@ -189,14 +198,36 @@ const (
 // command is in flight gives ErrOutcomeUnknown, because the command may
 // still reach the server.
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
-	return l.take(ctx, OpTake, first, second)
+	return l.take(ctx, OpTake, modeTake, first, second)
 }
 
-// take is AllowOrdered, observed as op (OpTake, or OpWaitAttempt for Wait).
-func (l *Limiter) take(ctx context.Context, op Op, first Request, second *Request) (Decision, error) {
+// AllowAll is AllowOrdered, all or nothing: when the second bucket
+// refuses, the first is not charged either. Both buckets are then left as
+// a denial leaves a bucket, Denied is 2, RetryAfter is the second bucket's
+// wait, and Remaining reports the first bucket's tokens uncharged. It is
+// decided in the same single script run and round trip as AllowOrdered.
+//
+// Use AllowAll where a refusal must cost nothing: an edge that answers
+// 429 to a request its shared bucket refuses should not also spend the
+// caller's own bucket. AllowOrdered keeps the first bucket's charge,
+// which is what a worker wants when it will retry the same unit of work
+// later through the second bucket alone. With a nil second the two calls
+// are the same. Errors are as AllowOrdered's.
+func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) (Decision, error) {
+	mode := modeTake
+	if second != nil {
+		mode = modeAll
+	}
+	return l.take(ctx, OpAll, mode, first, second)
+}
+
+// take is AllowOrdered (mode modeTake) or AllowAll (modeAll), observed as
+// op (OpTake, OpAll, or OpWaitAttempt for Wait). A first-bucket denial is
+// the same in both modes, so the denial cache serves both.
+func (l *Limiter) take(ctx context.Context, op Op, mode string, first Request, second *Request) (Decision, error) {
 	start := l.observeStart()
 	if l == nil || l.denials == nil {
-		d, err := l.run(ctx, modeTake, first, second)
+		d, err := l.run(ctx, mode, first, second)
 		l.observed(op, first, start, false, d, err)
 		return d, err
 	}
@@ -209,7 +240,7 @@ func (l *Limiter) take(ctx context.Context, op Op, first Request, second *Reques
 		return d, nil
 	}
 	sent := l.denials.now()
-	d, err := l.run(ctx, modeTake, first, second)
+	d, err := l.run(ctx, mode, first, second)
 	if err == nil && d.Denied == 1 {
 		l.denials.add(first, sent, d)
 	}
@@ -304,6 +335,9 @@ func checkRequest(which string, r Request) error {
 	switch {
 	case r.Key == "":
 		return invalidRequest(which + " request has an empty Key")
+	case len(r.Key) > MaxKeyLen:
+		return invalidRequest(which + " request has a Key of " + strconv.Itoa(len(r.Key)) + " bytes, over MaxKeyLen (" +
+			strconv.Itoa(MaxKeyLen) + "); build key parts from client input with admit.KeyPart")
 	case r.Spec.IsZero():
 		return invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has the zero Spec; build one with admit.NewSpec")
 	case r.Cost < 0:

@@ -64,6 +64,14 @@ var scriptMutants = []mutant{
 		edits: []mutate.Edit{at("deny2", "pulled2 and STORE or KEEP", "STORE"), at("deny2-reply", "", "tk2 = tk2 - 1")}},
 	{name: "first-not-charged-on-second-denial", // the reply still says charged
 		edits: []mutate.Edit{at("deny2-charge", "tk1 = tk1 - c1", ""), at("deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
+	{name: "all-first-charged-on-second-denial", // AllowAll behaves as AllowOrdered; the reply still says uncharged
+		edits: []mutate.Edit{at("all-deny2", "pulled1 and STORE or KEEP,", "STORE,"), at("all-deny2-reply", "", "tk1 = tk1 - c1")}},
+	{name: "all-reply-reports-first-charged", // the state is right, the reply wrong
+		edits: []mutate.Edit{at("all-deny2-reply", "now, tk1, tk2", "now, tk1 - c1, tk2")}},
+	{name: "all-second-rewritten-on-second-denial",
+		edits: []mutate.Edit{at("all-deny2", "pulled2 and STORE or KEEP", "STORE"), at("all-deny2-reply", "", "tk2 = math.max(tk2 - 1, 0)")}},
+	{name: "all-mode-ignored", // mode a decides as a take
+		edits: []mutate.Edit{at("all-deny2-test", "and mode == 'a'", "and mode == 'never'")}},
 	{name: "expiry-dropped",
 		edits: []mutate.Edit{at("store-expire", "redis.call('PEXPIREAT', keys[1], at)", "")}},
 	{name: "expiry-dropped-bucket2",
@@ -173,6 +181,44 @@ var scriptMutants = []mutant{
 		edits: []mutate.Edit{at("both-pack-bound", "r2 >= 2 ^ 26", "r2 >= 2 ^ 27")}},
 	{name: "remaining-off-by-cost-on-second-denial",
 		edits: []mutate.Edit{at("deny2-reply", "now, tk1, tk2", "now, tk1 + c1, tk2")}},
+
+	// Concurrency leases (the lease-* rules).
+	{name: "lease-limit-off-by-one",
+		edits: []mutate.Edit{at("lease-full", "live >= llimit", "live > llimit")}},
+	{name: "lease-expired-counted-live",
+		edits: []mutate.Edit{at("lease-live", "now + 1", "'-inf'")}},
+	{name: "lease-expired-not-pruned",
+		edits: []mutate.Edit{at("lease-prune", "lcall('ZREMRANGEBYSCORE', '-inf', now)", "")}},
+	{name: "lease-key-never-expires",
+		edits: []mutate.Edit{at("lease-expire", "redis.call('PEXPIREAT', lkey, at + (-at) % 1)", "")}},
+	{name: "lease-key-expires-with-the-new-lease", // an older, longer lease outlives its key
+		edits: []mutate.Edit{at("lease-expire", "at + (-at) % 1", "math.ceil(exp / 1000)")}},
+	{name: "lease-replay-takes-again",
+		edits: []mutate.Edit{at("lease-replay", "own and own + 0 > now", "false")}},
+	{name: "lease-buckets-not-all-or-nothing",
+		edits: []mutate.Edit{at("lease-all", "leasing, mode = true, 'a'", "leasing, mode = true, 't'")}},
+	{name: "lease-refusal-prunes",
+		edits: []mutate.Edit{at("lease-full", "", "redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now)")}},
+	{name: "lease-retry-after-a-whole-lease",
+		edits: []mutate.Edit{at("lease-full-reply", "oldest[2] - now", "llease")}},
+	{name: "lease-release-of-expired-reported-held",
+		edits: []mutate.Edit{at("lease-release-reply", "own + 0 > now and '1' or '2'", "'1'")}},
+	{name: "lease-extend-after-expiry",
+		edits: []mutate.Edit{at("lease-extend-dead", "not own or own + 0 <= now", "not own")}},
+	{name: "lease-extend-shortens", // ZADD GT alone would keep the score: both go
+		edits: []mutate.Edit{at("lease-extend-to", "math.max(own + 0, now + llease)", "now + llease"), at("lease-extend-add", "'GT', ", "")}},
+	{name: "lease-corrupt-key-accepted",
+		edits: []mutate.Edit{at("lease-corrupt", "card > 10000 or (own and not whole(own)) or (latest and not whole(latest))", "false")}},
+	{name: "lease-acl-precheck-skipped",
+		edits: []mutate.Edit{at("lease-acl", "redis.acl_check_cmd", "nil")}},
+	{name: "lease-acl-precheck-skipped-with-buckets",
+		edits: []mutate.Edit{at("lease-check", "lcheck(lexpired, false)", "nil")}},
+	{name: "lease-acl-precheck-skipped-on-extend",
+		edits: []mutate.Edit{at("lease-acl-extend", "acl and not acl('PEXPIREAT', lkey)", "false")}},
+	{name: "lease-remaining-before-the-charge",
+		edits: []mutate.Edit{at("lease-grant-reply", "'0 0 %d %d %d %d 0', tk1,", "'0 0 %d %d %d %d 0', tk1 + c1,")}},
+	{name: "lease-refusal-names-the-first-part",
+		edits: []mutate.Edit{at("lease-deny-reply", "ldenied, lretry", "1, lretry")}},
 }
 
 // hostClockClient appends the host's clock, in µs, to every script

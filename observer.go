@@ -19,12 +19,14 @@ const (
 	OpRefund
 	// OpWaitAttempt is one attempt of Wait: an AllowOrdered.
 	OpWaitAttempt
+	// OpAll is AllowAll.
+	OpAll
 )
 
-var opNames = [...]string{OpTake: "take", OpOnce: "once", OpPeek: "peek", OpRefund: "refund", OpWaitAttempt: "wait-attempt"}
+var opNames = [...]string{OpTake: "take", OpOnce: "once", OpPeek: "peek", OpRefund: "refund", OpWaitAttempt: "wait-attempt", OpAll: "all"}
 
-// String returns the Op's name: "take", "once", "peek", "refund" or
-// "wait-attempt".
+// String returns the Op's name: "take", "once", "peek", "refund",
+// "wait-attempt" or "all".
 func (o Op) String() string {
 	if int(o) < len(opNames) && opNames[o] != "" {
 		return opNames[o]
@@ -53,7 +55,7 @@ type Observation struct {
 }
 
 // WithObserver has the Limiter call observe once for every call it
-// completes: AllowOrdered, AllowOrderedOnce, Peek, Refund, and each attempt
+// completes: AllowOrdered, AllowAll, AllowOrderedOnce, Peek, Refund, and each attempt
 // and refund of Wait. observe runs on the caller's goroutine after the
 // call, before it returns, so it must be quick and safe for concurrent
 // use: count, or hand off to a metrics library (examples/outgress feeds

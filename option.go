@@ -50,15 +50,9 @@ func WithDenialCache(size int) Option {
 // write of the call: PEXPIREAT on bucket 1's key, HSET and PEXPIREAT on
 // bucket 2's, SET on AllowOrderedOnce's record. That is 1 check for a
 // one-bucket admission, 3 for a two-bucket one, 2 for a second-bucket
-// denial, none for a first-bucket denial. Skipping them saves, in server
-// instructions per call counted with callgrind
-// (scripts/script-instructions.sh, on the script of commit 5d3488c), on
-// Valkey 8.0.1 about 2,300 of 56,100 for a one-bucket admission (4.0%),
-// 5,600 of 94,500 for a two-bucket one (5.9%) and 4,100 of 90,000 for a
-// second-bucket denial (4.5%), on Redis 7.0.15 3.5%, 6.1% and 4.4%; a
-// first-bucket denial saves only the lookup of redis.acl_check_cmd (under
-// 1%). At saturation (BENCHMARKS.md, "Server time at saturation") the
-// server's time per admission falls by 1-11%.
+// denial, none for a first-bucket denial. Skipping them saves a few
+// percent of the server's work per admission (BENCHMARKS.md gives the
+// figures for each server).
 // [Limiter.Peek] writes nothing and is unchanged. Every other guarantee
 // stays: each bucket is read and validated before the first write, and a
 // user refused bucket 1's write (the first, run under pcall) gets NOPERM,

@@ -86,7 +86,7 @@ var propKinds = []struct {
 	name   string
 	weight int
 }{
-	{"advance", 18}, {"allow", 16}, {"once", 18}, {"settle", 8}, {"lost", 4}, {"reuse", 4},
+	{"advance", 18}, {"allow", 16}, {"all", 10}, {"once", 18}, {"settle", 8}, {"lost", 4}, {"reuse", 4},
 	{"peek", 8}, {"refund", 10}, {"wait", 3}, {"foreign", 2}, {"invalid", 4},
 }
 
@@ -686,6 +686,9 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 	case "allow":
 		_, f := r.call(ctx, propCall{method: "AllowOrdered", via: via, first: first, second: second})
 		return f
+	case "all":
+		_, f := r.call(ctx, propCall{method: "AllowAll", via: via, first: first, second: second})
+		return f
 	case "peek":
 		_, f := r.call(ctx, propCall{method: "Peek", via: via, first: first, second: second})
 		return f
@@ -909,6 +912,8 @@ func (r *propRun) send(ctx context.Context, c propCall) propGot {
 	switch c.method {
 	case "AllowOrdered":
 		got.d, got.err = l.AllowOrdered(ctx, c.first, c.second)
+	case "AllowAll":
+		got.d, got.err = l.AllowAll(ctx, c.first, c.second)
 	case "AllowOrderedOnce":
 		got.d, got.err = l.AllowOrderedOnce(ctx, c.id, c.first, c.second)
 	case "Peek":
@@ -928,6 +933,8 @@ func expect(m *model.Server, c propCall) (model.Outcome, error) {
 	switch c.method {
 	case "AllowOrdered":
 		return m.AllowOrdered(c.first, c.second)
+	case "AllowAll":
+		return m.AllowAll(c.first, c.second)
 	case "AllowOrderedOnce":
 		return m.AllowOrderedOnce(c.id, c.first, c.second)
 	case "Peek":
@@ -1067,7 +1074,7 @@ func (r *propRun) call(ctx context.Context, c propCall) (propGot, *propFailure) 
 			}
 		case c.method == "Wait" && got.err == nil:
 			return got, r.fail("cache", "%s: Wait returned %v without the server", c, model.Of(got.d))
-		case c.method == "AllowOrdered" || c.method == "Wait" || c.method == "Peek":
+		case c.method == "AllowOrdered" || c.method == "AllowAll" || c.method == "Wait" || c.method == "Peek":
 			if err := r.cache.Check(c.first, local0, model.Of(got.d)); err != nil {
 				return got, r.fail("cache", "%s: %v", c, err)
 			}
@@ -1406,7 +1413,7 @@ func (r *propRun) account(c propCall, want model.Outcome, got propGot, local1 ti
 		r.net[req.Key] += sign * int64(max(req.Cost, 1))
 	}
 	switch c.method {
-	case "AllowOrdered", "AllowOrderedOnce", "Wait":
+	case "AllowOrdered", "AllowAll", "AllowOrderedOnce", "Wait":
 		if want.Replayed {
 			break
 		}
@@ -1415,7 +1422,7 @@ func (r *propRun) account(c propCall, want model.Outcome, got propGot, local1 ti
 			if c.second != nil {
 				charge(*c.second, 1)
 			}
-		} else if want.Denied == 2 && c.method != "Wait" { // Wait refunds it
+		} else if want.Denied == 2 && c.method != "Wait" && c.method != "AllowAll" { // Wait refunds it; AllowAll never charges it
 			charge(c.first, 1)
 		}
 	case "Refund":

@@ -81,7 +81,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 	refunds := 0 // attempts the second bucket refused, each refunded
 	for {
 		sent := time.Now()
-		d, err := l.take(ctx, OpWaitAttempt, first, second)
+		d, err := l.take(ctx, OpWaitAttempt, modeTake, first, second)
 		if err != nil || d.Allowed() {
 			l.waits.forget(line)
 			if err != nil && refunds > 0 && errors.Is(err, ErrNotExecuted) {

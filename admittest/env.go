@@ -347,7 +347,7 @@ func (e *env) snap(ctx context.Context, key string) (snapshot, error) {
 }
 
 // contents returns key's type and every byte it holds, for the types the
-// suite writes (hash, string, list), or "" when key is absent: what a
+// suite writes (hash, string, list, zset), or "" when key is absent: what a
 // snapshot compares where the server does not DUMP hashes.
 func (e *env) contents(ctx context.Context, key string) (string, error) {
 	a := e.admin
@@ -375,6 +375,12 @@ func (e *env) contents(ctx context.Context, key string) (string, error) {
 			return "", fmt.Errorf("GET %s: %w", key, err)
 		}
 		return fmt.Sprintf("string %q", v), nil
+	case "zset":
+		v, err := a.Do(ctx, a.B().Zrange().Key(key).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		if err != nil {
+			return "", fmt.Errorf("ZRANGE %s: %w", key, err)
+		}
+		return fmt.Sprintf("zset %v", v), nil
 	case "list":
 		v, err := a.Do(ctx, a.B().Lrange().Key(key).Start(0).Stop(-1).Build()).AsStrSlice()
 		if err != nil {
@@ -512,6 +518,16 @@ func (e *env) decideAndCompare(ctx context.Context, l *admit.Limiter, first admi
 // fresh ts, an expiry) must lie between the two ends; all else must be
 // equal.
 func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, states map[string]model.State) (admit.Decision, error) {
+	return e.compareCall(ctx, l, false, first, second, states)
+}
+
+// compareCall is compareDecision for AllowOrdered (all false) or AllowAll
+// (all true), each against its own model.
+func (e *env) compareCall(ctx context.Context, l *admit.Limiter, all bool, first admit.Request, second *admit.Request, states map[string]model.State) (admit.Decision, error) {
+	call, decide, name := l.AllowOrdered, model.Decide, "AllowOrdered"
+	if all {
+		call, decide, name = l.AllowAll, model.DecideAll, "AllowAll"
+	}
 	keys := keysOf(first, second)
 	var err error
 	before := map[string]snapshot{}
@@ -524,16 +540,16 @@ func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit
 	if err != nil {
 		return admit.Decision{}, err
 	}
-	d, callErr := l.AllowOrdered(ctx, first, second)
+	d, callErr := call(ctx, first, second)
 	tAfter, err := e.serverTime(ctx, first.Key)
 	if err != nil {
 		return admit.Decision{}, err
 	}
 	if callErr != nil {
-		return d, fmt.Errorf("AllowOrdered: %w", callErr)
+		return d, fmt.Errorf("%s: %w", name, callErr)
 	}
-	dLo, wLo := model.Decide(tBefore, states, first, second)
-	dHi, wHi := model.Decide(tAfter, states, first, second)
+	dLo, wLo := decide(tBefore, states, first, second)
+	dHi, wHi := decide(tAfter, states, first, second)
 	if dLo.Denied != dHi.Denied || len(wLo) != len(wHi) {
 		return d, fmt.Errorf("inconclusive: the model's decision changes within the server window of %dµs", tAfter-tBefore)
 	}
@@ -574,6 +590,12 @@ func (e *env) compareDecision(ctx context.Context, l *admit.Limiter, first admit
 			}
 			minLo, minHi := min(lo.ExpireAtMs, hi.ExpireAtMs), max(lo.ExpireAtMs, hi.ExpireAtMs)
 			switch {
+			case !before[k].exists || !after.exists:
+				// An absent bucket is a full one: a denial's PEXPIREAT GT
+				// must not create it, nor remove a present one.
+				if after != before[k] {
+					errs = append(errs, fmt.Errorf("%s was denied and must not change: before %v, after %v", e.short(k), before[k], after))
+				}
 			case after.state != before[k].state:
 				errs = append(errs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
 			case (before[k].expireAt == -1 || before[k].expireAt >= minHi) && after.expireAt != before[k].expireAt:

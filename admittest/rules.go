@@ -22,6 +22,7 @@ var rules = []rule{
 	{"first-denial-leaves-second-untouched", checkFirstDenial},
 	{"second-denial-charges-first", checkSecondDenial},
 	{"both-allow-consume-once", checkBothAllow},
+	{"all-or-nothing-second-denial-charges-nothing", checkAllOrNothing},
 	{"one-state-for-both-paths", checkSharedState},
 	{"key-schema", checkKeySchema},
 
@@ -63,6 +64,16 @@ var rules = []rule{
 	// a bucket (rules_trust.go).
 	{"live-spec-change", checkLiveSpecChange},
 	{"foreign-hash-refused", checkForeignHash},
+
+	// Leases: concurrency limits, alone and with the buckets
+	// (rules_lease.go).
+	{"lease-never-more-than-limit", checkLeaseLimit},
+	{"lease-dead-holder-freed-at-expiry", checkLeaseDeadHolder},
+	{"lease-all-or-nothing", checkLeaseAllOrNothing},
+	{"lease-refusal-writes-nothing", checkLeaseRefusalWritesNothing},
+	{"lease-release-idempotent", checkLeaseReleaseIdempotent},
+	{"lease-retry-safe-by-name", checkLeaseRetrySafe},
+	{"lease-least-privilege-user", checkLeaseLeastPrivilege},
 
 	// Cluster: slots and shards; skipped on a standalone server
 	// (rules_cluster.go).

@@ -209,6 +209,65 @@ func (e *env) decideExpiring(ctx context.Context, first admit.Request, second *a
 	return e.compareDecision(ctx, e.l, first, second, states)
 }
 
+// checkAllOrNothing: AllowAll walks the design table's rows with one
+// change: when the second bucket denies, the first is not charged either,
+// and both keep their fields (a denial's expiry rule applies to each). A
+// first-bucket denial and an admission are AllowOrdered's rows, and a
+// one-bucket call is AllowOrdered's. decideAndCompare checks every field
+// and expiry against the model's all-or-nothing decision.
+func checkAllOrNothing(ctx context.Context, e *env) error {
+	var errs []error
+	for _, tc := range []struct {
+		name          string
+		first, second *seedAt
+		second2       bool // a two-bucket call
+		want          uint8
+		shortExpiry   int // 1 or 2: that bucket expires in 1 s
+	}{
+		{"second denies, first partially full", &seedAt{2, -sec}, &seedAt{0, -sec}, true, 2, 0},
+		{"second denies, first fresh", nil, &seedAt{0, -30 * sec}, true, 2, 0},
+		{"second denies, first on its last token", &seedAt{1, -sec}, &seedAt{0, -sec}, true, 2, 0},
+		{"second denies, first expiring before its time to full", &seedAt{1, -5 * sec}, &seedAt{0, -sec}, true, 2, 1},
+		{"second denies, second expiring before its time to full", &seedAt{2, -sec}, &seedAt{0, -30 * sec}, true, 2, 2},
+		{"second denies, first's clock behind ts", &seedAt{1, 30 * sec}, &seedAt{0, -sec}, true, 2, 0},
+		{"first denies", &seedAt{0, -sec}, &seedAt{2, -sec}, true, 1, 0},
+		{"both allow", &seedAt{2, -sec}, &seedAt{1, -sec}, true, 0, 0},
+		{"one bucket allows", &seedAt{2, -sec}, nil, false, 0, 0},
+		{"one bucket denies", &seedAt{0, -sec}, nil, false, 1, 0},
+	} {
+		p := e.prefix("all-or-nothing")
+		first, second := req(p+"std", hourly3), req(p+"shared", halfHourly)
+		second.Spec = admit.MustSpec(admit.Every(30*time.Minute), 3)
+		seeds := map[string]seedAt{}
+		if tc.first != nil {
+			seeds[first.Key] = *tc.first
+		}
+		sp := (*admit.Request)(nil)
+		if tc.second2 {
+			sp = &second
+			if tc.second != nil {
+				seeds[second.Key] = *tc.second
+			}
+		}
+		states, err := e.seedKeys(ctx, keysOf(first, sp), seeds)
+		if err == nil && tc.shortExpiry > 0 {
+			short := []string{first.Key, second.Key}[tc.shortExpiry-1]
+			err = e.admin.Do(ctx, e.admin.B().Pexpire().Key(short).Milliseconds(1000).Build()).Error()
+		}
+		var d admit.Decision
+		if err == nil {
+			d, err = e.compareCall(ctx, e.l, true, first, sp, states)
+		}
+		if err == nil && (d.Denied != tc.want || d.Allowed() != (tc.want == 0)) {
+			err = fmt.Errorf("decision %v, want Denied %d", d, tc.want)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", tc.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // checkBothAllow: when both buckets allow, each loses exactly one token.
 func checkBothAllow(ctx context.Context, e *env) error {
 	var errs []error

@@ -14,11 +14,14 @@ import (
 // them), each once, and every check function of the package is in it.
 func TestRuleNames(t *testing.T) {
 	want := []string{
+		"all-or-nothing-second-denial-charges-nothing",
 		"both-allow-consume-once", "bucket-states", "cancel-in-flight-is-outcome-unknown",
 		"cluster-cross-slot-refused", "cluster-hash-tag", "cluster-shards-independent",
 		"concurrency-exact-count", "corrupt-state-writes-nothing", "cost-transitions",
 		"first-denial-leaves-second-untouched", "foreign-hash-refused", "host-clock-plays-no-part",
-		"key-schema", "live-spec-change", "lost-reply-is-outcome-unknown",
+		"key-schema", "lease-all-or-nothing", "lease-dead-holder-freed-at-expiry", "lease-least-privilege-user",
+		"lease-never-more-than-limit", "lease-refusal-writes-nothing", "lease-release-idempotent", "lease-retry-safe-by-name",
+		"live-spec-change", "lost-reply-is-outcome-unknown",
 		"once-first-denial-writes-nothing", "once-id-reuse-refused", "once-records-never-collide",
 		"once-replay-is-marked", "once-survives-a-lost-reply", "one-evalsha-per-decision",
 		"one-state-for-both-paths", "only-declared-keys", "peek-read-only-user",

@@ -25,11 +25,22 @@ type Write struct {
 
 // Decide decides first (and second) at server time now, in µs since the
 // epoch, given the stored buckets (a key absent from states is absent on the
-// server). It returns the decision and the buckets it writes; a key it does
-// not write must be left byte for byte as it was. The Decision it returns
-// is built outside package admit, so its Allowed is false: compare Denied,
-// RetryAfter and Remaining.
+// server), as AllowOrdered does. It returns the decision and the buckets it
+// writes; a key it does not write must be left byte for byte as it was. The
+// Decision it returns is built outside package admit, so its Allowed is
+// false: compare Denied, RetryAfter and Remaining.
 func Decide(now int64, states map[string]State, first admit.Request, second *admit.Request) (admit.Decision, map[string]Write) {
+	return decide(now, states, first, second, false)
+}
+
+// DecideAll is Decide as AllowAll decides, all or nothing: when the second
+// bucket refuses, the first is not charged either, and both are left as a
+// denial leaves a bucket.
+func DecideAll(now int64, states map[string]State, first admit.Request, second *admit.Request) (admit.Decision, map[string]Write) {
+	return decide(now, states, first, second, true)
+}
+
+func decide(now int64, states map[string]State, first admit.Request, second *admit.Request, all bool) (admit.Decision, map[string]Write) {
 	writes := map[string]Write{}
 	refill := func(r admit.Request) (tk, ts int64) {
 		st, ok := states[r.Key]
@@ -69,6 +80,11 @@ func Decide(now int64, states map[string]State, first admit.Request, second *adm
 	if second != nil {
 		c2 := cost(*second)
 		tk2, ts2 := refill(*second)
+		if tk2 < c2 && all {
+			keep(first, tk1, ts1)
+			keep(*second, tk2, ts2)
+			return admit.Decision{Denied: 2, RetryAfter: wait(*second, tk2, ts2), Remaining: [2]int{int(tk1), int(tk2)}}, writes
+		}
 		if tk2 < c2 {
 			store(first, tk1-c1, ts1)
 			keep(*second, tk2, ts2)

@@ -239,6 +239,8 @@ func validate(which string, r admit.Request) error {
 	switch {
 	case r.Key == "":
 		return fmt.Errorf("%w: %s request has an empty Key", admit.ErrInvalidRequest, which)
+	case len(r.Key) > admit.MaxKeyLen:
+		return fmt.Errorf("%w: %s request has a Key of %d bytes", admit.ErrInvalidRequest, which, len(r.Key))
 	case r.Spec.IsZero():
 		return fmt.Errorf("%w: %s request has the zero Spec", admit.ErrInvalidRequest, which)
 	case r.Cost < 0 || r.Cost > r.Spec.Burst():
@@ -292,6 +294,21 @@ func (s *Server) AllowOrdered(first admit.Request, second *admit.Request) (Outco
 		return Outcome{}, err
 	}
 	return s.take(first, second)
+}
+
+// AllowAll is admit's Limiter.AllowAll: AllowOrdered, except that a
+// second-bucket denial charges the first bucket nothing.
+func (s *Server) AllowAll(first admit.Request, second *admit.Request) (Outcome, error) {
+	if err := Validate(first, second); err != nil {
+		return Outcome{}, err
+	}
+	s.expire()
+	if err := s.wrongType(first, second); err != nil {
+		return Outcome{}, err
+	}
+	d, writes := DecideAll(s.Now, s.States(), first, second)
+	s.apply(writes)
+	return outcome(d), nil
 }
 
 func (s *Server) take(first admit.Request, second *admit.Request) (Outcome, error) {
