@@ -99,14 +99,18 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	}
 }
 
+// oneReplica starts replica A on subjects of the test's own, its pause
+// reconciling every reconcile.
+func oneReplica(t *testing.T, reconcile time.Duration) (*replica, Config) {
+	cfg := Config{Prefix: subjects()}
+	return startReplica(t, testenv.Shared(t), testenv.Prefix(t), "A", cfg, reconcile, false), cfg
+}
+
 // TestSetPausedMalformed: a request that is not "1:N", "0:N" or "1:N:D"
 // (N a version, D a duration in ms) is refused by the one replica that takes it, and changes
 // nothing.
 func TestSetPausedMalformed(t *testing.T) {
-	srv := testenv.Shared(t)
-	prefix := testenv.Prefix(t)
-	cfg := Config{Prefix: subjects()}
-	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
+	a, cfg := oneReplica(t, time.Hour)
 	bad := []string{"yes", "1", "0:", "1:-1", "2:0", "1:x", ":0", "0:0:1000", "1:0:0", "1:0:-5", "1:0:x", "1:0:"}
 	for _, data := range bad {
 		m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte(data))
@@ -153,10 +157,7 @@ func TestStatusIsStrong(t *testing.T) {
 // is refused with pause.ErrVersionConflict naming both versions, and
 // nothing changes: the fleet stays paused at version 1.
 func TestSetPausedConflict(t *testing.T) {
-	srv := testenv.Shared(t)
-	prefix := testenv.Prefix(t)
-	cfg := Config{Prefix: subjects()}
-	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
+	a, cfg := oneReplica(t, time.Hour)
 	operator := testenv.NATSConn(t)
 	s, err := SystemStatus(testenv.Ctx(t), operator, cfg)
 	if err != nil || s.Version != 0 {
@@ -177,10 +178,7 @@ func TestSetPausedConflict(t *testing.T) {
 // TestPauseForThroughMgmt: a timed pause requested through mgmt ends on
 // its own; status shows its end, from Valkey and from the snapshot.
 func TestPauseForThroughMgmt(t *testing.T) {
-	srv := testenv.Shared(t)
-	prefix := testenv.Prefix(t)
-	cfg := Config{Prefix: subjects()}
-	a := startReplica(t, srv, prefix, "A", cfg, 20*time.Millisecond, false)
+	a, cfg := oneReplica(t, 20*time.Millisecond)
 	operator := testenv.NATSConn(t)
 	before := time.Now()
 	if r, err := PauseFor(testenv.Ctx(t), operator, cfg, time.Hour, 0); err != nil || r.Version != 1 {

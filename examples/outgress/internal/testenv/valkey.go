@@ -225,20 +225,12 @@ func CommandStats(tb testing.TB, c valkey.Client) map[string]CmdStat {
 	stats := map[string]CmdStat{}
 	for k, v := range Info(info) {
 		if name, ok := strings.CutPrefix(k, "cmdstat_"); ok {
-			var s CmdStat
+			f := map[string]int64{} // calls=3,usec=120,usec_per_call=40.00,...
 			for kv := range strings.SplitSeq(v, ",") {
 				key, val, _ := strings.Cut(kv, "=")
-				n, _ := strconv.ParseInt(val, 10, 64)
-				switch key {
-				case "calls":
-					s.Calls = n
-				case "usec":
-					s.Usec = n
-				case "failed_calls":
-					s.Failed = n
-				}
+				f[key], _ = strconv.ParseInt(val, 10, 64)
 			}
-			stats[name] = s
+			stats[name] = CmdStat{Calls: f["calls"], Usec: f["usec"], Failed: f["failed_calls"]}
 		}
 	}
 	return stats
