@@ -48,6 +48,31 @@
 // codes.Internal, provided keys are built from it (as admit.KeyPart
 // builds them, or as any string) and not its Spec or Policy.
 //
+// # Concurrency
+//
+// A Rule's [Concurrent] part bounds the calls of a key in flight: an
+// admitted call holds one of its slots (an [admit.Lease]) while its
+// handler runs, decided with the Rule's buckets in one
+// [admit.Limiter.Acquire], all or nothing: a refusal by the slot, or by a
+// bucket, takes nothing from the other parts. The interceptors release
+// the slot when the handler returns (a stream's, when the stream ends),
+// and when it panics (the panic then goes on up); the release runs on a
+// context that outlives the call's cancellation (a client that goes away
+// does not keep its slot), bounded by [WithTimeout] or, without it, one
+// second. A release that fails, or finds the lease expired (the handler
+// outlived it), goes to [WithErrorFunc]; the slot is then freed when its
+// lease expires, as is the slot of a process that dies mid-call. After a
+// decision whose outcome is unknown the interceptors release too: the
+// lost Acquire may have taken a slot.
+//
+// A refusal by the slot is codes.ResourceExhausted with a RetryInfo of
+// the time until the key's oldest lease expires, rounded up (an upper
+// bound: a release frees a slot sooner), and a QuotaFailure violation
+// whose subject is the part's Policy. A concurrency part needs a decider
+// that can Acquire, an [admit.Limiter]: on another decider the Rule is
+// refused with codes.Internal. While degraded ([Degrade]) the part is not
+// enforced.
+//
 // # Outages
 //
 // Every failed decision is [admit.ErrNotExecuted] or
@@ -93,15 +118,43 @@ func (b Bucket) Request() admit.Request {
 	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
 }
 
-// A Rule is what one call is charged: First, and only when First admits,
-// Second, all or nothing. A nil Second is the one-bucket path. Return
-// [NoLimit] for a call that has no limit; the zero Rule is an error.
+// A Concurrent is a concurrency limit: a call holds one of its slots (an
+// [admit.Lease]) from its admission until its handler returns or panics,
+// so that at most Spec.Limit() calls of its Key run at once.
+type Concurrent struct {
+	// Policy names the limit in a refusal's message and QuotaFailure
+	// violation. It must be printable ASCII (0x20 to 0x7E), not empty,
+	// and differ from the buckets' policies.
+	Policy string
+	// Key is the lease key (a sorted set of holders); it must not be
+	// empty, must differ from the buckets' keys, and must share their
+	// hash tag on Valkey Cluster, as in "conc:{org:7}" beside
+	// "tpm:{org:7}". Keys must not start with [ShadowPrefix].
+	Key string
+	// Spec is the limit and the lease duration; it must not be the zero
+	// Concurrency. Give a lease longer than the slowest handler: a
+	// handler that outlives its lease loses its slot to another call
+	// (reported to [WithErrorFunc] at release), unless it extends the
+	// lease ([Admission].Lease).
+	Spec admit.Concurrency
+}
+
+// A Rule is what one call is charged: a slot of Concurrent, if not nil,
+// then First, and only when First admits, Second, all or nothing. A nil
+// Second is the one-bucket path. A Rule with a concurrency part may have
+// no bucket: First zero and Second nil is a plain concurrency limit.
+// Return [NoLimit] for a call that has no limit; the zero Rule is an
+// error.
 type Rule struct {
 	// First is checked first: the standard lane's own bucket, or the
 	// premium lane's shared one.
 	First Bucket
 	// Second, if not nil, is checked only when First admits.
 	Second *Bucket
+	// Concurrent, if not nil, is a concurrency limit whose slot the call
+	// holds while its handler runs; it is decided before the buckets, in
+	// the same script run.
+	Concurrent *Concurrent
 
 	noLimit bool
 }
@@ -113,9 +166,14 @@ var NoLimit = Rule{noLimit: true}
 // IsNoLimit reports whether r is NoLimit.
 func (r Rule) IsNoLimit() bool { return r.noLimit }
 
-// Requests returns the Rule as the arguments of admit's calls, for
-// example to Refund the unused part of a reservation.
+// Requests returns the Rule's buckets as the arguments of admit's calls,
+// for example to Refund the unused part of a reservation. A Rule without
+// a bucket (a concurrency limit alone) returns the zero Request and nil:
+// there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
+	if !r.hasBuckets() {
+		return admit.Request{}, nil
+	}
 	first = r.First.Request()
 	if r.Second != nil {
 		s := r.Second.Request()
@@ -124,10 +182,31 @@ func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	return first, second
 }
 
+// hasBuckets reports whether r names a bucket: any Rule but one with a
+// concurrency part and neither First nor Second.
+func (r Rule) hasBuckets() bool {
+	return r.Concurrent == nil || r.First != (Bucket{}) || r.Second != nil
+}
+
+// buckets returns the Rule's buckets in order.
+func (r Rule) buckets() []Bucket {
+	switch {
+	case !r.hasBuckets():
+		return nil
+	case r.Second == nil:
+		return []Bucket{r.First}
+	}
+	return []Bucket{r.First, *r.Second}
+}
+
 func (r Rule) clone() Rule {
 	if r.Second != nil {
 		s := *r.Second
 		r.Second = &s
+	}
+	if r.Concurrent != nil {
+		c := *r.Concurrent
+		r.Concurrent = &c
 	}
 	return r
 }
@@ -157,6 +236,13 @@ type Admission struct {
 	// Decider is what decided it: the interceptor's decider, or the
 	// Degraded of a Degrade outage policy. Refund on it, and only there.
 	Decider admit.Decider
+	// Lease is the granted lease when the Rule has a concurrency part
+	// (and the store decided it), nil otherwise. The interceptors release
+	// it when the handler returns or panics; a handler that may outlive
+	// the lease's duration extends it (Lease.Extend) before
+	// Lease.Deadline. Do not release it: the slot would be free while the
+	// handler still runs.
+	Lease *admit.Lease
 }
 
 type admissionKey struct{}
@@ -295,6 +381,12 @@ type Report struct {
 	// Err is the decision's error, for the outage and ClientGone outcomes,
 	// and the Rule's, for InvalidRule.
 	Err error
+	// Lease is the Acquire's outcome for Admitted and Refused when the
+	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
+	// part that refused (admit.PartSlot when every slot was taken), and
+	// Lease.Holders the calls of the key in flight. For a slot refusal,
+	// Decision carries the slot's RetryAfter with Denied 0: read Lease.
+	Lease *admit.Lease
 }
 
 // An Option configures the interceptors; pass Options to [New].
@@ -306,6 +398,7 @@ func (f optionFunc) apply(c *config) error { return f(c) }
 
 type config struct {
 	outcome func(Report)
+	onError func(c *Call, err error)
 	timeout time.Duration
 	shadows []Shadow
 }
@@ -324,10 +417,26 @@ func WithOutcomeFunc(f func(Report)) Option {
 	})
 }
 
+// WithErrorFunc calls f with every error that happens after a call's
+// decision: a slot's release that failed, or that found the lease
+// expired because the handler outlived it. It runs on the call's
+// goroutine, after its handler. The library logs nothing itself; f is
+// where to log or count. Default: none.
+func WithErrorFunc(f func(c *Call, err error)) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return errors.New("admitgrpc: WithErrorFunc(nil): pass a function, or leave the option out")
+		}
+		c.onError = f
+		return nil
+	})
+}
+
 // WithTimeout bounds each decision's time to d: a store that does not
 // answer within d fails the decision (as admit classes it: not executed
 // when nothing was sent, outcome unknown otherwise), and the Outage policy
-// answers. Default: none, the call's own deadline alone.
+// answers. It also bounds a slot's release. Default: none, the call's own
+// deadline alone (and one second for a release).
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
@@ -390,7 +499,10 @@ func New(dec admit.Decider, classify func(*Call) Rule, outage Outage, opts ...Op
 // Unary returns the unary server interceptor.
 func (ic *Interceptors) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx, err := ic.admit(ctx, info.FullMethod, false)
+		ctx, release, err := ic.admit(ctx, info.FullMethod, false)
+		if release != nil {
+			defer release() // on return and on panic, which then goes on up
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -402,7 +514,10 @@ func (ic *Interceptors) Unary() grpc.UnaryServerInterceptor {
 // at its start, before the handler reads or writes a message.
 func (ic *Interceptors) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx, err := ic.admit(ss.Context(), info.FullMethod, true)
+		ctx, release, err := ic.admit(ss.Context(), info.FullMethod, true)
+		if release != nil {
+			defer release() // when the stream ends, or its handler panics
+		}
 		if err != nil {
 			return err
 		}
@@ -422,8 +537,9 @@ type admittedStream struct {
 func (s *admittedStream) Context() context.Context { return s.ctx }
 
 // admit decides one call: the context for its handler, or the error that
-// ends it.
-func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (context.Context, error) {
+// ends it, and with a concurrency part the function that releases its
+// slot, which the caller defers whatever the error.
+func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (context.Context, func(), error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	if md == nil {
 		md = metadata.MD{}
@@ -434,41 +550,140 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 	if rule.noLimit {
 		ic.runShadows(call, rule, admit.Decision{})
 		ic.report(call, rule, Unlimited, admit.Decision{}, nil)
-		return ctx, nil
+		return ctx, nil, nil
 	}
 	if code, err := checkRule(rule); err != nil {
 		ic.runShadows(call, rule, admit.Decision{})
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
-		return nil, invalidStatus(code)
+		return nil, nil, invalidStatus(code)
 	}
-	d, err := ic.decide(ctx, ic.dec, rule)
+	var (
+		d       admit.Decision
+		x       *admit.Lease
+		err     error
+		release func()
+	)
+	if rule.Concurrent != nil {
+		acq, ok := ic.dec.(acquirer)
+		if !ok {
+			err := fmt.Errorf("admitgrpc: the Rule has a concurrency part (policy %q), and the decider (%T) cannot Acquire; "+
+				"decide concurrency limits on an *admit.Limiter: %w", rule.Concurrent.Policy, ic.dec, admit.ErrInvalidRequest)
+			ic.runShadows(call, rule, admit.Decision{})
+			ic.report(call, rule, InvalidRule, admit.Decision{}, err)
+			return nil, nil, invalidStatus(codes.Internal)
+		}
+		x, err = ic.acquire(ctx, acq, rule)
+		// Whatever happens next, the handler returning or panicking
+		// included: a granted slot is freed, and so is one that an
+		// Acquire whose outcome is unknown may have taken. A lease that
+		// was refused, or never sent, sends nothing.
+		release = func() { ic.release(call, x) }
+		if err == nil {
+			d = leaseDecision(x)
+		}
+	} else {
+		d, err = ic.decide(ctx, ic.dec, rule)
+	}
 	ic.runShadows(call, rule, d)
+	allowed := d.Allowed()
+	if x != nil {
+		allowed = x.Granted()
+	}
+	var lease *admit.Lease // for the reports of a decided call
+	if err == nil {
+		lease = x
+	}
 	switch {
-	case err == nil && d.Allowed():
-		ic.report(call, rule, Admitted, d, nil)
-		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec}), nil
+	case err == nil && allowed:
+		ic.reportLease(call, rule, Admitted, d, lease, nil)
+		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec, Lease: lease}), release, nil
 	case err == nil:
-		ic.report(call, rule, Refused, d, nil)
-		return nil, refusal(rule, d, false)
+		ic.reportLease(call, rule, Refused, d, lease, nil)
+		return nil, release, refusal(rule, d, lease, false)
 	case ctx.Err() != nil:
 		// The client went away (or its deadline passed): not an outage.
 		ic.report(call, rule, ClientGone, admit.Decision{}, err)
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, release, status.FromContextError(ctx.Err()).Err()
 	case errors.Is(err, admit.ErrInvalidRequest):
 		code := codes.Internal
 		if errors.Is(err, admit.ErrCrossSlot) {
 			code = codes.InvalidArgument // keys from client input on different slots
 		}
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
-		return nil, invalidStatus(code)
+		return nil, release, invalidStatus(code)
 	case errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown):
-		return ic.outageRun(ctx, call, rule, ic.outage.NotExecuted, err)
+		ctx, err := ic.outageRun(ctx, call, rule, ic.outage.NotExecuted, err)
+		return ctx, release, err
 	default: // admit.ErrOutcomeUnknown, or a Decider of your own's unclassed error
-		return ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
+		ctx, err := ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
+		return ctx, release, err
 	}
 }
 
-// decide runs rule on dec, all or nothing, within the timeout.
+// acquirer is a decider that decides concurrency limits: *admit.Limiter.
+type acquirer interface {
+	Acquire(ctx context.Context, slot admit.Slot, first, second *admit.Request) (*admit.Lease, error)
+}
+
+// acquire runs rule, which has a concurrency part, on a, all or nothing,
+// within the timeout. The Lease is never nil, error or not.
+func (ic *Interceptors) acquire(ctx context.Context, a acquirer, rule Rule) (*admit.Lease, error) {
+	if ic.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ic.timeout)
+		defer cancel()
+	}
+	var fp, sp *admit.Request
+	if rule.hasBuckets() {
+		first, second := rule.Requests()
+		fp, sp = &first, second
+	}
+	c := rule.Concurrent
+	return a.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, sp)
+}
+
+// leaseDecision is the Decision of a decided Acquire: the Lease's decision
+// of the buckets (Allowed when granted), or, for a slot refusal, the
+// slot's RetryAfter and the buckets' Remaining.
+func leaseDecision(x *admit.Lease) admit.Decision {
+	if x.Denied == admit.PartSlot {
+		return admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
+	}
+	return x.Decision()
+}
+
+// releaseTimeout bounds a release without WithTimeout.
+const releaseTimeout = time.Second
+
+// release frees the slot of x, on a context that outlives the call's
+// cancellation (a client that went away must not keep the slot), bounded
+// by the timeout or releaseTimeout. A failure goes to the error hook, and
+// so does a granted lease found expired: the handler outlived its lease,
+// and for a while the limit did not count it. It never panics.
+func (ic *Interceptors) release(call *Call, x *admit.Lease) {
+	d := releaseTimeout
+	if ic.timeout > 0 {
+		d = ic.timeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(call.Context), d)
+	defer cancel()
+	live, err := x.Release(ctx)
+	switch {
+	case err != nil:
+		ic.fail(call, fmt.Errorf("admitgrpc: releasing the slot of %q: %w", x.Key, err))
+	case x.Granted() && !live:
+		ic.fail(call, fmt.Errorf("admitgrpc: the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
+			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL))
+	}
+}
+
+func (ic *Interceptors) fail(call *Call, err error) {
+	if ic.onError != nil {
+		ic.onError(call, err)
+	}
+}
+
+// decide runs rule's buckets on dec, all or nothing, within the timeout.
 func (ic *Interceptors) decide(ctx context.Context, dec admit.Decider, rule Rule) (admit.Decision, error) {
 	if ic.timeout > 0 {
 		var cancel context.CancelFunc
@@ -489,6 +704,13 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 		ic.report(call, rule, OutageRefused, admit.Decision{}, err)
 		return nil, unavailable(p.retry)
 	case outageDegrade:
+		if !rule.hasBuckets() {
+			// A concurrency limit alone: not enforced while degraded.
+			ic.report(call, rule, OutageServed, admit.Decision{}, err)
+			return ctx, nil
+		}
+		rule = rule.clone()
+		rule.Concurrent = nil // not enforced while degraded
 		first, second := rule.Requests()
 		d, derr := p.degraded.AllowAll(ctx, first, second)
 		switch {
@@ -500,7 +722,7 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 			return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: p.degraded}), nil
 		default:
 			ic.report(call, rule, DegradedRefused, d, err)
-			return nil, refusal(rule, d, true)
+			return nil, refusal(rule, d, nil, true)
 		}
 	default: // outageFunc
 		ferr := p.fn(call, rule, err)
@@ -514,13 +736,21 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 }
 
 func (ic *Interceptors) report(call *Call, rule Rule, o Outcome, d admit.Decision, err error) {
+	ic.reportLease(call, rule, o, d, nil, err)
+}
+
+func (ic *Interceptors) reportLease(call *Call, rule Rule, o Outcome, d admit.Decision, x *admit.Lease, err error) {
 	if ic.outcome != nil {
-		ic.outcome(Report{Call: call, Rule: rule, Outcome: o, Decision: d, Err: err})
+		ic.outcome(Report{Call: call, Rule: rule, Outcome: o, Decision: d, Lease: x, Err: err})
 	}
 }
 
-// refusal is the ResourceExhausted status of a refused decision.
-func refusal(rule Rule, d admit.Decision, degraded bool) error {
+// refusal is the ResourceExhausted status of a refused decision: by the
+// slot when x says so, by a bucket otherwise.
+func refusal(rule Rule, d admit.Decision, x *admit.Lease, degraded bool) error {
+	if x != nil && x.Denied == admit.PartSlot && rule.Concurrent != nil {
+		return slotRefusal(rule.Concurrent, x)
+	}
 	b := rule.First
 	if d.Denied == 2 && rule.Second != nil {
 		b = *rule.Second
@@ -535,6 +765,23 @@ func refusal(rule Rule, d admit.Decision, degraded bool) error {
 		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject:     b.Policy,
 			Description: fmt.Sprintf("the %q bucket holds %d tokens; this call costs %d", b.Policy, d.Remaining[d.Denied-1], cost(b)),
+		}}},
+	)
+	if err != nil { // policies are checked ASCII: unreachable
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
+}
+
+// slotRefusal is the ResourceExhausted status of a refusal by the slot.
+func slotRefusal(c *Concurrent, x *admit.Lease) error {
+	delay := roundUpMs(x.RetryAfter)
+	msg := fmt.Sprintf("admit: concurrency limit %q reached; retry after %v", c.Policy, delay)
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     c.Policy,
+			Description: fmt.Sprintf("%d calls in flight, limit %d", x.Holders, c.Spec.Limit()),
 		}}},
 	)
 	if err != nil { // policies are checked ASCII: unreachable
@@ -580,10 +827,8 @@ func cost(b Bucket) int {
 // keys, which a client's metadata may have made what they are; Internal
 // for the rest, which the server's code chose.
 func checkRule(rule Rule) (codes.Code, error) {
-	bs := []Bucket{rule.First}
-	if rule.Second != nil {
-		bs = append(bs, *rule.Second)
-	}
+	bs := rule.buckets() // none only with a concurrency part
+	c := rule.Concurrent
 	// Keys first: whatever else is wrong, an empty or hostile key is what
 	// a client's metadata may have made it, and the client's to fix.
 	for i, b := range bs {
@@ -600,6 +845,22 @@ func checkRule(rule Rule) (codes.Code, error) {
 	if len(bs) == 2 && bs[0].Key == bs[1].Key {
 		return codes.InvalidArgument, fmt.Errorf("admitgrpc: both buckets of the Rule have one key: %w", admit.ErrInvalidRequest)
 	}
+	if c != nil {
+		switch {
+		case c.Key == "":
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has an empty Key: %w", c.Policy, admit.ErrInvalidRequest)
+		case len(c.Key) > admit.MaxKeyLen:
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has a Key of %d bytes, over %d; build key parts from client input with a digest (admit.KeyPart): %w",
+				c.Policy, len(c.Key), admit.MaxKeyLen, admit.ErrInvalidRequest)
+		case strings.HasPrefix(c.Key, ShadowPrefix):
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has a key in the shadow rules' namespace %q: %w", c.Policy, ShadowPrefix, admit.ErrInvalidRequest)
+		}
+		for _, b := range bs {
+			if b.Key == c.Key {
+				return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has bucket %q's key: %w", c.Policy, b.Policy, admit.ErrInvalidRequest)
+			}
+		}
+	}
 	for i, b := range bs {
 		switch {
 		case b.Spec.IsZero():
@@ -614,6 +875,19 @@ func checkRule(rule Rule) (codes.Code, error) {
 	if len(bs) == 2 {
 		if bs[0].Policy == bs[1].Policy {
 			return codes.Internal, fmt.Errorf("admitgrpc: both buckets of the Rule are named %q; name each differently: %w", bs[0].Policy, admit.ErrInvalidRequest)
+		}
+	}
+	if c != nil {
+		if c.Spec.IsZero() {
+			return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has the zero Concurrency; give it admit.NewConcurrency's or admit.MustConcurrency's: %w", c.Policy, admit.ErrInvalidRequest)
+		}
+		if err := checkName(c.Policy); err != nil {
+			return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part of the Rule: %w: %w", err, admit.ErrInvalidRequest)
+		}
+		for _, b := range bs {
+			if b.Policy == c.Policy {
+				return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part of the Rule is named %q, as a bucket is; name each part differently: %w", c.Policy, admit.ErrInvalidRequest)
+			}
 		}
 	}
 	return codes.OK, nil

@@ -30,7 +30,8 @@ type Shadow struct {
 	Name string
 	// Rule returns the candidate Rule for c, given the Rule enforced (a
 	// copy that Rule may change). NoLimit (or the zero Rule) skips the
-	// shadow for c.
+	// shadow for c. A shadow decides buckets only: its Rule's concurrency
+	// part, if any, is dropped, and a Rule with no bucket skips it.
 	Rule func(c *Call, enforced Rule) Rule
 	// Report receives every shadow decision, on the call's goroutine.
 	Report func(ShadowReport)
@@ -84,11 +85,11 @@ func WithShadow(s Shadow) Option {
 // runShadows decides and reports every shadow rule for c.
 func (ic *Interceptors) runShadows(c *Call, enforced Rule, d admit.Decision) {
 	for _, s := range ic.shadows {
-		rule := s.Rule(c, enforced.clone())
+		rule := s.Rule(c, enforced.clone()).clone()
+		rule.Concurrent = nil // buckets only: a shadow takes no slot
 		if rule.noLimit || (rule.First.Key == "" && rule.Second == nil && rule.First.Spec.IsZero()) {
 			continue
 		}
-		rule = rule.clone()
 		_, invalid := checkRule(rule) // as given, before the prefix
 		prefix := ShadowPrefix + s.Name + ":"
 		for _, b := range []*Bucket{&rule.First, rule.Second} {
