@@ -294,6 +294,12 @@ func Unavailable(retryAfter time.Duration) OutagePolicy {
 // it. A refusal is the same ResourceExhausted as the store's, from the
 // local decision. A call d cannot decide (a Cost above its scaled burst)
 // ends with codes.Unavailable and a RetryInfo of one second.
+//
+// A Rule's concurrency part is not enforced while degraded (a Degraded
+// holds no leases): d decides the Rule's buckets alone, and a Rule with
+// no bucket runs its handler undecided (OutageServed). A fleet that must
+// not run more calls at once than the limit, even in an outage, uses
+// Unavailable instead.
 func Degrade(d *admit.Degraded) OutagePolicy {
 	return OutagePolicy{kind: outageDegrade, degraded: d}
 }
