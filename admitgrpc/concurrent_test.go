@@ -13,6 +13,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admitgrpc"
+	"github.com/admitkit/admit/internal/delayproxy"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -532,5 +533,63 @@ func TestConcurrentDegrade(t *testing.T) {
 	if count(admitgrpc.OutageServed) != 3 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 {
 		t.Fatalf("outcomes: served %d, degraded-admitted %d, degraded-refused %d; want 3, 2, 2",
 			count(admitgrpc.OutageServed), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused))
+	}
+}
+
+// TestConcurrentLostAcquireReleased: an Acquire whose reply is lost
+// (outcome unknown) took a slot on the server; the interceptors release
+// it when the call ends, whatever the outage policy answered.
+func TestConcurrentLostAcquireReleased(t *testing.T) {
+	srv, direct := newMini(t)
+	proxy, err := delayproxy.Start(srv.Addr(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	lim := admit.New(c)
+	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(2, time.Minute)}
+	// Load the script through the proxy, so that the next EVALSHA runs.
+	x, err := lim.Acquire(context.Background(), admit.Slot{Key: conc.Key, Spec: conc.Spec}, nil, nil)
+	if err != nil || !x.Granted() {
+		t.Fatalf("warm-up Acquire: %v %v", x, err)
+	}
+	if _, err := x.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		name   string
+		policy admitgrpc.OutagePolicy
+		code   codes.Code
+	}{{"serve", admitgrpc.Serve(), codes.OK}, {"unavailable", admitgrpc.Unavailable(time.Second), codes.Unavailable}} {
+		t.Run(p.name, func(t *testing.T) {
+			var outageErr error
+			ic, err := admitgrpc.New(lim, func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+				admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: p.policy},
+				admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) { outageErr = r.Err }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inHandler := int64(-1)
+			client := serveChecker(t, ic, func(context.Context) error { inHandler = holders(t, direct, conc.Key); return nil }, nil, nil)
+			lost := proxy.Lost()
+			proxy.LoseReply([]byte("EVALSHA"))
+			if err := check(context.Background(), client); status.Code(err) != p.code {
+				t.Fatalf("%v, want %v", err, p.code)
+			}
+			if proxy.Lost() != lost+1 || !errors.Is(outageErr, admit.ErrOutcomeUnknown) {
+				t.Fatalf("lost %d replies, outcome error %v; want one lost, ErrOutcomeUnknown", proxy.Lost()-lost, outageErr)
+			}
+			if p.code == codes.OK && inHandler != 1 {
+				t.Fatalf("%d holders while the handler ran, want 1: the lost Acquire's slot", inHandler)
+			}
+			if h := holders(t, direct, conc.Key); h != 0 {
+				t.Fatalf("%d holders after the call, want 0: the lost Acquire's slot was not released", h)
+			}
+		})
 	}
 }
