@@ -593,3 +593,67 @@ func TestConcurrentLostAcquireReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentHostileMetadata: a lease key built carelessly from a
+// metadata value (as any string) never lifts the limit nor yields
+// Internal: with the key's one slot taken, every value is refused, by the
+// slot or as InvalidArgument (missing, empty, 1 MB).
+func TestConcurrentHostileMetadata(t *testing.T) {
+	_, c := newMini(t)
+	lim := admit.New(c)
+	one := admit.MustConcurrency(1, time.Minute)
+	keyOf := func(md []string) string {
+		if len(md) == 0 {
+			return ""
+		}
+		return md[0]
+	}
+	ic, err := admitgrpc.New(lim, func(call *admitgrpc.Call) admitgrpc.Rule {
+		return admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: keyOf(call.Metadata.Get("x-org")), Spec: one}}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+	for _, v := range []*string{nil, new(""), new(strings.Repeat("x", 1<<20)), new("}{org}{"), new("\x00\xff\r\n:{"), new("admit-shadow:")} {
+		var md []string
+		name := "missing"
+		if v != nil {
+			md = []string{"x-org-bin", *v} // binary metadata carries any byte
+			name = fmt.Sprintf("%.20q", *v)
+		}
+		// gRPC reads x-org-bin, not x-org: the careless classify sees the
+		// value under x-org only in the text form, which cannot carry
+		// every byte; send both where the text form can.
+		if v != nil && !strings.ContainsAny(*v, "\x00\xff\r\n") && len(*v) < 1<<16 {
+			md = append(md, "x-org", *v)
+		}
+		key := ""
+		if v != nil && len(md) == 4 {
+			key = *v
+		}
+		var x *admit.Lease
+		if key != "" && len(key) <= admit.MaxKeyLen && !strings.HasPrefix(key, admitgrpc.ShadowPrefix) {
+			x, err = lim.Acquire(context.Background(), admit.Slot{Key: key, Spec: one}, nil, nil)
+			if err != nil || !x.Granted() {
+				t.Fatalf("%s: Acquire %v %v", name, x, err)
+			}
+		}
+		err := check(context.Background(), client, md...)
+		switch code := status.Code(err); {
+		case x != nil && code != codes.ResourceExhausted:
+			t.Errorf("%s: %v with the key's one slot taken; want ResourceExhausted", name, err)
+		case x == nil && code != codes.InvalidArgument:
+			t.Errorf("%s: %v; want InvalidArgument", name, err)
+		}
+		if x != nil {
+			if _, err := x.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ran.Load() != 0 {
+		t.Fatalf("the handler ran %d times", ran.Load())
+	}
+}
