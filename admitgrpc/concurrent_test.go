@@ -667,3 +667,65 @@ func printable(s string) bool {
 	}
 	return true
 }
+
+// panicWatcher is a health service whose Watch panics.
+type panicWatcher struct{ *health.Server }
+
+func (panicWatcher) Watch(*healthpb.HealthCheckRequest, healthpb.Health_WatchServer) error {
+	panic("test: stream handler panic")
+}
+
+// TestConcurrentStreamPanicReleases: a stream handler that panics frees
+// its slot, and the panic goes on up to a recovering stream interceptor
+// chained outside admitgrpc's (grpc-go itself does not recover).
+func TestConcurrentStreamPanicReleases(t *testing.T) {
+	_, c := newMini(t)
+	conc := &admitgrpc.Concurrent{Policy: "streams", Key: "conc:{s}", Spec: admit.MustConcurrency(1, time.Minute)}
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recovered, seen atomic.Int64
+	recoverer := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == "test: stream handler panic" {
+					recovered.Add(1)
+				}
+				seen.Store(holders(t, c, conc.Key))
+				err = status.Error(codes.Internal, "recovered")
+			}
+		}()
+		return h(srv, ss)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(recoverer, ic.Stream()))
+	healthpb.RegisterHealthServer(srv, panicWatcher{health.NewServer()})
+	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := healthpb.NewHealthClient(conn)
+	for i := range 3 {
+		w, err := client.Watch(context.Background(), &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if status.Code(err) != codes.Internal {
+			t.Fatalf("stream %d: %v, want the recoverer's Internal (a refusal means the slot was kept)", i, err)
+		}
+		if seen.Load() != 0 {
+			t.Fatalf("stream %d: %d holders when the panic reached the recoverer, want 0", i, seen.Load())
+		}
+	}
+	if recovered.Load() != 3 {
+		t.Fatalf("the recoverer saw %d panics, want 3", recovered.Load())
+	}
+}
