@@ -497,7 +497,20 @@ func leaseProperty(t *testing.T, b *leaseBackend, steps int) {
 		held: map[[2]int]*admit.Lease{}}
 	r.peak = make([]int, len(r.w.keys))
 	start := time.Now()
-	for i := 0; i < steps; i++ {
+	// A random run may not fill every key to its limit in steps
+	// operations: it goes on, up to four times as long, until it has, so
+	// that the bound is always tested.
+	peaked := func() bool {
+		for i, p := range r.peak {
+			if p != r.w.specs[i].Limit() {
+				return false
+			}
+		}
+		return true
+	}
+	ran := 0
+	for i := 0; i < steps || (!peaked() && i < 4*steps); i++ {
+		ran++
 		desc, err := r.op(ctx, rng)
 		r.log = append(r.log, desc)
 		if len(r.log) > 30 {
@@ -511,7 +524,7 @@ func leaseProperty(t *testing.T, b *leaseBackend, steps int) {
 		}
 	}
 	t.Logf("%d operations in %v (seed %d): %d grants, %d lost replies, %d live counts taken; never more live than the limit: peak per key %v, limits %v",
-		steps, time.Since(start).Round(time.Millisecond), seed, r.granted, r.lost, r.checks, r.peak, leaseLimits(r.w))
+		ran, time.Since(start).Round(time.Millisecond), seed, r.granted, r.lost, r.checks, r.peak, leaseLimits(r.w))
 	for i, p := range r.peak {
 		if p != r.w.specs[i].Limit() {
 			t.Errorf("key %d never reached its limit %d (peak %d): the run did not test the bound", i, r.w.specs[i].Limit(), p)
