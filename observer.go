@@ -75,10 +75,11 @@ func (l *Limiter) observeStart() time.Time {
 	return time.Now()
 }
 
-// observed reports a call that started at start, when something observes.
-func (l *Limiter) observed(op Op, first Request, start time.Time, cached bool, d Decision, err error) {
-	if l == nil || l.observe == nil {
-		return
+// observed reports c's outcome, d and err, when something observes, and
+// returns them. cached is set when the denial cache answered.
+func (l *Limiter) observed(c *call, d Decision, cached bool, err error) (Decision, error) {
+	if l != nil && l.observe != nil {
+		l.observe(Observation{Op: c.op, FirstKey: c.first.Key, Decision: d, Err: err, Duration: time.Since(c.start), Cached: cached})
 	}
-	l.observe(Observation{Op: op, FirstKey: first.Key, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
+	return d, err
 }
