@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -27,13 +27,7 @@ var errclassSpec = MustSpec(Every(time.Hour), 5)
 // ecMini is a client on an in-process miniredis.
 func ecMini(t *testing.T) valkey.Client {
 	t.Helper()
-	srv := miniredis.RunT(t)
-	srv.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)) // the test's clock, not the machine's
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	_, c := minitest.Start(t)
 	return c
 }
 

@@ -15,15 +15,13 @@ import (
 	"crypto/x509"
 	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/alicebob/miniredis/v2/server"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admittest"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -186,46 +184,7 @@ func TestConformanceACL(t *testing.T) {
 // arithmetic there, and a real server's atomicity only under TestConformance.
 func TestConformanceMiniredis(t *testing.T) {
 	srv := miniredis.RunT(t)
-	runningClock(srv, time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC))
-	opt := valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true}
-	c, err := valkey.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	admittest.Run(t, c, admittest.WithClientOption(opt), admittest.Owned())
-}
-
-// runningClock gives srv a clock that starts at epoch, years from the
-// host's, and runs at the host's rate, set before each command a client
-// sends: every command, a script with its TIME included, sees one instant,
-// as on a real server, and TTLs count down with it (ClockTTL). Left alone,
-// miniredis reads the host's clock anew at each step of a command, so the
-// PEXPIRETIME of an untouched key would drift by a millisecond now and then.
-func runningClock(srv *miniredis.Miniredis, epoch time.Time) {
-	start := time.Now()
-	var (
-		mu      sync.Mutex // guards clients
-		clients = map[*server.Peer]bool{}
-		setting sync.Mutex // keeps the clock monotonic
-	)
-	srv.SetTime(epoch)
-	srv.ClockTTL(true)
-	srv.Server().SetPreHook(func(c *server.Peer, _ string, _ ...string) bool {
-		// A client's connection has no context before its first command; a
-		// command that a script calls has one, and runs while the script
-		// holds the server's lock, which SetTime takes.
-		mu.Lock()
-		if c.Ctx == nil {
-			clients[c] = true
-		}
-		client := clients[c]
-		mu.Unlock()
-		if client {
-			setting.Lock()
-			srv.SetTime(epoch.Add(time.Since(start)))
-			setting.Unlock()
-		}
-		return false
-	})
+	minitest.Run(srv)
+	c := minitest.Client(t, srv.Addr())
+	admittest.Run(t, c, admittest.WithClientOption(minitest.Option(srv.Addr())), admittest.Owned())
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
@@ -27,10 +28,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// unitEpoch is the miniredis server clock at the start of every unit test:
-// years away from the host clock, so a test that used the host clock would
-// fail loudly.
-var unitEpoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
+// unitEpoch is the miniredis server clock at the start of every unit test.
+var unitEpoch = minitest.Epoch
 
 // unitEnv is an in-process miniredis whose clock only moves when the test
 // moves it, with a Limiter on it running the script as shipped.
@@ -48,16 +47,7 @@ func newUnitEnv(tb testing.TB) *unitEnv {
 
 func newUnitEnvScript(tb testing.TB, src string) *unitEnv {
 	tb.Helper()
-	srv := miniredis.RunT(tb)
-	srv.SetTime(unitEpoch)
-	srv.ClockTTL(true)
-	// miniredis answers CLUSTER SLOTS, so without ForceSingleClient valkey-go
-	// would build a cluster client for it.
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatalf("dial miniredis: %v", err)
-	}
-	tb.Cleanup(c.Close)
+	srv, c := minitest.Start(tb)
 	return &unitEnv{srv: srv, c: c, l: newLimiter(c, valkey.NewLuaScript(src)), now: unitEpoch}
 }
 

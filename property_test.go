@@ -1,10 +1,11 @@
 package admit_test
 
-// The stateful property test (issue 18 item 2): seeded random sequences
-// of every call (AllowOrdered, AllowOrderedOnce with new and repeated ids,
+// The stateful property test: seeded random sequences of every call
+// (AllowOrdered, AllowAll, AllowOrderedOnce with new and repeated ids,
 // Peek, Refund, reserve-then-settle, Wait, a Limiter WithDenialCache beside
 // a plain one, lost replies and retries, ids reused for other requests,
-// foreign values at admit's keys, invalid requests) and clock steps, run
+// foreign values at admit's keys, invalid requests, a key deployed with
+// another Spec) and clock steps (back ones included), run
 // against a server and against the model (internal/model), with hostile
 // keys and ids: braces, the once-record separator, binary bytes, lengths at
 // the bounds.
@@ -59,6 +60,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/model"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
@@ -87,7 +89,7 @@ var propKinds = []struct {
 	weight int
 }{
 	{"advance", 18}, {"allow", 16}, {"all", 10}, {"once", 18}, {"settle", 8}, {"lost", 4}, {"reuse", 4},
-	{"peek", 8}, {"refund", 10}, {"wait", 3}, {"foreign", 2}, {"invalid", 4},
+	{"peek", 8}, {"refund", 10}, {"wait", 3}, {"foreign", 2}, {"invalid", 4}, {"deploy", 2},
 }
 
 // TestProperty is the property test's fast tier: miniredis, whose clock
@@ -221,7 +223,8 @@ type propWorld struct {
 }
 
 // The hostile keys and ids the pools draw from. The first five keys and
-// three ids hold the once-record collisions of issue 17: key k and {k}
+// three ids hold the once-record names that would collide were a record
+// named without its key's length: key k and {k}
 // with one id; a{t} with id x:once:y and a{t}:once:x with id y; {k}:once:x
 // with id y and {k} with id x:once:y.
 var (
@@ -388,6 +391,9 @@ func genPropOps(rng *rand.Rand, w propWorld, n int, skip map[string]bool) []prop
 }
 
 func (op propOp) describe(w propWorld) string {
+	if op.kind == "deploy" {
+		return fmt.Sprintf("deploy %q's other Spec, %v in place of %v", propShort(w.keys[op.i]), w.alts[op.i], w.specs[op.i])
+	}
 	if op.kind == "advance" {
 		switch op.advTo {
 		case 1:
@@ -609,6 +615,8 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp, deadline 
 		tb.Fatalf("read the server clock: %v", err)
 	}
 	ran := len(ops)
+	// A deploy swaps a key's Spec with its other one: the run's own copy.
+	w.specs, w.alts = slices.Clone(w.specs), slices.Clone(w.alts)
 	r := &propRun{
 		b: b, w: w, ms: []*model.Server{model.NewServer(now, b.expiry())}, cache: model.NewCache(), foreign: map[string]string{},
 		clock: now, net: map[string]int64{}, netFrom: map[string]int64{}, charged: map[model.RecordID]int64{},
@@ -619,7 +627,7 @@ func propExec(tb testing.TB, b propBackend, w propWorld, ops []propOp, deadline 
 			break
 		}
 		r.step = i
-		if r.history = append(r.history, fmt.Sprintf("%d. %s", i+1, op.describe(w))); len(r.history) > 8 {
+		if r.history = append(r.history, fmt.Sprintf("%d. %s", i+1, op.describe(r.w))); len(r.history) > 8 {
 			r.history = r.history[1:]
 		}
 		if f := r.exec(ctx, op); f != nil {
@@ -652,6 +660,16 @@ func (r *propRun) requests(op propOp) (admit.Request, *admit.Request) {
 
 // exec runs one operation: its calls, each checked.
 func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
+	if op.kind == "deploy" {
+		// The key's bucket is then decided with another Spec: its stored
+		// tokens capped at the new burst, its expiry lengthened, never
+		// shortened, by a denial, and a cached denial of the old Spec not
+		// served. The charged-tokens bound starts again with the new Spec.
+		k := r.w.keys[op.i]
+		r.w.specs[op.i], r.w.alts[op.i] = r.w.alts[op.i], r.w.specs[op.i]
+		r.net[k], r.netFrom[k] = 0, r.fwd
+		return nil
+	}
 	first, second := r.requests(op)
 	via := viaPlain
 	if op.cached {
@@ -1697,19 +1715,9 @@ type miniBackend struct {
 
 func newMiniBackend(tb testing.TB) *miniBackend {
 	tb.Helper()
-	srv := miniredis.RunT(tb)
-	srv.ClockTTL(true)
-	b := &miniBackend{srv: srv, now: unitEpochExternal, sent: new(atomic.Int64)}
-	srv.SetTime(b.now)
-	dial := func(addr string) valkey.Client {
-		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true})
-		if err != nil {
-			tb.Fatalf("dial miniredis: %v", err)
-		}
-		tb.Cleanup(c.Close)
-		return c
-	}
-	c := dial(srv.Addr())
+	srv, c := minitest.Start(tb)
+	b := &miniBackend{srv: srv, now: minitest.Epoch, sent: new(atomic.Int64)}
+	dial := func(addr string) valkey.Client { return minitest.Client(tb, addr) }
 	// The proxy's script must be loaded, so that the command whose reply
 	// it loses is the script, not a NOSCRIPT answer.
 	if err := c.Do(context.Background(), c.B().ScriptLoad().Script(admit.ScriptSource).Build()).Error(); err != nil {
@@ -1731,10 +1739,6 @@ func newMiniBackend(tb testing.TB) *miniBackend {
 func (b *miniBackend) warmLossy(ctx context.Context) error {
 	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
 }
-
-// unitEpochExternal is the miniredis clock at the start of a property run:
-// years from the host clock.
-var unitEpochExternal = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 func (b *miniBackend) plain() *admit.Limiter    { return b.pl }
 func (b *miniBackend) cached() *admit.Limiter   { return b.ca }
