@@ -39,8 +39,12 @@ MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 test:
 	@bash scripts/test.sh
 
-# Real-server tests are named TestIntegration* or TestConformance*, one switch.
+# Real-server tests live in ./integration (and the few that need the
+# package's insides, named TestIntegration*, beside them in the root), behind
+# one switch: internal/testserver, which ADMIT_REQUIRE_SERVER=1 makes fail
+# without a server.
 integration:
+	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 ./integration
 	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/
 
 lint:

@@ -273,3 +273,15 @@ func TestErrClassValkeyGoPin(t *testing.T) {
 			"cluster.go and lua.go for what is returned before a command is written, update exec.go, then this pin", got)
 	}
 }
+
+// TestErrClassNilReply: a script (under admit's SHA, say) that
+// returns nil is a bad reply, outcome unknown; not a connection failure.
+// (miniredis answers a script's nil as a real server does: a RESP nil.)
+func TestErrClassNilReply(t *testing.T) {
+	l := newLimiter(ecMini(t), valkey.NewLuaScript("return nil"))
+	_, err := l.AllowOrdered(context.Background(), Request{Key: "errclass:{nil}:r", Spec: errclassSpec}, nil)
+	t.Logf("error: %v", err)
+	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, ErrBadReply) || !strings.Contains(err.Error(), "nil") || strings.Contains(err.Error(), "connection") {
+		t.Errorf("got %v; want ErrOutcomeUnknown and ErrBadReply, saying nil, not connection", err)
+	}
+}

@@ -16,10 +16,6 @@ func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
 	return &Limiter{client: c, script: valkey.NewLuaScript(src), readOnly: valkey.NewLuaScriptReadOnly(src)}
 }
 
-// LeastPrivilegeACL is docs/acl.md's least-privilege ACL rules for admit's
-// user, without the key pattern.
-const LeastPrivilegeACL = leastPrivilege
-
 // OnceKey is onceKey: the name of the record of (key, id), or the refusal
 // of the pair.
 var OnceKey = onceKey

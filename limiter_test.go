@@ -5,7 +5,6 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -108,56 +107,6 @@ func TestRefillNoDrift(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestServerClockSteppingBack: a server clock that steps back grants no
-// token and never moves a bucket's timestamp backwards, but it freezes a
-// bucket for at most one full refill.
-func TestServerClockSteppingBack(t *testing.T) {
-	t.Run("back less than a full refill: frozen until the clock catches up", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "back", Spec: MustSpec(Every(time.Second), 20)} // full refill 20 s
-		start := strconv.FormatInt(e.micros(), 10)
-		steps := []step{{rule: "fresh"}, {rule: "clock 10 s back: tokens still counted", advance: -10 * time.Second}}
-		for range 18 {
-			steps = append(steps, step{rule: "draining"})
-		}
-		steps = append(steps, step{rule: "empty: wait counts from the stored time", want: denied(1, 11*time.Second)})
-		runSteps(t, e, r, Request{}, steps)
-		if tk, ts := e.state(r.Key); tk != "0" || ts != start {
-			t.Errorf("after stepping back: tokens %q ts %q, want 0 and %s (unchanged)", tk, ts, start)
-		}
-		if got, want := e.srv.TTL(r.Key), r.Spec.TTL()+10*time.Second; got != want {
-			t.Errorf("after stepping back 10 s: TTL %v, want %v (refill time + the step)", got, want)
-		}
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "back to the start: still nothing earned", advance: 10 * time.Second, want: denied(1, time.Second)},
-			{rule: "one interval later: one token", advance: time.Second},
-			{rule: "and only one", want: denied(1, time.Second)},
-		})
-	})
-	t.Run("back more than a full refill: frozen for one full refill at most", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "far-back", Spec: perSecond3} // full refill 3 s
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "fresh"}, {rule: "two"}, {rule: "three"},
-			{rule: "clock 24 h back: the wait is one full refill, not 24 h", advance: -24 * time.Hour, want: denied(1, 3*time.Second)},
-		})
-		if got, want := e.srv.TTL(r.Key), perSecond3.TTL()+2*time.Second; got != want {
-			t.Errorf("TTL %v, want %v (refill time + what is left of the freeze)", got, want)
-		}
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "still nothing for the gap", advance: 3*time.Second - time.Microsecond, want: denied(1, time.Microsecond)},
-			{rule: "one full refill later: one token", advance: time.Microsecond},
-			{rule: "and only one", want: denied(1, time.Second)},
-		})
-	})
-	t.Run("a ts at the top of the schema's range", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "far-future", Spec: perSecond3}
-		e.srv.HSet(r.Key, "tokens", "0", "ts", "9007199254740991") // 2^53-1 µs: year 2255
-		runSteps(t, e, r, Request{}, []step{{rule: "frozen for one full refill, not 224 years", want: denied(1, 3*time.Second)}})
-	})
 }
 
 func TestBadInputRefusedBeforeSending(t *testing.T) {

@@ -1,11 +1,11 @@
-package admit_test
+package integration
 
 // This repository's runners of the conformance suite (package admittest):
 // every rule of the design, on miniredis in-process (the fast tier, which
 // needs no server) and on a real server, standalone or cluster. Run it
 // against your own deployment with
 //
-//	VALKEY_ADDR=host:port go test github.com/admitkit/admit -run Conformance -v
+//	VALKEY_ADDR=host:port go test github.com/admitkit/admit/integration -run Conformance -v
 //
 // (see internal/testserver for the other ways to name a server), or call
 // admittest.Run from your own tests with your own client.
@@ -17,12 +17,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/alicebob/miniredis/v2"
-
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admittest"
 	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
+	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -135,7 +134,7 @@ func TestConformanceTLS(t *testing.T) {
 // aclRules are the least-privilege rules of a Limiter's ACL user (docs/acl.md,
 // "Least-privilege ACL"): the script and the commands it calls, on the
 // keys under one prefix.
-const aclRules = admit.LeastPrivilegeACL
+const aclRules = leastPrivilege
 
 // TestConformanceACL runs the suite with a Limiter client logged in as a
 // user that may run only what admit needs, on the suite's key prefix (the
@@ -187,4 +186,27 @@ func TestConformanceMiniredis(t *testing.T) {
 	minitest.Run(srv)
 	c := minitest.Client(t, srv.Addr())
 	admittest.Run(t, c, admittest.WithClientOption(minitest.Option(srv.Addr())), admittest.Owned())
+}
+
+// TestConformanceWithoutACLPrecheck runs every conformance rule against
+// Limiters built with WithoutACLPrecheck, on the deployment TestConformance
+// uses, whose user may run every command: there the option changes no
+// rule's verdict. (The one rule with an ACL user of its own,
+// peek-read-only-user, only peeks, which the option leaves alone.)
+func TestConformanceWithoutACLPrecheck(t *testing.T) {
+	c, opts := openTarget(t)
+	newLimiter := func(c valkey.Client) *admit.Limiter { return admit.New(c, admit.WithoutACLPrecheck()) }
+	for _, r := range admittest.Rules(t, c, newLimiter, opts...) {
+		t.Run(r.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), ruleTimeout)
+			defer cancel()
+			err := r.Run(ctx)
+			if reason, ok := admittest.IsSkip(err); ok {
+				t.Skip(reason)
+			}
+			if err != nil {
+				t.Errorf("rule %s broken with WithoutACLPrecheck:\n%v", r.Name, err)
+			}
+		})
+	}
 }
