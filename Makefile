@@ -1,6 +1,6 @@
 # make test                    go test -race -count=1 ./... in every module of the
 #                              repository (the root and each nested go.mod; containertest
-#                              only with VALKEY_IMAGE, peerbench, benchmarks only, never),
+#                              only with VALKEY_IMAGE; benchmarks/, benchmarks only, never),
 #                              every module even if one fails, with a count per module of
 #                              the real-server tests that ran and skipped (scripts/test.sh)
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
@@ -10,10 +10,11 @@
 #                              property tests' real tier), with a missing server a
 #                              failure: VALKEY_SERVER=path, or valkey-server on PATH
 #
-# Benchmarks against a real server: see BENCHMARKS.md.
+# Benchmarks against a real server, in the benchmarks module (benchmarks/):
+# see BENCHMARKS.md.
 #
-#   make bench                 run them all (about 17 minutes on 2 CPUs), save bench.txt, summarise
-#   make benchstat             summarise an existing bench.txt
+#   make bench                 run them all, save benchmarks/bench.txt, summarise
+#   make benchstat             summarise an existing benchmarks/bench.txt
 #   make bench BENCH=Ratios    run only the benchmarks matching a regexp
 #
 # The server is found as the tests find one (VALKEY_ADDR, VALKEY_SERVER or
@@ -56,13 +57,13 @@ lint:
 	done
 
 bench:
-	set -o pipefail; ADMIT_REQUIRE_SERVER=1 go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) -timeout 30m . | tee $(BENCH_OUT)
+	set -o pipefail; cd benchmarks && ADMIT_REQUIRE_SERVER=1 go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) -timeout 40m ./... | tee $(BENCH_OUT)
 	$(MAKE) --no-print-directory benchstat
 
 benchstat:
 	@echo "== headline ratios (BenchmarkRatios: designs interleaved)"
-	$(BENCHSTAT) -filter '.name:Ratios' $(BENCH_OUT)
+	cd benchmarks && $(BENCHSTAT) -filter '.name:Ratios' $(BENCH_OUT)
 	@echo "== single calls, by design (vs base = vs AllowOrdered)"
-	$(BENCHSTAT) -filter '.name:(AllowOrdered OR AllowOrderedOneBucket OR Sequential OR ExecMulti OR Ping)' -col .name -row /net,/path $(BENCH_OUT)
+	cd benchmarks && $(BENCHSTAT) -filter '.name:(AllowOrdered OR AllowOrderedOneBucket OR Sequential OR ExecMulti OR Ping)' -col .name -row /net,/path $(BENCH_OUT)
 	@echo "== throughput, one shared client (vs base = vs ordered)"
-	$(BENCHSTAT) -filter '.name:Parallel' -col /impl -row /net,/goroutines $(BENCH_OUT)
+	cd benchmarks && $(BENCHSTAT) -filter '.name:Parallel' -col /impl -row /net,/goroutines $(BENCH_OUT)

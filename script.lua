@@ -66,8 +66,9 @@
 -- script's earlier writes when a later command fails.
 --
 -- The script runs on every decision, so it is written for the server's
--- time (BENCHMARKS.md, "Server time per decision"), each choice weighed by
--- counting the server's instructions (scripts/script-instructions.sh):
+-- time (BENCHMARKS.md, "Server time per script call"), each choice weighed
+-- by counting the server's instructions (BenchmarkScriptServerTime under
+-- callgrind, in the benchmarks module):
 -- every Lua VM instruction and every call into C (find, string.format,
 -- redis.acl_check_cmd) costs the server far more than its work. So a take
 -- sends only what it needs; every argument and field is parsed once;

@@ -1,21 +1,27 @@
 // Package admithttp puts an [admit.Limiter] in front of any net/http
 // handler: premium reservation for an HTTP service, with the IETF RateLimit
 // header fields for both buckets of an ordered decision, an outage policy
-// the caller chooses, and shadow rules that try a candidate Spec on
-// production traffic without enforcing it.
+// the caller chooses, shadow rules that try a candidate Spec on production
+// traffic without enforcing it, and a per-request outcome hook.
 //
 // The caller maps each request to a [Rule]: the buckets it is charged to,
 // checked in order. A standard lane names its own bucket first and a shared
 // bucket second; a premium lane names the shared bucket alone, so refused
-// standard traffic never takes from the share kept for premium; a route
-// without a limit returns the zero Rule.
+// standard traffic never takes from the share kept for premium. A route
+// without a limit returns the zero Rule, Rule{}, and only it: a Rule with
+// any field set and another missing (an empty Key from a header the request
+// lacks, an empty Policy, a zero Spec) is an invalid Rule, answered 500,
+// never served unlimited. Build keys from client input with [admit.KeyPart],
+// which turns any value (empty, huge, full of braces) into a bounded part
+// that keeps a key in its hash slot:
 //
 //	limit, err := admithttp.New(lim, func(r *http.Request) admithttp.Rule {
 //		shared := admithttp.Bucket{Policy: "shared", Key: "rl:{api}:shared", Spec: sharedSpec}
 //		if r.Header.Get("X-Plan") == "premium" {
 //			return admithttp.Rule{First: shared}
 //		}
-//		return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: "rl:{api}:standard", Spec: standardSpec}, Second: &shared}
+//		user := admit.KeyPart(r.Header.Get("X-User"))
+//		return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: "rl:{api}:standard:" + user, Spec: standardSpec}, Second: &shared}
 //	}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse}, admithttp.WithHeaders())
 //	if err != nil { ... }
 //	http.ListenAndServe(addr, limit(mux))
@@ -27,9 +33,10 @@
 // rounded up: never short), RateLimit-Policy and RateLimit (below), and an
 // application/problem+json body (RFC 9457) of the draft's quota-exceeded
 // problem type, whose violated-policies member names the refusing bucket's
-// policy. When the second bucket refuses, the first has been charged for a
-// request that will not run: the middleware refunds that charge (one more
-// round trip) before it answers, as [admit.Limiter.Wait] does.
+// policy; [WithRefusal] replaces the body and keeps the fields. The
+// decision is all or nothing ([admit.Limiter.AllowAll]): when the second
+// bucket refuses, the first is not charged either, in the same round trip,
+// so a refusal never drains the bucket it does not name.
 //
 // # Header fields
 //
@@ -39,32 +46,50 @@
 // String:
 //
 //	RateLimit-Policy: "standard";q=6;w=12, "shared";q=10;w=3
-//	RateLimit: "standard";r=5;t=2, "shared";r=9;t=1
+//	RateLimit: "standard";r=5;t=2, "shared";r=0;t=1
 //
 // RateLimit-Policy lists every bucket of the Rule: q is the bucket's burst
 // (Spec.Burst), w the seconds it takes to refill from empty (Burst ×
 // Interval, rounded up; at least 1). RateLimit lists every bucket the
 // decision evaluated (the second is not evaluated when the first refuses):
-// r is the tokens the bucket holds after the call (Decision.Remaining), t
-// the seconds until it is full again, rounded up. For the refusing bucket t
-// is the Retry-After value instead, so that Retry-After never points before
-// the end of the effective window (the draft's section 6). Quotas count
-// tokens (Bucket.Cost per request); set Bucket.Unit to say so with the
-// draft's qu parameter. Refusals always carry the fields; admitted
-// responses carry them with [WithHeaders].
+// r is the tokens the bucket holds after the call (Decision.Remaining), and
+// t the effective window, the seconds until the bucket holds more than r.
+// For the refusing bucket t is its RetryAfter rounded up, which is also
+// the Retry-After value: Retry-After is never earlier than the t of the
+// policy it names as violated. For a bucket that did not refuse, t is its
+// Interval rounded up: a Decision gives the tokens left but not how much of
+// the next one has accrued, so t is the longest the next token can take
+// (exact for a bucket that was full before the call, when the server's
+// clock does not go back). A full bucket (r = q) gains nothing more and
+// carries no t. Quotas count tokens (Bucket.Cost per request); when a token
+// is not a request, set Bucket.Unit, the draft's qu parameter, so that
+// clients do not read q and r as requests. Refusals always carry the
+// fields; admitted responses carry them with [WithHeaders].
 //
 // # Outages
 //
 // Every failed decision is [admit.ErrNotExecuted] or
 // [admit.ErrOutcomeUnknown]; [Outage] says what to do in each case, and
-// [New] refuses to build a middleware without it. See [Outage] for the
-// trade-off.
+// [New] refuses to build a middleware without it. [WithDecisionTimeout]
+// bounds how long a decision may take; its expiry is an error of its class
+// like any other, and so is the expiry of a deadline that a server above
+// set on the request's context. A request whose own context is canceled
+// before the decision (its client went away) is not an outage: no Outage
+// handler runs, and the middleware writes only the status
+// [StatusClientClosedRequest]. See [Outage] for the trade-off.
 //
 // # Shadow rules
 //
 // A [Shadow] is a candidate rule decided on every request, on keys of its
 // own (under [ShadowPrefix]), and reported, never enforced: it cannot refuse
 // a request and cannot read or write an enforced bucket.
+//
+// # Outcomes
+//
+// [WithOutcome] sees one [Event] per request, naming what happened to it
+// ([Outcome]): admitted, refused, served or refused in an outage, client
+// gone, no limit, invalid Rule; and one more for each shadow rule that would
+// have refused it.
 package admithttp
 
 import (
@@ -73,6 +98,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/admitkit/admit"
 )
@@ -84,11 +110,13 @@ type Bucket struct {
 	// problem body's violated-policies. It must be printable ASCII
 	// (0x20 to 0x7E), not empty, and differ from the other bucket's.
 	Policy string
-	// Key is the bucket's hash key in Valkey. The two keys of a Rule must
-	// share a hash tag on Valkey Cluster, as in "rl:{api}:standard" and
-	// "rl:{api}:shared". Keys must not start with [ShadowPrefix].
+	// Key is the bucket's hash key in Valkey; it must not be empty. The
+	// two keys of a Rule must share a hash tag on Valkey Cluster, as in
+	// "rl:{api}:standard" and "rl:{api}:shared". Build the part that
+	// comes from the request with [admit.KeyPart]. Keys must not start
+	// with [ShadowPrefix].
 	Key string
-	// Spec is the bucket's rate and burst.
+	// Spec is the bucket's rate and burst; it must not be the zero Spec.
 	Spec admit.Spec
 	// Cost is the tokens this request takes; 0 means 1. A Cost above the
 	// Spec's burst can never be admitted: the middleware answers 500, as
@@ -98,7 +126,9 @@ type Bucket struct {
 	// Unit, when set, is the draft's qu parameter of the bucket's policy:
 	// what q and r count. The draft's registry has "requests" (the
 	// default, when Unit is empty), "content-bytes" and
-	// "concurrent-requests". It must be printable ASCII.
+	// "concurrent-requests". A bucket that counts something else (tokens
+	// of a language model, say) should name it here rather than let
+	// clients read its quota as requests. It must be printable ASCII.
 	Unit string
 }
 
@@ -116,9 +146,13 @@ func (b Bucket) cost() int {
 }
 
 // A Rule is what one request is charged: First, and only when First
-// admits, Second, in one atomic decision ([admit.Limiter.AllowOrdered]).
-// A nil Second is the one-bucket path. The zero Rule (First.Key empty and
-// Second nil) imposes no limit: the handler runs and no header is added.
+// admits, Second, in one atomic, all-or-nothing decision
+// ([admit.Limiter.AllowAll]). A nil Second is the one-bucket path.
+//
+// The zero Rule, Rule{}, imposes no limit: the handler runs and no header
+// is added. It is the only Rule that does: any other Rule needs a Policy, a
+// Key and a Spec in First, and in Second when Second is not nil, or it is
+// invalid and answered 500.
 type Rule struct {
 	// First is checked first: the standard lane's own bucket, or the
 	// premium lane's shared one.
@@ -128,9 +162,9 @@ type Rule struct {
 	Second *Bucket
 }
 
-// IsZero reports whether r imposes no limit: First.Key is empty and Second
-// is nil.
-func (r Rule) IsZero() bool { return r.First.Key == "" && r.Second == nil }
+// IsZero reports whether r is the zero Rule, which imposes no limit:
+// every field of First is zero and Second is nil.
+func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil }
 
 // Requests returns the Rule as the arguments of admit's calls, for example
 // to [admit.Limiter.Refund] the unused part of a reservation.
@@ -183,9 +217,10 @@ func FromContext(ctx context.Context) (Admission, bool) {
 }
 
 // An OutageHandler answers a request whose decision failed with err: next
-// is the handler the middleware wraps. [Serve] and [Refuse] are the two
-// usual ones; a function of your own may, for example, serve some routes
-// and refuse others, or log err and then refuse.
+// is the handler the middleware wraps. [Serve], [Refuse] and [Degrade] are
+// the usual ones; a function of your own may, for example, serve some routes
+// and refuse others, or log err and then refuse. Whether it runs next
+// decides the request's [Outcome]: OutageServed or OutageRefused.
 type OutageHandler func(w http.ResponseWriter, r *http.Request, next http.Handler, err error)
 
 // Serve is the OutageHandler that runs the handler as if the request had
@@ -195,12 +230,39 @@ func Serve(w http.ResponseWriter, r *http.Request, next http.Handler, _ error) {
 	next.ServeHTTP(w, r)
 }
 
-// Refuse is the OutageHandler that answers 503 Service Unavailable with an
-// application/problem+json body that does not reveal err: the limited
-// routes fail while the limiter's store fails.
-func Refuse(w http.ResponseWriter, _ *http.Request, _ http.Handler, _ error) {
-	writeProblem(w, http.StatusServiceUnavailable, unavailableBody)
+// StatusClientClosedRequest is the status the middleware writes, without
+// a body, for a request whose client went away before its decision
+// ([ClientGone]): the client reads nothing, and access logs show 499, as
+// nginx logs a client that closed its request. A server above that cancels
+// the context of a request whose client is still there gets this status
+// rather than an empty 200.
+const StatusClientClosedRequest = 499
+
+// OutageRetryAfter is the Retry-After that [Refuse] sends: long enough
+// that refused clients do not turn a store outage into a storm of retries,
+// short enough to notice a quick recovery. [RefuseAfter] sends another.
+const OutageRetryAfter = 5 * time.Second
+
+// Refuse is the OutageHandler that answers 503 Service Unavailable with
+// Retry-After: 5 ([OutageRetryAfter]) and an application/problem+json body
+// that does not reveal err: the limited routes fail while the limiter's
+// store fails.
+func Refuse(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
+	refuseOutage(w, outageRetryAfter)
 }
+
+// RefuseAfter returns an OutageHandler that answers as [Refuse] does, with
+// Retry-After set to d in whole seconds, rounded up (at least 1). It
+// panics if d is not positive.
+func RefuseAfter(d time.Duration) OutageHandler {
+	if d <= 0 {
+		panic(fmt.Sprintf("admithttp: RefuseAfter(%v): want a positive duration", d))
+	}
+	v := formatSeconds(ceilSeconds(d))
+	return func(w http.ResponseWriter, _ *http.Request, _ http.Handler, _ error) { refuseOutage(w, v) }
+}
+
+var outageRetryAfter = formatSeconds(ceilSeconds(OutageRetryAfter))
 
 // Outage says what the middleware does with a request whose decision
 // failed, for each of admit's two error classes. Both fields are required:
@@ -215,21 +277,26 @@ func Refuse(w http.ResponseWriter, _ *http.Request, _ http.Handler, _ error) {
 //
 //   - NotExecuted ([admit.ErrNotExecuted]): nothing was taken; the store
 //     was unreachable, refused the command, or holds a wrong-type or
-//     corrupt key. Serve admits a request the limiter never counted.
+//     corrupt key, or [WithDecisionTimeout] expired before sending. Serve
+//     admits a request the limiter never counted.
 //   - OutcomeUnknown ([admit.ErrOutcomeUnknown]): the script may have run,
 //     so tokens may have been taken, and the decision may have been a
-//     refusal. Serve may run a request the limiter refused; Refuse may
-//     refuse one it admitted and charged (tokens come back as the bucket
-//     refills; nothing is refunded, since the charge is unknown).
+//     refusal (a connection lost, or [WithDecisionTimeout] expired, with
+//     the command in flight). Serve may run a request the limiter refused;
+//     Refuse may refuse one it admitted and charged (tokens come back as
+//     the bucket refills; nothing is refunded, since the charge is
+//     unknown).
 //
 // A common choice serves on NotExecuted when the protected resource has
-// limits of its own, and refuses on OutcomeUnknown, which is rare (a
-// connection lost with the command in flight) and where serving could
-// exceed a budget that was in fact spent. An error of the Rule itself
-// (admit.ErrInvalidRequest: a Cost above the burst, keys in different
-// cluster slots, a bad policy name) is not an outage: the middleware
-// answers 500, whatever Outage says, since serving would bypass the limit
-// for every request the faulty Rule covers.
+// limits of its own, and refuses on OutcomeUnknown, which is rare and where
+// serving could exceed a budget that was in fact spent. Two failures are
+// not outages and never reach Outage: an error of the Rule itself
+// (admit.ErrInvalidRequest: an empty Key, a Cost above the burst, keys in
+// different cluster slots, a bad policy name) is answered 500, whatever
+// Outage says, since serving would lift the limit for every request the
+// faulty Rule covers; and a request whose own context was canceled before
+// the decision (its client went away) gets only the status
+// [StatusClientClosedRequest] ([ClientGone]).
 type Outage struct {
 	// NotExecuted answers a request whose decision failed with
 	// admit.ErrNotExecuted: nothing was taken.
@@ -248,7 +315,10 @@ func (f optionFunc) apply(c *config) error { return f(c) }
 
 type config struct {
 	headers bool
+	timeout time.Duration
 	onError func(*http.Request, error)
+	outcome func(Event)
+	refusal func(http.ResponseWriter, *http.Request, Refusal)
 	shadows []Shadow
 }
 
@@ -259,10 +329,27 @@ func WithHeaders() Option {
 	return optionFunc(func(c *config) error { c.headers = true; return nil })
 }
 
+// WithDecisionTimeout bounds each decision (the enforced one, and each
+// shadow's) to d. A decision that takes longer fails with the context's
+// deadline in its error, classed as admit classes it: not executed when it
+// expired before the command was sent, outcome unknown when the command
+// was in flight; the [Outage] handler of that class answers. Default: no
+// bound but the request's own context, so a store that stops answering
+// holds each request until the client gives up.
+func WithDecisionTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("admithttp: WithDecisionTimeout(%v): want a positive duration, such as 100*time.Millisecond", d)
+		}
+		c.timeout = d
+		return nil
+	})
+}
+
 // WithErrorFunc calls f with every error the middleware meets on a request
-// before it answers: a failed decision (then the Outage handler runs), a
-// failed refund of a second-bucket refusal (the request is still refused),
-// an invalid Rule (the middleware answers 500). The library logs nothing
+// before it answers: a failed decision (then the Outage handler runs) or
+// an invalid Rule (the middleware answers 500). A request whose client went
+// away is not reported here (see [ClientGone]). The library logs nothing
 // itself; f is where to log or count. f runs on the request's goroutine.
 // Shadow errors go to each Shadow's Report. Default: none.
 func WithErrorFunc(f func(r *http.Request, err error)) Option {
@@ -280,17 +367,23 @@ func WithErrorFunc(f func(r *http.Request, err error)) Option {
 // classify runs on every request, on the request's goroutine; it must not
 // read the request body without restoring it.
 //
-// New returns an error when lim or classify is nil, when outage lacks
-// either handler, or when an Option is invalid.
+// New returns an error when lim is nil or has no client (the zero
+// admit.Limiter, or admit.New(nil)), when classify is nil, when outage
+// lacks either handler, or when an Option is invalid. It sends nothing to
+// the store: it tells a Limiter without a client by one Peek on a context
+// that is already done, which admit refuses before sending (an observer
+// set with admit.WithObserver sees that Peek, not executed).
 func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, opts ...Option) (func(http.Handler) http.Handler, error) {
 	switch {
 	case lim == nil:
 		return nil, errors.New("admithttp: New: nil *admit.Limiter; pass admit.New(client)")
+	case !hasClient(lim):
+		return nil, errors.New("admithttp: New: the admit.Limiter has no client; build it with admit.New(client) and a non-nil valkey.Client")
 	case classify == nil:
 		return nil, errors.New("admithttp: New: nil classify; pass a function from the request to its Rule (the zero Rule for no limit)")
 	case outage.NotExecuted == nil || outage.OutcomeUnknown == nil:
 		return nil, errors.New("admithttp: New: Outage needs both NotExecuted and OutcomeUnknown " +
-			"(admithttp.Serve, admithttp.Refuse or your own function): choose what a store outage does, " +
+			"(admithttp.Serve, admithttp.Refuse, admithttp.Degrade or your own function): choose what a store outage does, " +
 			"since either default would fail open or closed without your say")
 	}
 	m := &middleware{lim: lim, classify: classify, outage: outage}
@@ -307,6 +400,19 @@ func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, o
 	}, nil
 }
 
+// hasClient reports whether lim was built with a client. admit tells it
+// only through a call: a Peek of a valid request on a context that is
+// already done is refused before anything is sent, as an invalid request
+// when the Limiter has no client and as not executed otherwise.
+func hasClient(lim *admit.Limiter) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := lim.Peek(ctx, admit.Request{Key: "admithttp:new", Spec: probeSpec}, nil)
+	return !errors.Is(err, admit.ErrInvalidRequest)
+}
+
+var probeSpec = admit.MustSpec(1, 1)
+
 type middleware struct {
 	lim      *admit.Limiter
 	classify func(*http.Request) Rule
@@ -314,39 +420,63 @@ type middleware struct {
 	config
 }
 
-// A result is one decided Rule: the Decision and what each bucket holds
-// after the call and the refund of a second-bucket refusal.
+// A result is one decided Rule: the Decision, whose Remaining is what each
+// bucket holds after the call.
 type result struct {
-	d    admit.Decision
-	left [2]int
+	d admit.Decision
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	rule := m.classify(r)
 	if rule.IsZero() {
 		m.runShadows(r, rule, admit.Decision{})
+		m.emit(r, Unlimited, rule, admit.Decision{}, nil)
 		next.ServeHTTP(w, r)
 		return
 	}
 	if err := checkRule(rule); err != nil {
 		m.runShadows(r, rule, admit.Decision{})
-		m.invalid(w, r, err)
+		m.invalid(w, r, rule, err)
 		return
 	}
-	res, err := m.decide(r, rule, m.onError)
+	res, err := m.decide(r, rule)
+	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && errors.Is(r.Context().Err(), context.Canceled) {
+		// The request's own context was canceled, as net/http does when
+		// the client goes away: nobody reads an answer, and the store is
+		// not known to be failing. (A deadline on the request's context,
+		// set by a server above, is a time bound like
+		// WithDecisionTimeout's: an outage.)
+		m.emit(r, ClientGone, rule, admit.Decision{}, err)
+		w.WriteHeader(StatusClientClosedRequest)
+		return
+	}
 	m.runShadows(r, rule, res.d)
 	switch {
 	case errors.Is(err, admit.ErrInvalidRequest):
-		m.invalid(w, r, err)
-	case errors.Is(err, admit.ErrOutcomeUnknown):
+		m.invalid(w, r, rule, err)
+	case err != nil:
 		m.report(r, err)
-		m.outage.OutcomeUnknown(w, r, next, err)
-	case err != nil: // admit.ErrNotExecuted: every error is in one of the two classes
-		m.report(r, err)
-		m.outage.NotExecuted(w, r, next, err)
+		handler := m.outage.NotExecuted
+		if errors.Is(err, admit.ErrOutcomeUnknown) { // every error is in one of the two classes
+			handler = m.outage.OutcomeUnknown
+		}
+		r = r.WithContext(context.WithValue(r.Context(), outageKey{}, &outageCall{m: m, rule: rule})) // for Degrade
+		if m.outcome == nil {
+			handler(w, r, next, err)
+			return
+		}
+		ran := &ranHandler{next: next}
+		handler(w, r, ran, err)
+		outcome := OutageRefused
+		if ran.ran {
+			outcome = OutageServed
+		}
+		m.emit(r, outcome, rule, admit.Decision{}, err)
 	case !res.d.Allowed():
-		refuse(w, rule, res)
+		m.emit(r, Refused, rule, res.d, nil)
+		m.refuse(w, r, rule, res)
 	default:
+		m.emit(r, Admitted, rule, res.d, nil)
 		if m.headers {
 			setFields(w.Header(), rule, res)
 		}
@@ -354,26 +484,32 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 }
 
-// decide runs rule on the limiter and, when the second bucket refuses,
-// refunds the first bucket's charge, reporting a failed refund to onError.
-func (m *middleware) decide(r *http.Request, rule Rule, onError func(*http.Request, error)) (result, error) {
+// ranHandler records whether an Outage handler ran the wrapped handler.
+type ranHandler struct {
+	next http.Handler
+	ran  bool
+}
+
+func (h *ranHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.ran = true
+	h.next.ServeHTTP(w, r)
+}
+
+// decide runs rule on the limiter, all or nothing, within the decision
+// timeout if one is set.
+func (m *middleware) decide(r *http.Request, rule Rule) (result, error) {
+	ctx := r.Context()
+	if m.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, m.timeout)
+		defer cancel()
+	}
 	first, second := rule.Requests()
-	d, err := m.lim.AllowOrdered(r.Context(), first, second)
+	d, err := m.lim.AllowAll(ctx, first, second)
 	if err != nil {
 		return result{}, err
 	}
-	res := result{d: d, left: d.Remaining}
-	if d.Denied == 2 {
-		if err := m.lim.Refund(r.Context(), first, nil); err != nil {
-			if onError != nil {
-				onError(r, fmt.Errorf("admithttp: refund of the %q bucket's charge after the %q bucket refused: %w",
-					rule.First.Policy, rule.Second.Policy, err))
-			}
-		} else {
-			res.left[0] = min(res.left[0]+rule.First.cost(), rule.First.Spec.Burst())
-		}
-	}
-	return res, nil
+	return result{d: d}, nil
 }
 
 func (m *middleware) report(r *http.Request, err error) {
@@ -383,35 +519,44 @@ func (m *middleware) report(r *http.Request, err error) {
 }
 
 // invalid answers a request whose Rule is invalid: 500, never the handler.
-func (m *middleware) invalid(w http.ResponseWriter, r *http.Request, err error) {
+func (m *middleware) invalid(w http.ResponseWriter, r *http.Request, rule Rule, err error) {
 	m.report(r, err)
+	m.emit(r, RuleError, rule, admit.Decision{}, err)
 	writeProblem(w, http.StatusInternalServerError, invalidBody)
 }
 
-// checkRule refuses what admit does not check: policy names and units that
-// the header fields cannot carry, and enforced keys in the shadow
-// namespace. admit checks the rest (keys, Specs, Costs, slots).
+// checkRule refuses a Rule with a missing field, and what admit does not
+// check: policy names and units that the header fields cannot carry, and
+// enforced keys in the shadow namespace. admit checks the rest (key
+// lengths, Costs, slots).
 func checkRule(rule Rule) error {
 	bs := rule.buckets()
 	for i, b := range bs {
+		switch {
+		case b.Key == "":
+			return invalidRule(i, b, errors.New("empty Key: no limit comes from the zero Rule only; "+
+				"build keys from request values with admit.KeyPart, which never returns an empty part"))
+		case b.Spec.IsZero():
+			return invalidRule(i, b, errors.New("zero Spec; give the bucket admit.NewSpec's or admit.MustSpec's"))
+		}
 		if err := checkName("policy name", b.Policy, true); err != nil {
-			return invalidRule(i, err)
+			return invalidRule(i, b, err)
 		}
 		if err := checkName("unit", b.Unit, false); err != nil {
-			return invalidRule(i, err)
+			return invalidRule(i, b, err)
 		}
 		if strings.HasPrefix(b.Key, ShadowPrefix) {
-			return invalidRule(i, fmt.Errorf("key %q is in the shadow rules' namespace %q; enforced keys must not start with it", b.Key, ShadowPrefix))
+			return invalidRule(i, b, fmt.Errorf("key %q is in the shadow rules' namespace %q; enforced keys must not start with it", b.Key, ShadowPrefix))
 		}
 	}
 	if len(bs) == 2 && bs[0].Policy == bs[1].Policy {
-		return invalidRule(1, fmt.Errorf("policy name %q is the first bucket's too; name each bucket differently", bs[1].Policy))
+		return invalidRule(1, bs[1], fmt.Errorf("policy name %q is the first bucket's too; name each bucket differently", bs[1].Policy))
 	}
 	return nil
 }
 
-func invalidRule(i int, err error) error {
-	return fmt.Errorf("admithttp: bucket %d of the Rule: %w (%w, %w)", i+1, err, admit.ErrInvalidRequest, admit.ErrNotExecuted)
+func invalidRule(i int, b Bucket, err error) error {
+	return fmt.Errorf("admithttp: bucket %d (policy %q) of the Rule: %w (%w, %w)", i+1, b.Policy, err, admit.ErrInvalidRequest, admit.ErrNotExecuted)
 }
 
 // checkName refuses a value that a Structured Field String cannot hold:

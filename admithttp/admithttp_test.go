@@ -24,39 +24,51 @@ type step struct {
 	violated   string // the problem body's one violated policy
 }
 
-const (
-	stdPolicy     = `"standard";q=6;w=360, "shared";q=10;w=600`
-	premiumPolicy = `"shared";q=10;w=600`
+var (
+	stdPolicy     = fmtPolicy("standard", 6, 360) + ", " + fmtPolicy("shared", 10, 600)
+	premiumPolicy = fmtPolicy("shared", 10, 600)
 )
 
 // premiumStory: standard traffic spends its own 6 of the shared 10 and is
 // refused by its own bucket; premium still gets the other 4, then the
 // shared bucket refuses everyone. A standard request of a fresh user is
-// admitted by its own bucket and refused by the shared one: it leaves with
-// its own bucket's charge refunded (r=6).
+// admitted by its own bucket and refused by the shared one: all or
+// nothing, its own bucket is not charged (r=6, full: no t). Every bucket
+// gains a token a minute and the clock stands still, so the next token of
+// every bucket not refusing is exactly a minute away (t=60).
 func premiumStory() []step {
 	var steps []step
 	for k := 1; k <= 6; k++ {
 		steps = append(steps, step{plan: "standard", user: "u1", status: 200, policy: stdPolicy,
-			limit: fmtLimit("standard", 6-k, 60*k) + ", " + fmtLimit("shared", 10-k, 60*k)})
+			limit: fmtLimit("standard", 6-k, 60) + ", " + fmtLimit("shared", 10-k, 60)})
 	}
 	steps = append(steps, step{plan: "standard", user: "u1", status: 429, policy: stdPolicy,
 		limit: fmtLimit("standard", 0, 60), retryAfter: "60", violated: "standard"})
 	for k := 1; k <= 4; k++ {
 		steps = append(steps, step{plan: "premium", status: 200, policy: premiumPolicy,
-			limit: fmtLimit("shared", 4-k, 60*(6+k))})
+			limit: fmtLimit("shared", 4-k, 60)})
 	}
 	steps = append(steps,
 		step{plan: "premium", status: 429, policy: premiumPolicy, limit: fmtLimit("shared", 0, 60), retryAfter: "60", violated: "shared"},
 		step{plan: "standard", user: "u2", status: 429, policy: stdPolicy,
-			limit: fmtLimit("standard", 6, 0) + ", " + fmtLimit("shared", 0, 60), retryAfter: "60", violated: "shared"},
+			limit: fmtLimit("standard", 6, -1) + ", " + fmtLimit("shared", 0, 60), retryAfter: "60", violated: "shared"},
 		step{plan: "", status: 200}, // no limit: no field
 	)
 	return steps
 }
 
+// fmtLimit is one item of RateLimit; t < 0 leaves the t parameter out.
 func fmtLimit(name string, r, t int) string {
-	return `"` + name + `";r=` + strconv.Itoa(r) + ";t=" + strconv.Itoa(t)
+	s := `"` + name + `";` + admithttp.RemainingParam + "=" + strconv.Itoa(r)
+	if t >= 0 {
+		s += ";" + admithttp.ResetParam + "=" + strconv.Itoa(t)
+	}
+	return s
+}
+
+// fmtPolicy is one item of RateLimit-Policy.
+func fmtPolicy(name string, q, w int) string {
+	return `"` + name + `";` + admithttp.QuotaParam + "=" + strconv.Itoa(q) + ";" + admithttp.WindowParam + "=" + strconv.Itoa(w)
 }
 
 // runSteps serves each step through h and checks status, fields, body and
@@ -70,7 +82,7 @@ func runSteps(t *testing.T, h http.Handler, next *recordingHandler, steps []step
 		if rec.Code != st.status {
 			t.Fatalf("step %d (%s): status %d, want %d; body %q", i, name, rec.Code, st.status, rec.Body.String())
 		}
-		if err := checkFields(rec.Header()); err != nil {
+		if err := checkFields(rec.Header(), st.violated); err != nil {
 			t.Errorf("step %d (%s): %v", i, name, err)
 		}
 		wantPolicy, wantLimit := st.policy, st.limit
@@ -120,12 +132,12 @@ func TestPremiumAdmittedWhileStandardRefused(t *testing.T) {
 			h := mustNew(t, lim, lanes("t:"), refuseAll, opts...)(next)
 			runSteps(t, h, next, premiumStory(), headers)
 
-			// What the buckets hold, by the server: u2's own bucket got its
-			// charge back (a take leaves 5 of 6), the shared one is empty.
+			// What the buckets hold, by the server: u2's own bucket was
+			// not charged (a take leaves 5 of 6), the shared one is empty.
 			ctx := context.Background()
 			d, err := lim.AllowOrdered(ctx, admit.Request{Key: "t:{api}:standard:u2", Spec: standardSpec}, nil)
 			if err != nil || d.Remaining[0] != 5 {
-				t.Errorf("u2's bucket after a take: %v %v; want 5 left (the refund of the shared refusal's charge)", d.Remaining, err)
+				t.Errorf("u2's bucket after a take: %v %v; want 5 left (the shared refusal charged it nothing)", d.Remaining, err)
 			}
 			d, err = lim.AllowOrdered(ctx, admit.Request{Key: "t:{api}:shared", Spec: sharedSpec}, nil)
 			if err != nil || d.Denied != 1 || d.Remaining[0] != 0 {
@@ -183,14 +195,15 @@ func TestRetryAfterNeverShort(t *testing.T) {
 		if got := rec.Header().Get("RateLimit"); got != `"p";r=0;t=`+c.want {
 			t.Errorf("%v after the take: RateLimit %q; want t equal to Retry-After", c.after, got)
 		}
-		if err := checkFields(rec.Header()); err != nil {
+		if err := checkFields(rec.Header(), "p"); err != nil {
 			t.Error(err)
 		}
 	}
 }
 
 // TestFieldValues: policy names and units are Structured Field Strings,
-// escaped and read back as given; Cost above 1 shows in r; w is never 0.
+// escaped and read back as given; Cost above 1 shows in r; w is never 0;
+// t of a bucket that admits is its Interval rounded up (a millisecond: 1).
 func TestFieldValues(t *testing.T) {
 	_, c := newMini(t)
 	fast := admit.MustSpec(admit.Every(time.Millisecond), 3) // refills in 3 ms: w rounds up to 1
@@ -203,11 +216,11 @@ func TestFieldValues(t *testing.T) {
 	if rec.Code != 200 {
 		t.Fatalf("status %d", rec.Code)
 	}
-	if err := checkFields(rec.Header()); err != nil {
+	if err := checkFields(rec.Header(), ""); err != nil {
 		t.Error(err)
 	}
 	wantPolicy := `"we \"quote\" \\ and slash";q=3;w=1, "bytes";q=4000;qu="content-bytes";w=4`
-	wantLimit := `"we \"quote\" \\ and slash";r=2;t=1, "bytes";r=2500;t=2`
+	wantLimit := `"we \"quote\" \\ and slash";r=2;t=1, "bytes";r=2500;t=1`
 	if got := rec.Header().Get("RateLimit-Policy"); got != wantPolicy {
 		t.Errorf("RateLimit-Policy\n got %s\nwant %s", got, wantPolicy)
 	}
@@ -321,5 +334,112 @@ func TestNewRefuses(t *testing.T) {
 				t.Errorf("New: %v (middleware %v); want an error saying %q", err, mw != nil, tc.says)
 			}
 		})
+	}
+}
+
+// perUserSpec is the per-user bucket of TestMissingHeaderNeverUnlimited:
+// 50 at once, a token a minute (the clock stands still).
+var perUserSpec = admit.MustSpec(admit.Every(time.Minute), 50)
+
+// TestMissingHeaderNeverUnlimited: a classify that builds the key from a
+// header the request lacks returns a Rule with an empty Key. That Rule is
+// invalid (500, the error reported, the handler never run), not the zero
+// Rule: 300 requests without the header get no 200. With the key part
+// built by admit.KeyPart, the requests without the header share one
+// bucket: 50 admitted, 250 refused, as with any one user.
+func TestMissingHeaderNeverUnlimited(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		key           func(*http.Request) string
+		status200     int
+		status429     int
+		status500     int
+		errorsWritten int
+	}{
+		{"raw-header", func(r *http.Request) string { return r.Header.Get("X-User") }, 0, 0, 300, 300},
+		{"key-part", func(r *http.Request) string { return "rl:user:" + admit.KeyPart(r.Header.Get("X-User")) }, 50, 250, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c := newMini(t)
+			var errs []error
+			next := &recordingHandler{}
+			h := mustNew(t, admit.New(c), func(r *http.Request) admithttp.Rule {
+				return admithttp.Rule{First: admithttp.Bucket{Policy: "per-user", Key: tc.key(r), Spec: perUserSpec}}
+			}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve},
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(next)
+			codes := map[int]int{}
+			for range 300 {
+				codes[send(h, "", "").Code]++
+			}
+			if codes[200] != tc.status200 || codes[429] != tc.status429 || codes[500] != tc.status500 || next.calls != tc.status200 {
+				t.Errorf("statuses %v, handler ran %d times; want %d 200, %d 429, %d 500", codes, next.calls, tc.status200, tc.status429, tc.status500)
+			}
+			if len(errs) != tc.errorsWritten {
+				t.Fatalf("%d errors reported; want %d", len(errs), tc.errorsWritten)
+			}
+			if len(errs) > 0 && (!errors.Is(errs[0], admit.ErrInvalidRequest) || !strings.Contains(errs[0].Error(), "empty Key")) {
+				t.Errorf("error %v; want ErrInvalidRequest naming the empty Key", errs[0])
+			}
+		})
+	}
+}
+
+// TestIncompleteRuleIsInvalid: a Rule with any field set and a field
+// missing is answered 500, whatever Outage says, and writes nothing; only
+// the zero Rule imposes no limit.
+func TestIncompleteRuleIsInvalid(t *testing.T) {
+	full := admithttp.Bucket{Policy: "p", Key: "{x}:a", Spec: sharedSpec}
+	for _, tc := range []struct {
+		name string
+		rule admithttp.Rule
+		says string
+	}{
+		{"policy-and-spec-only", admithttp.Rule{First: admithttp.Bucket{Policy: "p", Spec: sharedSpec}}, "empty Key"},
+		{"cost-only", admithttp.Rule{First: admithttp.Bucket{Cost: 3}}, "empty Key"},
+		{"unit-only", admithttp.Rule{First: admithttp.Bucket{Unit: "requests"}}, "empty Key"},
+		{"no-policy", admithttp.Rule{First: admithttp.Bucket{Key: "k", Spec: sharedSpec}}, "empty policy name"},
+		{"zero-spec", admithttp.Rule{First: admithttp.Bucket{Policy: "p", Key: "k"}}, "zero Spec"},
+		{"zero-second", admithttp.Rule{First: full, Second: &admithttp.Bucket{}}, "bucket 2"},
+		{"second-empty-key", admithttp.Rule{First: full, Second: &admithttp.Bucket{Policy: "s", Spec: sharedSpec}}, "empty Key"},
+		{"zero-first-with-second", admithttp.Rule{Second: &full}, "bucket 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.rule.IsZero() {
+				t.Fatal("IsZero")
+			}
+			srv, c := newMini(t)
+			var errs []error
+			next := &recordingHandler{}
+			h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return tc.rule },
+				admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve},
+				admithttp.WithErrorFunc(func(_ *http.Request, err error) { errs = append(errs, err) }))(next)
+			if rec := send(h, "", ""); rec.Code != 500 || next.calls != 0 {
+				t.Errorf("status %d, handler ran %d times; want 500, never", rec.Code, next.calls)
+			}
+			if len(errs) != 1 || !errors.Is(errs[0], admit.ErrInvalidRequest) || !strings.Contains(errs[0].Error(), tc.says) {
+				t.Errorf("errors %v; want one ErrInvalidRequest saying %q", errs, tc.says)
+			}
+			if keys := srv.Keys(); len(keys) != 0 {
+				t.Errorf("keys written: %q", keys)
+			}
+		})
+	}
+	if !(admithttp.Rule{}).IsZero() {
+		t.Error("the zero Rule is not IsZero")
+	}
+}
+
+// TestNewRefusesLimiterWithoutClient: a Limiter without a client is
+// refused at New, not answered 500 on every request.
+func TestNewRefusesLimiterWithoutClient(t *testing.T) {
+	for name, lim := range map[string]*admit.Limiter{"New(nil)": admit.New(nil), "zero Limiter": {}} {
+		mw, err := admithttp.New(lim, lanes("t:"), refuseAll)
+		if err == nil || mw != nil || !strings.Contains(err.Error(), "no client") {
+			t.Errorf("%s: %v; want an error saying the Limiter has no client", name, err)
+		}
+	}
+	_, c := newMini(t)
+	if _, err := admithttp.New(admit.New(c), lanes("t:"), refuseAll); err != nil {
+		t.Errorf("a Limiter with a client: %v", err)
 	}
 }

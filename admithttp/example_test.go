@@ -64,9 +64,9 @@ func ExampleNew() {
 	}
 	// Output:
 	// standard 200 RateLimit: "standard";r=1;t=2, "shared";r=2;t=1
-	// standard 200 RateLimit: "standard";r=0;t=4, "shared";r=1;t=2
+	// standard 200 RateLimit: "standard";r=0;t=2, "shared";r=1;t=1
 	// standard 429 RateLimit: "standard";r=0;t=2 Retry-After: 2
-	// premium  200 RateLimit: "shared";r=0;t=3
+	// premium  200 RateLimit: "shared";r=0;t=1
 	// premium  429 RateLimit: "shared";r=0;t=1 Retry-After: 1
 }
 
@@ -110,4 +110,92 @@ func ExampleWithShadow() {
 	}
 	fmt.Printf("served %d of 4; the candidate would have refused %d\n", served, wouldRefuse)
 	// Output: served 4 of 4; the candidate would have refused 2
+}
+
+// A per-client limit by address, behind a load balancer at 10.0.0.0/8:
+// X-Forwarded-For is believed only when the balancer sent the request, and
+// only up to the first address that is not the balancer's.
+func ExampleNewClientIP() {
+	ip, err := admithttp.NewClientIP("X-Forwarded-For", "10.0.0.0/8")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, c := range []struct{ peer, xff string }{
+		{"10.1.2.3:5555", "203.0.113.9"},                 // through the balancer
+		{"10.1.2.3:5555", "198.51.100.1, 203.0.113.9"},   // the client forged the first element
+		{"203.0.113.9:4444", "198.51.100.1"},             // straight to the service: the header is ignored
+		{"[2001:db8:aa:bb:1:2:3:4]:443", ""},             // IPv6: one key per /64
+		{"[2001:db8:aa:bb:ffff::9]:443", "198.51.100.1"}, // the same /64
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = c.peer
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		fmt.Println("rl:ip:" + ip.Key(r))
+	}
+	// Output:
+	// rl:ip:203.0.113.9
+	// rl:ip:203.0.113.9
+	// rl:ip:203.0.113.9
+	// rl:ip:2001:db8:aa:bb::/64
+	// rl:ip:2001:db8:aa:bb::/64
+}
+
+// Counting what the middleware did, per Outcome, and logging the outages:
+// the hook sees every request once.
+func ExampleWithOutcome() {
+	client, stop := exampleClient()
+	defer stop()
+
+	counts := map[admithttp.Outcome]int{}
+	limit, err := admithttp.New(admit.New(client), func(r *http.Request) admithttp.Rule {
+		if r.URL.Path == "/health" {
+			return admithttp.Rule{} // no limit
+		}
+		user := admit.KeyPart(r.Header.Get("X-User"))
+		return admithttp.Rule{First: admithttp.Bucket{Policy: "per-user", Key: "rl:user:" + user, Spec: admit.MustSpec(admit.Every(time.Second), 2)}}
+	}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithOutcome(func(e admithttp.Event) {
+			counts[e.Outcome]++
+			if e.Outcome == admithttp.OutageServed || e.Outcome == admithttp.OutageRefused {
+				log.Printf("limiter store: %s: %v", e.Outcome, e.Err)
+			}
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, path := range []string{"/a", "/a", "/a", "/health"} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil)) // no X-User: one shared bucket
+	}
+	fmt.Println(counts[admithttp.Admitted], "admitted,", counts[admithttp.Refused], "refused,", counts[admithttp.Unlimited], "unlimited")
+	// Output: 2 admitted, 1 refused, 1 unlimited
+}
+
+// A refusal in the service's own error format: the RateLimit fields and
+// Retry-After are already set when the function runs.
+func ExampleWithRefusal() {
+	client, stop := exampleClient()
+	defer stop()
+
+	limit, err := admithttp.New(admit.New(client), func(r *http.Request) admithttp.Rule {
+		return admithttp.Rule{First: admithttp.Bucket{Policy: "api", Key: "rl:api", Spec: admit.MustSpec(admit.Every(time.Second), 1)}}
+	}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithRefusal(func(w http.ResponseWriter, _ *http.Request, ref admithttp.Refusal) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprintf(w, `{"error":"rate_limited","policy":%q,"retry_after":%d}`+"\n", ref.Violated.Policy, ref.RetryAfter())
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	fmt.Print(rec.Code, " ", rec.Header().Get("RateLimit"), " Retry-After: ", rec.Header().Get("Retry-After"), "\n", rec.Body.String())
+	// Output:
+	// 429 "api";r=0;t=1 Retry-After: 1
+	// {"error":"rate_limited","policy":"api","retry_after":1}
 }

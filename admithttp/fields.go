@@ -2,10 +2,27 @@ package admithttp
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/admitkit/admit"
+)
+
+// The names of draft-ietf-httpapi-ratelimit-headers-11, in one place: the
+// fields, and the parameters of each. A revision that renames a parameter
+// is an edit here.
+const (
+	policyField = "RateLimit-Policy" // the quota policies of the Rule
+	limitField  = "RateLimit"        // the state of the buckets decided
+
+	quotaParam     = "q"  // RateLimit-Policy: the quota (Spec.Burst)
+	unitParam      = "qu" // RateLimit-Policy: the quota unit (Bucket.Unit)
+	windowParam    = "w"  // RateLimit-Policy: the window, seconds (Burst × Interval)
+	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
+	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
@@ -46,25 +63,95 @@ func writeProblem(w http.ResponseWriter, status int, body []byte) {
 	w.Write(body) //nolint:errcheck // the client may be gone; nothing to do about it
 }
 
-// refuse answers 429 for a Rule the limiter refused.
-func refuse(w http.ResponseWriter, rule Rule, res result) {
-	h := w.Header()
-	setFields(h, rule, res)
-	h.Set("Retry-After", strconv.FormatInt(ceilSeconds(res.d.RetryAfter), 10))
-	violated := rule.First
-	if res.d.Denied == 2 {
-		violated = *rule.Second
-	}
+func refuseOutage(w http.ResponseWriter, retryAfter string) {
+	w.Header().Set("Retry-After", retryAfter)
+	writeProblem(w, http.StatusServiceUnavailable, unavailableBody)
+}
+
+// A Refusal is what the limiter refused: the Rule, the Decision, and the
+// bucket that refused.
+type Refusal struct {
+	// Rule is the Rule the request was decided on.
+	Rule Rule
+	// Decision is the refusing Decision: Denied names the bucket,
+	// RetryAfter and Remaining say how long and how much.
+	Decision admit.Decision
+	// Violated is the bucket that refused: Rule.First or *Rule.Second.
+	Violated Bucket
+}
+
+// RetryAfter is the Retry-After value of the refusal: the Decision's
+// RetryAfter in whole seconds, rounded up.
+func (f Refusal) RetryAfter() int64 { return ceilSeconds(f.Decision.RetryAfter) }
+
+// WithRefusal answers refused requests with f instead of [TooManyRequests].
+// Before f runs, the middleware has set Retry-After, RateLimit-Policy and
+// RateLimit on w's Header, so f keeps them unless it deletes them; f writes
+// the status and body (429 is what clients and the draft expect). If f
+// writes nothing, the middleware writes TooManyRequests's answer. f runs
+// on the request's goroutine. Default: TooManyRequests.
+func WithRefusal(f func(w http.ResponseWriter, r *http.Request, ref Refusal)) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return errors.New("admithttp: WithRefusal(nil): pass a function, or leave the option out")
+		}
+		c.refusal = f
+		return nil
+	})
+}
+
+// TooManyRequests is the middleware's own answer to a refusal: 429 Too Many
+// Requests with an application/problem+json body of the draft's
+// quota-exceeded type, whose violated-policies member names the refusing
+// bucket's policy. It writes the body only: the middleware sets the
+// fields. A [WithRefusal] function may call it after logging, say.
+func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
+	left := max(ref.Decision.Remaining[ref.Decision.Denied-1], 0)
 	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
 		Type:   QuotaExceeded,
 		Title:  "Request cannot be satisfied as assigned quota has been exceeded",
 		Status: http.StatusTooManyRequests,
-		Detail: "policy " + strconv.Quote(violated.Policy) + " holds " + strconv.Itoa(max(res.left[res.d.Denied-1], 0)) +
-			" of the " + strconv.Itoa(violated.cost()) + " this request needs; retry after " +
-			strconv.FormatInt(ceilSeconds(res.d.RetryAfter), 10) + " s",
-		ViolatedPolicies: []string{violated.Policy},
+		Detail: "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
+			" of the " + strconv.Itoa(ref.Violated.cost()) + " this request needs; retry after " +
+			formatSeconds(ref.RetryAfter()) + " s",
+		ViolatedPolicies: []string{ref.Violated.Policy},
 	}))
 }
+
+// refuse answers a request the limiter refused.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, res result) {
+	ref := Refusal{Rule: rule, Decision: res.d, Violated: rule.First}
+	if res.d.Denied == 2 {
+		ref.Violated = *rule.Second
+	}
+	h := w.Header()
+	setFields(h, rule, res)
+	h.Set("Retry-After", formatSeconds(ref.RetryAfter()))
+	if m.refusal == nil {
+		TooManyRequests(w, r, ref)
+		return
+	}
+	tw := &trackingWriter{ResponseWriter: w}
+	m.refusal(tw, r, ref)
+	if !tw.wrote {
+		TooManyRequests(w, r, ref)
+	}
+}
+
+// trackingWriter records whether a status or a body was written.
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *trackingWriter) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *trackingWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap gives http.ResponseController the writer beneath.
+func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // setFields sets RateLimit-Policy for every bucket of rule and RateLimit
 // for every bucket the decision evaluated.
@@ -74,35 +161,52 @@ func setFields(h http.Header, rule Rule, res result) {
 		if i > 0 {
 			policy.WriteString(", ")
 		}
+		burst := b.Spec.Burst()
 		writeString(&policy, b.Policy)
-		policy.WriteString(";q=")
-		policy.WriteString(strconv.Itoa(b.Spec.Burst()))
+		writeParam(&policy, quotaParam, int64(burst))
 		if b.Unit != "" {
-			policy.WriteString(";qu=")
+			policy.WriteString(";" + unitParam + "=")
 			writeString(&policy, b.Unit)
 		}
-		policy.WriteString(";w=")
-		policy.WriteString(strconv.FormatInt(max(ceilSeconds(time.Duration(b.Spec.Burst())*b.Spec.Interval()), 1), 10))
+		writeParam(&policy, windowParam, max(ceilSeconds(time.Duration(burst)*b.Spec.Interval()), 1))
 
-		r := res.left[i]
+		r := res.d.Remaining[i]
 		if r < 0 {
 			continue // not evaluated: the first bucket refused
-		}
-		t := ceilSeconds(time.Duration(b.Spec.Burst()-r) * b.Spec.Interval())
-		if int(res.d.Denied) == i+1 {
-			t = ceilSeconds(res.d.RetryAfter)
 		}
 		if limit.Len() > 0 {
 			limit.WriteString(", ")
 		}
 		writeString(&limit, b.Policy)
-		limit.WriteString(";r=")
-		limit.WriteString(strconv.Itoa(r))
-		limit.WriteString(";t=")
-		limit.WriteString(strconv.FormatInt(t, 10))
+		writeParam(&limit, remainingParam, int64(r))
+		if t, ok := effectiveWindow(b, r, int(res.d.Denied) == i+1, res.d.RetryAfter); ok {
+			writeParam(&limit, resetParam, t)
+		}
 	}
-	h.Set("RateLimit-Policy", policy.String())
-	h.Set("RateLimit", limit.String())
+	h.Set(policyField, policy.String())
+	h.Set(limitField, limit.String())
+}
+
+// effectiveWindow is the draft's t for a bucket holding r tokens after the
+// decision: the seconds until it holds more than r, rounded up. For the
+// refusing bucket, that is its RetryAfter. For another, the next token
+// comes within one Interval, the bound the Decision allows; a full bucket
+// gains nothing more, and has no t (ok false).
+func effectiveWindow(b Bucket, r int, refused bool, retryAfter time.Duration) (t int64, ok bool) {
+	switch {
+	case refused:
+		return ceilSeconds(retryAfter), true
+	case r >= b.Spec.Burst():
+		return 0, false
+	}
+	return ceilSeconds(b.Spec.Interval()), true
+}
+
+func writeParam(b *strings.Builder, name string, v int64) {
+	b.WriteByte(';')
+	b.WriteString(name)
+	b.WriteByte('=')
+	b.WriteString(strconv.FormatInt(v, 10))
 }
 
 // writeString writes s as a Structured Field String (RFC 9651, section
@@ -125,3 +229,5 @@ func ceilSeconds(d time.Duration) int64 {
 	}
 	return int64((d + time.Second - 1) / time.Second)
 }
+
+func formatSeconds(n int64) string { return strconv.FormatInt(n, 10) }

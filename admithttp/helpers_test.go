@@ -117,8 +117,8 @@ var quotaUnits = map[string]bool{"requests": true, "content-bytes": true, "concu
 var delaySeconds = regexp.MustCompile(`^[0-9]+$`)
 
 // checkFields checks h's RateLimit-Policy, RateLimit and Retry-After
-// against draft-ietf-httpapi-ratelimit-headers-11 and returns nil, or an
-// error naming the rule broken:
+// against draft-ietf-httpapi-ratelimit-headers-11 and the package's
+// promises, and returns nil, or an error naming the rule broken:
 //
 //   - RateLimit-Policy is a non-empty List of Items whose values are
 //     Strings, distinct, each with q (a non-negative Integer), w if any (a
@@ -127,85 +127,102 @@ var delaySeconds = regexp.MustCompile(`^[0-9]+$`)
 //     policy of RateLimit-Policy, at most once each, with r (a
 //     non-negative Integer) and t if any (a non-negative Integer);
 //     sections 4, 4.1;
+//   - a policy whose r is below its q has a t (its next token comes some
+//     time), and a full one (r = q) has none (nothing more comes);
 //   - Retry-After, if any, is delay-seconds (RFC 9110 section 10.2.3) and
-//     does not point before the end of any effective window t (section 6).
+//     comes with the violated policy violated, which RateLimit lists
+//     with a t that Retry-After is never earlier than (section 6).
 //
 // A response without RateLimit-Policy must carry no RateLimit either.
-func checkFields(h http.Header) error {
-	policyField, limitField := h.Values("RateLimit-Policy"), h.Values("RateLimit")
-	if len(policyField) == 0 {
-		if len(limitField) != 0 {
-			return fmt.Errorf("RateLimit %q without RateLimit-Policy", limitField)
+func checkFields(h http.Header, violated string) error {
+	policyValues, limitValues := h.Values(admithttp.PolicyField), h.Values(admithttp.LimitField)
+	if len(policyValues) == 0 {
+		if len(limitValues) != 0 {
+			return fmt.Errorf("RateLimit %q without RateLimit-Policy", limitValues)
 		}
 		return nil
 	}
-	policies, err := parseSFList(joinField(policyField))
+	policies, err := parseSFList(joinField(policyValues))
 	if err != nil {
 		return fmt.Errorf("RateLimit-Policy: %w", err)
 	}
 	if len(policies) == 0 {
 		return fmt.Errorf("RateLimit-Policy: empty List; section 3 wants a non-empty one")
 	}
-	names := map[string]bool{}
+	quota := map[string]int64{}
 	for _, p := range policies {
 		name, ok := p.Value.(string)
 		if !ok {
 			return fmt.Errorf("RateLimit-Policy: item %v is a %T; section 3 wants a String", p.Value, p.Value)
 		}
-		if names[name] {
+		if _, dup := quota[name]; dup {
 			return fmt.Errorf("RateLimit-Policy: policy %q twice", name)
 		}
-		names[name] = true
-		q, ok := p.param("q")
-		if n, isInt := q.(int64); !ok || !isInt || n < 0 {
+		q, ok := p.param(admithttp.QuotaParam)
+		n, isInt := q.(int64)
+		if !ok || !isInt || n < 0 {
 			return fmt.Errorf("RateLimit-Policy %q: q = %v; section 3.1.1 wants a non-negative Integer", name, q)
 		}
-		if w, ok := p.param("w"); ok {
+		quota[name] = n
+		if w, ok := p.param(admithttp.WindowParam); ok {
 			if n, isInt := w.(int64); !isInt || n <= 0 {
 				return fmt.Errorf("RateLimit-Policy %q: w = %v; section 3.1.3 wants a positive Integer", name, w)
 			}
 		}
-		if qu, ok := p.param("qu"); ok {
+		if qu, ok := p.param(admithttp.UnitParam); ok {
 			if s, isStr := qu.(string); !isStr || !quotaUnits[s] {
 				return fmt.Errorf("RateLimit-Policy %q: qu = %v; section 3.1.2 wants a registered unit's String", name, qu)
 			}
 		}
 	}
-	limits, err := parseSFList(joinField(limitField))
+	limits, err := parseSFList(joinField(limitValues))
 	if err != nil {
 		return fmt.Errorf("RateLimit: %w", err)
 	}
-	var maxT int64 = -1
-	seen := map[string]bool{}
+	windows := map[string]int64{}
 	for _, l := range limits {
 		name, ok := l.Value.(string)
-		if !ok || !names[name] {
+		if _, known := quota[name]; !ok || !known {
 			return fmt.Errorf("RateLimit: item %v names no policy of RateLimit-Policy", l.Value)
 		}
-		if seen[name] {
+		if _, dup := windows[name]; dup {
 			return fmt.Errorf("RateLimit: policy %q twice", name)
 		}
-		seen[name] = true
-		r, ok := l.param("r")
-		if n, isInt := r.(int64); !ok || !isInt || n < 0 {
+		windows[name] = -1
+		r, ok := l.param(admithttp.RemainingParam)
+		rn, isInt := r.(int64)
+		if !ok || !isInt || rn < 0 {
 			return fmt.Errorf("RateLimit %q: r = %v; section 4.1.1 wants a non-negative Integer", name, r)
 		}
-		if t, ok := l.param("t"); ok {
+		t, hasT := l.param(admithttp.ResetParam)
+		if hasT {
 			n, isInt := t.(int64)
 			if !isInt || n < 0 {
 				return fmt.Errorf("RateLimit %q: t = %v; section 4.1.2 wants a non-negative Integer", name, t)
 			}
-			maxT = max(maxT, n)
+			windows[name] = n
+		}
+		if full := rn >= quota[name]; full == hasT {
+			return fmt.Errorf("RateLimit %q: r=%d of q=%d with t %v; t is the seconds until the bucket holds more than r: "+
+				"present below q, absent at q", name, rn, quota[name], t)
 		}
 	}
-	if ra := h.Get("Retry-After"); ra != "" {
-		if !delaySeconds.MatchString(ra) {
-			return fmt.Errorf("Retry-After %q is not delay-seconds", ra)
-		}
-		n, _ := strconv.ParseInt(ra, 10, 64)
-		if n < maxT {
-			return fmt.Errorf("Retry-After %d points before the end of an effective window (t=%d); section 6 says it should not", n, maxT)
-		}
+	ra := h.Get("Retry-After")
+	switch {
+	case ra == "" && violated != "":
+		return fmt.Errorf("a refusal by %q without Retry-After", violated)
+	case ra == "":
+		return nil
+	case !delaySeconds.MatchString(ra):
+		return fmt.Errorf("Retry-After %q is not delay-seconds", ra)
+	}
+	n, _ := strconv.ParseInt(ra, 10, 64)
+	t, listed := windows[violated]
+	switch {
+	case !listed || t < 0:
+		return fmt.Errorf("Retry-After %d, and RateLimit lists no t for the violated policy %q", n, violated)
+	case n < t:
+		return fmt.Errorf("Retry-After %d points before the end of the violated policy %q's effective window (t=%d)", n, violated, t)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ package admithttp_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +23,7 @@ import (
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/model"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -51,7 +54,7 @@ func TestIntegrationPremiumLane(t *testing.T) {
 		resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), admithttp.QuotaExceeded) {
 		t.Errorf("over HTTP: %s %v %s", resp.Status, resp.Header, body)
 	}
-	if err := checkFields(resp.Header); err != nil {
+	if err := checkFields(resp.Header, "shared"); err != nil {
 		t.Error(err)
 	}
 }
@@ -83,8 +86,9 @@ func TestIntegrationShadowKeys(t *testing.T) {
 			tally.admitted, tally.refused, tally.refusedWhatEnforcedAdmits, tally.failed)
 	}
 	want := map[string]string{
-		prefix + "{api}:standard:u1":       "0",
-		prefix + "{api}:standard:u2":       "6", // charged, then refunded: the shared bucket refused
+		prefix + "{api}:standard:u1": "0",
+		// no {api}:standard:u2: all or nothing, the shared bucket's refusal
+		// left u2's fresh bucket unwritten
 		prefix + "{api}:shared":            "0",
 		shadowPrefix + "{api}:standard:u1": "0",
 		shadowPrefix + "{api}:standard:u2": "1",
@@ -218,4 +222,136 @@ func (c *signalConn) Write(b []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// TestIntegrationProperty runs the property test (property_test.go) on a
+// real server whose clock the test steps forward
+// (testserver.StartClockShifted). The server's clock runs on between the
+// test's readings of it, so each request is checked against the model at
+// the clock read before it and at the one read after it: one must match
+// in every respect, state included.
+func TestIntegrationProperty(t *testing.T) {
+	srv, clock := testserver.StartClockShifted(t)
+	c := testserver.NewClient(t, srv)
+	if err := c.Do(context.Background(), c.B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("server %s; seed %d", srv.Version, seed)
+	runProperty(t, &realProp{t: t, c: c, clk: clock}, propSteps(600), 20*time.Second, seed)
+}
+
+// realProp is a real server whose clock the test steps.
+type realProp struct {
+	t      *testing.T
+	c      valkey.Client
+	clk    *testserver.Clock
+	offset time.Duration
+}
+
+func (b *realProp) client() valkey.Client { return b.c }
+func (b *realProp) clock() int64 {
+	v, err := b.c.Do(context.Background(), b.c.B().Time().Build()).AsIntSlice()
+	if err != nil || len(v) != 2 {
+		b.t.Fatalf("TIME: %v %v", v, err)
+	}
+	return v[0]*1_000_000 + v[1]
+}
+func (b *realProp) advance(d time.Duration) {
+	b.offset += d
+	b.clk.Set(b.t, b.offset)
+}
+func (b *realProp) expiry() model.Expiry { return model.Absolute }
+func (b *realProp) exact() bool          { return false }
+
+// TestIntegrationClusterHostileIDs: on a real 3-primary Valkey Cluster, a
+// per-tenant pair of buckets under the tenant's hash tag, the tag built
+// with admit.KeyPart from the X-User header: no header value gives a
+// cross-slot error or any 5xx; each tenant gets its own limit (2 admitted,
+// then refused by its own bucket). The same classify with the raw header
+// as the tag is the one that broke: "}" and "}x" put the pair in two slots.
+func TestIntegrationClusterHostileIDs(t *testing.T) {
+	bin := testserver.Binary()
+	if bin == "" {
+		testserver.SkipOrFail(t, testserver.Help)
+	}
+	cl, err := testserver.StartCluster(bin, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Stop)
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if c.Mode() != valkey.ClientModeCluster {
+		t.Fatalf("client mode %v, want cluster", c.Mode())
+	}
+	own := admit.MustSpec(admit.Every(time.Hour), 2)
+	pool := admit.MustSpec(admit.Every(time.Hour), 100)
+	tenant := func(tag func(string) string) func(*http.Request) admithttp.Rule {
+		return func(r *http.Request) admithttp.Rule {
+			t := tag(r.Header.Get("X-User"))
+			return admithttp.Rule{First: admithttp.Bucket{Policy: "own", Key: "rl:{" + t + "}:own", Spec: own},
+				Second: &admithttp.Bucket{Policy: "pool", Key: "rl:{" + t + "}:pool", Spec: pool}}
+		}
+	}
+	ids := []string{"", "}", "}x", "{", "{}", strings.Repeat("x", 1<<20), "\xff\xfe\xfd", "\xc3", "bob"}
+	var reported []error
+	next := &recordingHandler{}
+	h := mustNew(t, admit.New(c), tenant(admit.KeyPart), refuseAll,
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported = append(reported, err) }))(next)
+	for _, id := range ids {
+		var codes []int
+		for range 3 {
+			codes = append(codes, send(h, "", id).Code)
+		}
+		if fmt.Sprint(codes) != "[200 200 429]" {
+			t.Errorf("X-User %.12q: statuses %v; want [200 200 429]", id, codes)
+		}
+	}
+	if len(reported) != 0 || next.calls != 2*len(ids) {
+		t.Errorf("errors %v; handler ran %d times, want %d", reported, next.calls, 2*len(ids))
+	}
+	// The raw header as the tag: a cross-slot pair, refused before sending.
+	raw := mustNew(t, admit.New(c), tenant(func(s string) string { return s }), refuseAll,
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported = append(reported, err) }))(next)
+	if rec := send(raw, "", "}x"); rec.Code != 500 || len(reported) != 1 || !errors.Is(reported[0], admit.ErrCrossSlot) {
+		t.Errorf("raw \"}x\": %d, %v; want 500 with ErrCrossSlot (else this test cannot tell)", rec.Code, reported)
+	}
+}
+
+// TestIntegrationDecisionTimeoutPausedStore: with the store paused (CLIENT
+// PAUSE), WithDecisionTimeout answers within its bound, from the Outage
+// handler of the error's class (the command was sent: outcome unknown),
+// and Refuse's 503 carries Retry-After.
+func TestIntegrationDecisionTimeoutPausedStore(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	admin := testserver.NewClient(t, srv)
+	var log eventLog
+	h := mustNew(t, admit.New(c), lanes("t:"), admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse},
+		admithttp.WithDecisionTimeout(200*time.Millisecond), admithttp.WithOutcome(log.record))(&recordingHandler{})
+	if rec := send(h, "premium", ""); rec.Code != 200 { // the script is loaded, the connection up
+		t.Fatalf("before the pause: %d", rec.Code)
+	}
+	log.take()
+	if err := admin.Do(context.Background(), admin.B().ClientPause().Timeout(5000).Write().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), admin.B().ClientUnpause().Build()) })
+	start := time.Now()
+	rec := send(h, "premium", "")
+	took := time.Since(start)
+	admin.Do(context.Background(), admin.B().ClientUnpause().Build())
+	t.Logf("answered %d after %v", rec.Code, took)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" || took > 2*time.Second {
+		t.Errorf("paused store: %d, Retry-After %q, after %v; want 503, 5, within the bound", rec.Code, rec.Header().Get("Retry-After"), took)
+	}
+	events := log.events[len(log.events)-1:]
+	if len(events) != 1 || events[0].Outcome != admithttp.OutageRefused || !errors.Is(events[0].Err, context.DeadlineExceeded) ||
+		classOf(events[0].Err) != "outcome-unknown" {
+		t.Errorf("events %+v; want outage-refused with an outcome-unknown deadline error", events)
+	}
 }

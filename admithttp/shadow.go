@@ -25,9 +25,8 @@ const ShadowPrefix = "admit-shadow:"
 //
 // A shadow decision is one more round trip per request, made after the
 // enforced one and before the response. It charges its buckets as the rule
-// would if enforced (and refunds a second-bucket refusal's first charge),
-// but nothing else: refunds a handler makes with [Admission] go to the
-// enforced buckets only.
+// would if enforced (all or nothing), but nothing else: refunds a handler
+// makes with [Admission] go to the enforced buckets only.
 type Shadow struct {
 	// Name tells shadows apart in reports and in their keys. It must be
 	// printable ASCII without '{' or '}', not empty, and unique among the
@@ -100,16 +99,37 @@ func (m *middleware) runShadows(r *http.Request, enforced Rule, d admit.Decision
 		rule = rule.clone()
 		prefix := ShadowPrefix + s.Name + ":"
 		for _, b := range []*Bucket{&rule.First, rule.Second} {
-			if b != nil && b.Key != "" { // an empty key stays empty: admit refuses it
+			if b != nil && b.Key != "" { // an empty key stays empty: checkRule refuses it
 				b.Key = prefix + b.Key
 			}
 		}
 		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: d}
-		res, err := m.decide(r, rule, func(_ *http.Request, err error) { rep.Err = err })
-		if err != nil {
-			rep.Err = err
+		if rep.Err = checkShadowRule(rule); rep.Err == nil {
+			var res result
+			res, rep.Err = m.decide(r, rule)
+			rep.Decision = res.d
 		}
-		rep.Decision = res.d
 		s.Report(rep)
+		if rep.Err == nil && !rep.Decision.Allowed() && m.outcome != nil {
+			m.outcome(Event{Request: r, Outcome: ShadowWouldRefuse, Rule: rule, Decision: rep.Decision, Shadow: s.Name})
+		}
 	}
+}
+
+// checkShadowRule is checkRule for a candidate, whose keys are in the
+// shadow namespace by construction.
+func checkShadowRule(rule Rule) error {
+	return checkRule(shadowless(rule))
+}
+
+// shadowless returns rule with ShadowPrefix taken off its keys, for
+// checkRule.
+func shadowless(rule Rule) Rule {
+	rule = rule.clone()
+	for _, b := range []*Bucket{&rule.First, rule.Second} {
+		if b != nil {
+			b.Key = strings.TrimPrefix(b.Key, ShadowPrefix)
+		}
+	}
+	return rule
 }

@@ -7,7 +7,7 @@
 # Two modules are left out unless asked for, so that a plain make test
 # downloads nothing it will not run:
 #   internal/containertest  only with VALKEY_IMAGE set (needs a Docker engine)
-#   internal/peerbench      benchmarks only (see BENCHMARKS.md); make lint builds it
+#   benchmarks              benchmarks only (see BENCHMARKS.md); make lint builds it
 set -uo pipefail
 cd "$(dirname "$0")/.."
 failed=() skipped_total=0
@@ -20,7 +20,7 @@ for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | so
       echo "== skipped $mod: set VALKEY_IMAGE=valkey/valkey:8.0 where a Docker engine runs (docs/testing.md)"
       continue
     fi ;;
-  ./internal/peerbench)
+  ./benchmarks)
     echo "== skipped $mod: benchmarks only (BENCHMARKS.md)"
     continue ;;
   esac

@@ -20,6 +20,15 @@ var (
 	candidateSpec = admit.MustSpec(4500.0/60, 4500)   // a tighter lane, tried in shadow
 )
 
+// tokenUnit is the quota unit of every bucket: what the RateLimit fields'
+// q and r count. Without it, they would say "requests" (the draft's
+// default), and a client would read a budget of 6,000 model tokens as 6,000
+// requests. The draft's registry has no unit for a language model's tokens,
+// so this one is the gateway's own: a client that does not know it knows
+// at least that q and r are not requests, and the gateway's API
+// documentation says what they are.
+const tokenUnit = "llm-tokens"
+
 // apiKeys gives each client its lane. Premium clients draw on the shared
 // bucket alone; standard clients first on the lane's own, smaller bucket,
 // so that a refused standard request never takes from the shared one.
@@ -93,11 +102,11 @@ func parse(next http.Handler) http.Handler {
 // the shared one, or to the shared one alone.
 func (g *gateway) rule(r *http.Request) admithttp.Rule {
 	req := r.Context().Value(chatKey{}).(chatRequest)
-	shared := admithttp.Bucket{Policy: "shared", Key: g.sharedKey, Spec: sharedSpec, Cost: req.estimate()}
+	shared := admithttp.Bucket{Policy: "shared", Key: g.sharedKey, Spec: sharedSpec, Cost: req.estimate(), Unit: tokenUnit}
 	if req.Lane == "premium" {
 		return admithttp.Rule{First: shared}
 	}
-	return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: g.laneKey, Spec: laneSpec, Cost: req.estimate()}, Second: &shared}
+	return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: g.laneKey, Spec: laneSpec, Cost: req.estimate(), Unit: tokenUnit}, Second: &shared}
 }
 
 // candidate is the standard lane with candidateSpec; premium is left out.

@@ -17,7 +17,11 @@
 // answer may use) as the buckets' Cost, calls the model, and refunds the
 // part of the estimate the answer did not use. admithttp answers refusals
 // (429, Retry-After, the IETF RateLimit-Policy and RateLimit fields, a
-// problem+json body) and puts the fields on admitted responses too. A
+// problem+json body) and puts the fields on admitted responses too. The
+// fields count model tokens, not requests: every policy carries
+// qu="llm-tokens", the gateway's own unit (the draft's registry has none
+// for them), so that no client reads q=6000 as six thousand requests. A
+// refusal by the shared bucket charges the standard lane nothing. A
 // tighter standard lane (4,500 tokens a minute) runs in shadow, and the
 // demo reports what it would have refused.
 package main

@@ -41,8 +41,8 @@ var wantSummary = summary{admitted: 5, refusedByLane: 1, refusedByShared: 2, ref
 
 // TestRunOnServer runs the gateway against a real server and checks every
 // decision, the refunds, and what the buckets hold at the end: exactly the
-// tokens the story leaves (lane 900: s4's charge was refunded when the
-// shared bucket refused it; shared 200), plus at most what they refilled
+// tokens the story leaves (lane 900: the shared bucket's refusal of s4
+// charged the lane nothing; shared 200), plus at most what they refilled
 // while the run took, by the server's clock.
 func TestRunOnServer(t *testing.T) {
 	srv := testserver.Shared(t)
@@ -177,3 +177,40 @@ func TestRefusedBeforeTheLimiter(t *testing.T) {
 // testClock is the in-process server's clock in these tests: it stands
 // still, so no bucket refills while a slow machine runs the story.
 var testClock = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+// TestFieldsCountTokens: every policy of every response that carries the
+// fields says its quota counts model tokens, never the draft's default of
+// requests.
+func TestFieldsCountTokens(t *testing.T) {
+	t.Setenv("VALKEY_ADDR", "")
+	c, _, stop, err := connect(testClock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	g, err := newGateway(c, "llmgateway:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, key := range []string{"key-standard", "key-standard", "key-standard", "key-premium"} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(`{"prompt_tokens":1000,"max_tokens":2000}`))
+		req.Header.Set("X-API-Key", key)
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		seen[rec.Code] = true
+		policy := rec.Header().Get("RateLimit-Policy")
+		items := strings.Split(policy, ", ")
+		if policy == "" || len(items) == 0 {
+			t.Fatalf("%s: %d without RateLimit-Policy", key, rec.Code)
+		}
+		for _, it := range items {
+			if !strings.Contains(it, `;qu="llm-tokens"`) {
+				t.Errorf("%s: %d: policy %q does not say it counts tokens", key, rec.Code, it)
+			}
+		}
+	}
+	if !seen[200] || !seen[429] {
+		t.Errorf("statuses %v; want both an admission and a refusal", seen)
+	}
+}

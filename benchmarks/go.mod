@@ -1,4 +1,4 @@
-module github.com/admitkit/admit/internal/peerbench
+module github.com/admitkit/admit/benchmarks
 
 go 1.26.0
 
@@ -12,7 +12,7 @@ require (
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/admitkit/admit => ../..
+replace github.com/admitkit/admit => ../

@@ -1,8 +1,8 @@
--- The two-bucket floor (issue 22): the commands a two-bucket admission must
+-- The two-bucket floor: the commands a two-bucket admission must
 -- run, TIME once, then HMGET of each bucket, then HSET and PEXPIREAT of
 -- each, in the shipped script's order, with no logic around them: no
 -- argument checked, no field validated, no refill, no decision, no ACL
--- precheck, a constant reply. BenchmarkScriptSaturation calls it with the
+-- precheck, a constant reply. BenchmarkScriptServerTime calls it with the
 -- shipped script's keys and arguments (the server parses them alike) and
 -- reports shipped / floor: what the script's logic costs beyond the
 -- commands it cannot do without. It writes whole numbers shaped as the

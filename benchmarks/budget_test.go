@@ -1,27 +1,31 @@
-package admit
+package benchmarks
 
-// The Budget API's calls side by side with AllowOrdered, on the same server,
-// nets and bucket shapes as bench_test.go's benchmarks, with the same
-// metrics (B/op, allocs/op, cmds/op, srv-µs/op, latency quantiles):
+// The Budget API's calls and AllowOrderedOnce side by side with
+// AllowOrdered, on the same server, nets and bucket shapes as
+// designs_test.go's benchmarks, with the same metrics (B/op, allocs/op,
+// cmds/op, srv-µs/op, latency quantiles):
 //
 //	BenchmarkAllowOrderedCost/path=both-allow/net=...   AllowOrdered with Cost 50 on both buckets
 //	BenchmarkPeek/path=.../net=...                      Peek (EVALSHA_RO) on the three two-bucket paths
 //	BenchmarkPeekOneBucket/path=.../net=...             Peek on one bucket
 //	BenchmarkRefund/path=both-allow/net=...             Refund of 50 tokens to two buckets
 //	BenchmarkRefundOneBucket/path=allow/net=...         Refund of 50 tokens to one bucket
+//	BenchmarkAllowOrderedOnce/path=.../net=...          AllowOrderedOnce with a fresh id
 //
 // Compare them with BenchmarkAllowOrdered and BenchmarkAllowOrderedOneBucket:
 //
-//	go test -run '^$' -bench 'AllowOrdered|Peek|Refund' -count 3 .
+//	go test -run '^$' -bench 'AllowOrdered|Peek|Refund' -count 3
 //
-// The budgets (issue 9): AllowOrdered 1 alloc/op and at most 96 B/op; Peek
-// and Refund at most 2 allocs/op.
+// TestBudgetAllocations holds the calls to their allocation budgets.
 
 import (
 	"context"
 	"net"
+	"strconv"
+	"sync/atomic"
 	"testing"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -35,32 +39,32 @@ const budgetCost = 50
 var costPaths = []benchPath{{"both-allow", roomy, roomy, 0}}
 
 // orderedCost is AllowOrdered with budgetCost on both buckets.
-func orderedCost(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	return n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, &Request{Key: k2, Spec: p.second, Cost: budgetCost})
+func orderedCost(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	return n.l.AllowOrdered(ctx, admit.Request{Key: k1, Spec: p.first, Cost: budgetCost}, &admit.Request{Key: k2, Spec: p.second, Cost: budgetCost})
 }
 
 // peek is Peek on two buckets: what AllowOrdered would decide, taking
 // nothing, so a path's buckets stay as prepare left them.
-func peek(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	return n.l.Peek(ctx, Request{Key: k1, Spec: p.first}, &Request{Key: k2, Spec: p.second})
+func peek(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	return n.l.Peek(ctx, admit.Request{Key: k1, Spec: p.first}, &admit.Request{Key: k2, Spec: p.second})
 }
 
 // peekOne is Peek on one bucket.
-func peekOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (Decision, error) {
-	return n.l.Peek(ctx, Request{Key: k1, Spec: p.first}, nil)
+func peekOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (admit.Decision, error) {
+	return n.l.Peek(ctx, admit.Request{Key: k1, Spec: p.first}, nil)
 }
 
 // refund gives budgetCost back to two buckets (capped at their burst).
 // Refund returns no Decision: a success reads as the allowed path.
-func refund(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	err := n.l.Refund(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, &Request{Key: k2, Spec: p.second, Cost: budgetCost})
-	return Decision{}, err
+func refund(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	err := n.l.Refund(ctx, admit.Request{Key: k1, Spec: p.first, Cost: budgetCost}, &admit.Request{Key: k2, Spec: p.second, Cost: budgetCost})
+	return admit.Decision{}, err
 }
 
 // refundOne gives budgetCost back to one bucket.
-func refundOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (Decision, error) {
-	err := n.l.Refund(ctx, Request{Key: k1, Spec: p.first, Cost: budgetCost}, nil)
-	return Decision{}, err
+func refundOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (admit.Decision, error) {
+	err := n.l.Refund(ctx, admit.Request{Key: k1, Spec: p.first, Cost: budgetCost}, nil)
+	return admit.Decision{}, err
 }
 
 // BenchmarkAllowOrderedCost is AllowOrdered taking budgetCost tokens from
@@ -79,7 +83,7 @@ func BenchmarkRefund(b *testing.B) { runSerial(b, "refund", costPaths, refundWit
 
 // BenchmarkRefundOneBucket is Refund to one bucket.
 func BenchmarkRefundOneBucket(b *testing.B) {
-	runSerial(b, "refund-one", []benchPath{{"allow", roomy, Spec{}, 0}}, refundWithKeys(refundOne))
+	runSerial(b, "refund-one", []benchPath{{"allow", roomy, admit.Spec{}, 0}}, refundWithKeys(refundOne))
 }
 
 // refundWithKeys makes sure the buckets exist before refunding (a refund
@@ -87,15 +91,15 @@ func BenchmarkRefundOneBucket(b *testing.B) {
 // charges them once, on the first call for each pair of keys.
 func refundWithKeys(d decider) decider {
 	seen := map[string]bool{}
-	return func(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
+	return func(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
 		if !seen[k1] {
 			seen[k1] = true
-			var second *Request
+			var second *admit.Request
 			if !p.second.IsZero() {
-				second = &Request{Key: k2, Spec: p.second}
+				second = &admit.Request{Key: k2, Spec: p.second}
 			}
-			if _, err := n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first}, second); err != nil {
-				return Decision{}, err
+			if _, err := n.l.AllowOrdered(ctx, admit.Request{Key: k1, Spec: p.first}, second); err != nil {
+				return admit.Decision{}, err
 			}
 		}
 		return d(ctx, n, k1, k2, p)
@@ -125,13 +129,13 @@ func TestBudgetAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l := New(c)
-	var calls [OpWaitAttempt + 1]int
-	observed := New(c, WithObserver(func(o Observation) { calls[o.Op]++ }))
+	l := admit.New(c)
+	var calls [admit.OpWaitAttempt + 1]int
+	observed := admit.New(c, admit.WithObserver(func(o admit.Observation) { calls[o.Op]++ }))
 	ctx := context.Background()
 	p := testserver.Prefix(t, testserver.NewClient(t, srv))
-	first, second := Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
-	shut := Request{Key: p + "shut", Spec: tight} // drained by the warm-up's first call
+	first, second := admit.Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, admit.Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
+	shut := admit.Request{Key: p + "shut", Spec: tight} // drained by the warm-up's first call
 	for _, tc := range []struct {
 		name string
 		max  float64
@@ -182,7 +186,26 @@ func TestBudgetAllocations(t *testing.T) {
 		}
 		t.Logf("%s: %v allocs a call", tc.name, allocs)
 	}
-	if calls[OpTake] == 0 || calls[OpPeek] == 0 || calls[OpRefund] == 0 {
+	if calls[admit.OpTake] == 0 || calls[admit.OpPeek] == 0 || calls[admit.OpRefund] == 0 {
 		t.Errorf("the observer saw %v calls by Op, want some of each of take, peek and refund", calls)
 	}
+}
+
+// onceSeq makes every AllowOrderedOnce of the benchmark a first call with
+// its id, the path a service takes on every decision (a retry is rare).
+var onceSeq atomic.Int64
+
+// orderedOnce is AllowOrderedOnce with a fresh id: it decides as
+// AllowOrdered does and records the reply under the id.
+func orderedOnce(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	id := strconv.FormatInt(onceSeq.Add(1), 10)
+	return n.l.AllowOrderedOnce(ctx, id, admit.Request{Key: k1, Spec: p.first}, &admit.Request{Key: k2, Spec: p.second})
+}
+
+// BenchmarkAllowOrderedOnce is AllowOrdered made retry-safe by an id, side
+// by side with BenchmarkAllowOrdered (same paths, same nets): its cost is
+// the record's GET and SET in the script, and the id's and record key's
+// allocations on the client.
+func BenchmarkAllowOrderedOnce(b *testing.B) {
+	runSerial(b, "ordered-once", twoBucketPaths, orderedOnce)
 }

@@ -1,4 +1,4 @@
-package admit
+package benchmarks
 
 // Benchmarks against a real server, found as the tests find one (see
 // internal/testserver) and skipped cleanly without one. They measure
@@ -42,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/delayproxy"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
@@ -53,17 +54,17 @@ const defaultBenchDelay = 500 * time.Microsecond
 
 // Bucket shapes. roomy never denies at benchmark speed: it regains a token
 // every microsecond and holds a million (below 2^26, so an admission gets
-// the integer reply, see decode). tight, once drained, denies for an hour.
+// the integer reply). tight, once drained, denies for an hour.
 var (
-	roomy = MustSpec(MaxLimit, 1_000_000)
-	tight = MustSpec(Every(time.Hour), 1)
+	roomy = admit.MustSpec(admit.MaxLimit, 1_000_000)
+	tight = admit.MustSpec(admit.Every(time.Hour), 1)
 )
 
 // A benchPath is one row of the decision table: the buckets' shapes and the
 // Decision.Denied every call must return.
 type benchPath struct {
 	name          string
-	first, second Spec
+	first, second admit.Spec
 	want          uint8
 }
 
@@ -76,8 +77,8 @@ var twoBucketPaths = []benchPath{
 
 // oneBucketPaths are the paths of a single-bucket decision; second is unused.
 var oneBucketPaths = []benchPath{
-	{"allow", roomy, Spec{}, 0},
-	{"denies", tight, Spec{}, 1},
+	{"allow", roomy, admit.Spec{}, 0},
+	{"denies", tight, admit.Spec{}, 1},
 }
 
 // A benchNet is one client, on plain loopback or through the delay proxy,
@@ -85,14 +86,14 @@ var oneBucketPaths = []benchPath{
 type benchNet struct {
 	name string // the net= value
 	c    valkey.Client
-	l    *Limiter
+	l    *admit.Limiter
 }
 
 // benchEnv is the server's networks and a direct client for INFO and setup,
 // which are never timed.
 type benchEnv struct {
 	admin  valkey.Client
-	adminL *Limiter
+	adminL *admit.Limiter
 	nets   []*benchNet
 	prefix string
 }
@@ -109,10 +110,10 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	srv := testserver.Shared(b)
 	delay := benchDelay(b)
 	env := &benchEnv{admin: newBenchClient(b, srv.Addr)}
-	env.adminL = New(env.admin)
+	env.adminL = admit.New(env.admin)
 	env.prefix = testserver.Prefix(b, env.admin)
 	direct := newBenchClient(b, srv.Addr)
-	env.nets = append(env.nets, &benchNet{name: "loopback", c: direct, l: New(direct)})
+	env.nets = append(env.nets, &benchNet{name: "loopback", c: direct, l: admit.New(direct)})
 	if delay > 0 {
 		proxy, err := delayproxy.Start(srv.Addr, delay)
 		if err != nil {
@@ -120,7 +121,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 		}
 		b.Cleanup(func() { proxy.Close() }) // registered first, so it runs after the client closes
 		delayed := newBenchClient(b, proxy.Addr())
-		env.nets = append(env.nets, &benchNet{name: delayNetName(delay), c: delayed, l: New(delayed)})
+		env.nets = append(env.nets, &benchNet{name: delayNetName(delay), c: delayed, l: admit.New(delayed)})
 	}
 	benchConfig.Do(func() {
 		fmt.Printf("server: %s\n", srv.Version)
@@ -180,28 +181,28 @@ func delayNetName(oneWay time.Duration) string {
 
 // A decider makes one decision against the buckets first and second (keys
 // k1 and k2) the way one design does, and returns the Decision it reached.
-type decider func(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error)
+type decider func(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error)
 
 // ordered is the design under test: one script call decides both buckets.
 // Requests are built per call, as a caller does.
-func ordered(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	return n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first}, &Request{Key: k2, Spec: p.second})
+func ordered(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	return n.l.AllowOrdered(ctx, admit.Request{Key: k1, Spec: p.first}, &admit.Request{Key: k2, Spec: p.second})
 }
 
 // orderedOne is the single-bucket (premium) lane: one script call, one key.
-func orderedOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (Decision, error) {
-	return n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first}, nil)
+func orderedOne(ctx context.Context, n *benchNet, k1, _ string, p benchPath) (admit.Decision, error) {
+	return n.l.AllowOrdered(ctx, admit.Request{Key: k1, Spec: p.first}, nil)
 }
 
 // sequential is the design AllowOrdered replaces: two single-bucket script
 // calls, the second only when the first admits. Same script, same keys,
 // same state transitions, one more round trip when the first admits.
-func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	d, err := n.l.AllowOrdered(ctx, Request{Key: k1, Spec: p.first}, nil)
+func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	d, err := n.l.AllowOrdered(ctx, admit.Request{Key: k1, Spec: p.first}, nil)
 	if err != nil || !d.Allowed() {
 		return d, err
 	}
-	d, err = n.l.AllowOrdered(ctx, Request{Key: k2, Spec: p.second}, nil)
+	d, err = n.l.AllowOrdered(ctx, admit.Request{Key: k2, Spec: p.second}, nil)
 	if err == nil && !d.Allowed() {
 		d.Denied = 2
 	}
@@ -209,27 +210,30 @@ func sequential(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (D
 }
 
 // execMulti is the rejected design: valkey.Lua.ExecMulti of the two
-// single-bucket calls, with the arguments AllowOrdered sends for one
-// bucket. It sends SCRIPT LOAD first, then both EVALSHAs in one pipeline,
-// and bucket two runs (and is charged) even when bucket one denies.
-func execMulti(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (Decision, error) {
-	rs := scripts().take.ExecMulti(ctx, n.c,
+// single-bucket calls of the shipped script, with the arguments
+// AllowOrdered sends for one bucket. It sends SCRIPT LOAD first, then both
+// EVALSHAs in one pipeline, and bucket two runs (and is charged) even when
+// bucket one denies.
+func execMulti(ctx context.Context, n *benchNet, k1, k2 string, p benchPath) (admit.Decision, error) {
+	rs := execMultiScript.ExecMulti(ctx, n.c,
 		valkey.LuaExec{Keys: []string{k1}, Args: takeArgs(p.first)},
 		valkey.LuaExec{Keys: []string{k2}, Args: takeArgs(p.second)})
-	d1, err := decode(rs[0], 1)
-	if err != nil || !d1.Allowed() {
-		return d1, err
+	denied, err := replyDenied(rs[0])
+	if err != nil || denied != 0 {
+		return admit.Decision{Denied: uint8(denied)}, err
 	}
-	d2, err := decode(rs[1], 1)
-	if err == nil && !d2.Allowed() {
-		d2.Denied = 2
+	if denied, err = replyDenied(rs[1]); err == nil && denied != 0 {
+		denied = 2
 	}
-	return d2, err
+	return admit.Decision{Denied: uint8(denied)}, err
 }
 
+// execMultiScript is the shipped script, as execMulti sends it.
+var execMultiScript = valkey.NewLuaScript(shippedScript)
+
 // ping is the floor: one PING, one round trip, no script.
-func ping(ctx context.Context, n *benchNet, _, _ string, _ benchPath) (Decision, error) {
-	return Decision{}, n.c.Do(ctx, n.c.B().Ping().Build()).Error()
+func ping(ctx context.Context, n *benchNet, _, _ string, _ benchPath) (admit.Decision, error) {
+	return admit.Decision{}, n.c.Do(ctx, n.c.B().Ping().Build()).Error()
 }
 
 // pingPath is the path PING "takes": it never denies.
@@ -248,7 +252,7 @@ func (env *benchEnv) keys(impl string, n *benchNet, p benchPath) (k1, k2 string)
 func (env *benchEnv) prepare(b *testing.B, n *benchNet, k1, k2 string, p benchPath, decide decider) {
 	b.Helper()
 	ctx := context.Background()
-	for _, r := range []Request{{Key: k1, Spec: p.first}, {Key: k2, Spec: p.second}} {
+	for _, r := range []admit.Request{{Key: k1, Spec: p.first}, {Key: k2, Spec: p.second}} {
 		if r.Spec != tight {
 			continue
 		}
@@ -273,7 +277,7 @@ func (env *benchEnv) prepare(b *testing.B, n *benchNet, k1, k2 string, p benchPa
 
 // checkDecision stops the benchmark when a call failed or took another path
 // than the one being measured.
-func checkDecision(b *testing.B, p benchPath, d Decision, err error) {
+func checkDecision(b *testing.B, p benchPath, d admit.Decision, err error) {
 	if err != nil {
 		b.Fatalf("path %s: %v", p.name, err)
 	}
@@ -286,7 +290,7 @@ func checkDecision(b *testing.B, p benchPath, d Decision, err error) {
 // commandstats counts them too, but they are not round trips.
 var scriptCommands = func() map[string]bool {
 	m := map[string]bool{}
-	for _, sub := range regexp.MustCompile(`redis\.p?call\('(\w+)'`).FindAllStringSubmatch(scriptSource, -1) {
+	for _, sub := range regexp.MustCompile(`redis\.p?call\('(\w+)'`).FindAllStringSubmatch(shippedScript, -1) {
 		m[strings.ToLower(sub[1])] = true
 	}
 	return m

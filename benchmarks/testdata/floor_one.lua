@@ -1,7 +1,7 @@
--- The one-bucket floor (issue 22): the commands a one-bucket admission must
+-- The one-bucket floor: the commands a one-bucket admission must
 -- run, TIME, HMGET, HSET and PEXPIREAT, with no logic around them: no
 -- argument checked, no field validated, no refill, no decision, no ACL
--- precheck, a constant reply. BenchmarkScriptSaturation calls it with the
+-- precheck, a constant reply. BenchmarkScriptServerTime calls it with the
 -- shipped script's keys and arguments (the server parses them alike) and
 -- reports shipped / floor: what the script's logic costs beyond the
 -- commands it cannot do without. It writes whole numbers shaped as the

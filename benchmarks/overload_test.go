@@ -1,4 +1,4 @@
-package admit
+package benchmarks
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
@@ -17,9 +18,8 @@ import (
 // own bucket, 10/s, then the shared one, 1,000/s) at 20 times its shared
 // limit (20,000 requests/s, paced), while one goroutine sends normal
 // traffic over 100 other channels.
-// Side by side on one server the benchmark owns: the 0b7bc55 script (every
-// denial rewrote its bucket), the shipped script, and the shipped script
-// with WithDenialCache. It reports the flood's decisions/s, the server's
+// Side by side on one server the benchmark owns: AllowOrdered, and
+// AllowOrdered with WithDenialCache. It reports the flood's decisions/s, the server's
 // CPU per script run, and p50/p99 of the normal traffic (b.N calls).
 //
 //	go test -run '^$' -bench Overload -count 6 .
@@ -29,39 +29,25 @@ func BenchmarkOverload(b *testing.B) {
 	ctx := context.Background()
 	// The flood's standard lane (10/s) refuses most of it at the first
 	// bucket, with RetryAfter up to 100 ms: the case the cache is for.
-	floodStd, floodShared := MustSpec(Every(100*time.Millisecond), 10), MustSpec(Every(time.Millisecond), 20)
+	floodStd, floodShared := admit.MustSpec(admit.Every(100*time.Millisecond), 10), admit.MustSpec(admit.Every(time.Millisecond), 20)
 	const floodRate, flooders = 20 * 1000, 64 // 20 × the shared limit
 	period := time.Second * flooders / floodRate
-	normal := MustSpec(Every(time.Millisecond), 1000)
-	baseline := valkey.NewLuaScript(baselineScript)
-	type decideFunc func(first Request, second *Request) (uint8, error)
+	normal := admit.MustSpec(admit.Every(time.Millisecond), 1000)
+	type decideFunc func(first admit.Request, second *admit.Request) (uint8, error)
 	for _, impl := range []struct {
 		name string
 		make func() decideFunc
 	}{
-		{"baseline-0b7bc55", func() decideFunc {
-			return func(first Request, second *Request) (uint8, error) {
-				keys, args := []string{first.Key}, baselineArgs(first.Spec)
-				if second != nil {
-					keys, args = append(keys, second.Key), baselineArgs(first.Spec, second.Spec)
-				}
-				arr, err := baseline.Exec(ctx, c, keys, args).AsIntSlice()
-				if err != nil {
-					return 0, err
-				}
-				return uint8(arr[0]), nil
-			}
-		}},
 		{"current", func() decideFunc {
-			l := New(c)
-			return func(first Request, second *Request) (uint8, error) {
+			l := admit.New(c)
+			return func(first admit.Request, second *admit.Request) (uint8, error) {
 				d, err := l.AllowOrdered(ctx, first, second)
 				return d.Denied, err
 			}
 		}},
 		{"current+denial-cache", func() decideFunc {
-			l := New(c, WithDenialCache(1024))
-			return func(first Request, second *Request) (uint8, error) {
+			l := admit.New(c, admit.WithDenialCache(1024))
+			return func(first admit.Request, second *admit.Request) (uint8, error) {
 				d, err := l.AllowOrdered(ctx, first, second)
 				return d.Denied, err
 			}
@@ -70,11 +56,11 @@ func BenchmarkOverload(b *testing.B) {
 		b.Run("impl="+impl.name, func(b *testing.B) {
 			decide := impl.make()
 			p := testserver.Prefix(b, c)
-			fStd, fShared := Request{Key: p + "{flood}:std", Spec: floodStd}, Request{Key: p + "{flood}:shared", Spec: floodShared}
-			var channels [100][2]Request
+			fStd, fShared := admit.Request{Key: p + "{flood}:std", Spec: floodStd}, admit.Request{Key: p + "{flood}:shared", Spec: floodShared}
+			var channels [100][2]admit.Request
 			for i := range channels {
 				tag := "{chan:" + strconv.Itoa(i) + "}"
-				channels[i] = [2]Request{{Key: p + tag + ":std", Spec: normal}, {Key: p + tag + ":shared", Spec: normal}}
+				channels[i] = [2]admit.Request{{Key: p + tag + ":std", Spec: normal}, {Key: p + tag + ":shared", Spec: normal}}
 			}
 			cpu0, stats0 := serverCPU(b, c), testserver.CommandStats(b, c)
 			var flood atomic.Int64

@@ -1,40 +1,37 @@
-package peerbench
+package benchmarks
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/testserver"
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	"github.com/valkey-io/valkey-go"
-
-	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // The load of each run of BenchmarkRedisRateSaturation: 50 goroutines, as
-// valkey-benchmark's 50 connections in the root's BenchmarkScriptSaturation,
-// each making peerCalls/peerGoroutines calls one after another.
+// valkey-benchmark's 50 connections in BenchmarkScriptServerTime's
+// saturation load, each making peerCalls/peerGoroutines calls one after
+// another.
 const (
 	peerGoroutines = 50
 	peerCalls      = 50000
 )
 
-// BenchmarkRedisRateSaturation is issue 22's comparison with the peer: a
+// BenchmarkRedisRateSaturation compares admit with the most-used peer: a
 // one-bucket decision of admit beside go-redis/redis_rate v10's AllowN
 // (GCRA, one key), each on one hot key of one server, the same rate and
-// burst, driven by 50 goroutines through its own client. Before each run
-// CONFIG RESETSTAT, after it INFO commandstats: usec_per_call of EVALSHA
-// (both libraries send EVALSHA once the script is loaded), the script's
-// own commands included, network and client excluded. Each loop iteration
-// is one rep and the reps rotate which goes first; it reports each one's
-// median µs per call and the median over the reps of each rep's own
-// ratio admit/redis_rate.
+// burst, driven by 50 goroutines through its own client, and measured by
+// serverTime as BenchmarkScriptServerTime's scripts are (both libraries
+// send EVALSHA once the script is loaded). It reports each one's median µs
+// per call and the median over the reps of each rep's own ratio
+// admit/redis_rate.
 //
 // Neither client pipelines as valkey-benchmark -P 16 does: redis_rate has
 // no batch call, and each goroutine waits for its decision. Each library
@@ -45,8 +42,8 @@ const (
 // valkey-go client with DisableAutoPipelining (a connection per command in
 // flight, as go-redis), reported as admit-pooled.
 //
-//	go test -run '^$' -bench . -benchtime 5x
-//	VALKEY_SERVER=/opt/admit-servers/bin/valkey-server-9.1.2 go test -run '^$' -bench . -benchtime 5x
+//	go test -run '^$' -bench RedisRateSaturation -benchtime 5x
+//	VALKEY_SERVER=/path/to/valkey-server go test -run '^$' -bench RedisRateSaturation -benchtime 5x
 func BenchmarkRedisRateSaturation(b *testing.B) {
 	srv := testserver.Own(b)
 	if srv.TLS != nil {
@@ -88,59 +85,26 @@ func BenchmarkRedisRateSaturation(b *testing.B) {
 					return err
 				}
 			}
-			type run struct {
-				name string
-				call func() error
-			}
-			runs := []run{
-				{"redis_rate", func() error {
+			// Each contender's check is one decision; its run, peerCalls
+			// of them.
+			cs := []contender{
+				{name: "redis_rate", check: func() error {
 					res, err := peer.AllowN(ctx, prefix+"redis_rate", p.limit, 1)
 					if err == nil && (res.Allowed == 1) != p.allow {
 						err = fmt.Errorf("redis_rate: allowed %d, want allowed %v", res.Allowed, p.allow)
 					}
 					return err
 				}},
-				{"admit", decide(admit.New(c), prefix+"admit")},
-				{"admit-pooled", decide(admit.New(pooled), prefix+"admit-pooled")},
+				{name: "admit", check: decide(admit.New(c), prefix+"admit")},
+				{name: "admit-pooled", check: decide(admit.New(pooled), prefix+"admit-pooled")},
 			}
-			// Load the scripts and drain the shut buckets (the first call
-			// takes their one token), then check the path, before timing.
-			for _, r := range runs {
-				r.call()
-				if err := r.call(); err != nil {
-					b.Fatal(err)
-				}
+			for i := range cs {
+				call := cs[i].check
+				cs[i].run = func() error { return drive(call) }
 			}
-			usec := make([][]float64, len(runs)) // by library, a value a rep
-			var ratio, pooledRatio []float64     // admit/redis_rate, a value a rep
-			rep := 0
-			for b.Loop() {
-				for k := range runs {
-					i := (k + rep) % len(runs)
-					if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
-						b.Fatal(err)
-					}
-					if err := drive(runs[i].call); err != nil {
-						b.Fatalf("%s: %v", runs[i].name, err)
-					}
-					st := testserver.CommandStats(b, c)
-					ev := st["evalsha"]
-					if ev.Calls != peerCalls || ev.Failed != 0 || st["eval"].Calls != 0 {
-						b.Fatalf("%s: %d EVALSHA counted (%d failed) and %d EVAL, want %d EVALSHA",
-							runs[i].name, ev.Calls, ev.Failed, st["eval"].Calls, peerCalls)
-					}
-					usec[i] = append(usec[i], float64(ev.Usec)/float64(ev.Calls))
-				}
-				ratio = append(ratio, usec[1][rep]/usec[0][rep])
-				pooledRatio = append(pooledRatio, usec[2][rep]/usec[0][rep])
-				rep++
-			}
-			for i, r := range runs {
-				b.ReportMetric(median(usec[i]), r.name+"-server-µs/call")
-			}
-			b.ReportMetric(median(ratio), "admit/redis_rate")
-			b.ReportMetric(slices.Max(ratio), "admit/redis_rate-max")
-			b.ReportMetric(median(pooledRatio), "admit-pooled/redis_rate")
+			usec := serverTime(b, c, peerCalls, cs, nil)
+			reportRatio(b, "admit/redis_rate", usec[1], usec[0], true)
+			reportRatio(b, "admit-pooled/redis_rate", usec[2], usec[0], false)
 		})
 	}
 }
@@ -172,14 +136,4 @@ func drive(call func() error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// median is the middle value of xs (the mean of the two middle ones for
-// an even count): a rep that the machine slowed does not move it.
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

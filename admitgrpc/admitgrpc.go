@@ -1,0 +1,633 @@
+// Package admitgrpc puts admit's ordered token buckets in front of a gRPC
+// server: unary and stream server interceptors, with premium reservation
+// (a standard lane charged its own bucket and then a shared one, a premium
+// lane the shared one alone), refusals that carry google.rpc.RetryInfo and
+// google.rpc.QuotaFailure, an outage policy the caller chooses, shadow
+// rules, and a per-call outcome hook.
+//
+// The caller maps each call to a [Rule] with a classify function that sees
+// the full method name, the incoming metadata and the peer:
+//
+//	ic, err := admitgrpc.New(lim, func(c *admitgrpc.Call) admitgrpc.Rule {
+//		shared := admitgrpc.Bucket{Policy: "shared", Key: "rl:{api}:shared", Spec: sharedSpec}
+//		if first(c.Metadata, "x-plan") == "premium" {
+//			return admitgrpc.Rule{First: shared}
+//		}
+//		return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "standard", Key: "rl:{api}:standard", Spec: standardSpec}, Second: &shared}
+//	}, admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(degraded), OutcomeUnknown: admitgrpc.Unavailable(time.Second)})
+//	if err != nil { ... }
+//	srv := grpc.NewServer(grpc.UnaryInterceptor(ic.Unary()), grpc.StreamInterceptor(ic.Stream()))
+//
+// # Decisions
+//
+// Each call is decided once, before its handler runs (a stream at its
+// start), with the decider's AllowAll: all or nothing, so a refusal by the
+// second bucket charges neither and names the bucket that is empty. The
+// decider is an [admit.Limiter] on a shared store, or an [admit.Local] for
+// a single process.
+//
+// # Refusals
+//
+// A refused call ends with codes.ResourceExhausted, a message naming the
+// refusing bucket's policy and the wait, and two details:
+// google.rpc.RetryInfo, whose retry_delay is the Decision's RetryAfter
+// rounded up to a whole millisecond (never short), and
+// google.rpc.QuotaFailure, with one violation whose subject is the
+// refusing bucket's Policy. A client reads them through status.FromError
+// and Status.Details.
+//
+// # No limit only by choice
+//
+// A call goes unlimited only when classify returns [NoLimit]. Every other
+// Rule is checked: a Rule whose keys are empty, identical, longer than
+// [admit.MaxKeyLen] or on different cluster slots (what a missing, empty or
+// hostile metadata value makes of a key) is refused with
+// codes.InvalidArgument, never served; a Rule the server's code got wrong
+// (the zero Rule, a zero Spec, a Cost above the burst, a bad policy name)
+// with codes.Internal. No metadata a client sends lifts a limit or yields
+// codes.Internal, provided keys are built from it (as admit.KeyPart
+// builds them, or as any string) and not its Spec or Policy.
+//
+// # Outages
+//
+// Every failed decision is [admit.ErrNotExecuted] or
+// [admit.ErrOutcomeUnknown]; [Outage] says what to do in each case, and
+// [New] refuses to build without it. See docs/outages.md.
+package admitgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/admitkit/admit"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// A Bucket is one token bucket a call is charged to, and the name under
+// which a refusal's QuotaFailure names it.
+type Bucket struct {
+	// Policy names the bucket in a refusal's message and QuotaFailure
+	// violation. It must be printable ASCII (0x20 to 0x7E), not empty,
+	// and differ from the other bucket's.
+	Policy string
+	// Key is the bucket's key. The two keys of a Rule must share a hash
+	// tag on Valkey Cluster. Keys must not start with [ShadowPrefix].
+	Key string
+	// Spec is the bucket's rate and burst.
+	Spec admit.Spec
+	// Cost is the tokens this call takes; 0 means 1.
+	Cost int
+}
+
+// Request returns the bucket as an [admit.Request].
+func (b Bucket) Request() admit.Request {
+	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
+}
+
+// A Rule is what one call is charged: First, and only when First admits,
+// Second, all or nothing. A nil Second is the one-bucket path. Return
+// [NoLimit] for a call that has no limit; the zero Rule is an error.
+type Rule struct {
+	// First is checked first: the standard lane's own bucket, or the
+	// premium lane's shared one.
+	First Bucket
+	// Second, if not nil, is checked only when First admits.
+	Second *Bucket
+
+	noLimit bool
+}
+
+// NoLimit is the Rule of a call that has no limit: its handler runs, with
+// no decision. It is the only way to lift the limit from a call.
+var NoLimit = Rule{noLimit: true}
+
+// IsNoLimit reports whether r is NoLimit.
+func (r Rule) IsNoLimit() bool { return r.noLimit }
+
+// Requests returns the Rule as the arguments of admit's calls, for
+// example to Refund the unused part of a reservation.
+func (r Rule) Requests() (first admit.Request, second *admit.Request) {
+	first = r.First.Request()
+	if r.Second != nil {
+		s := r.Second.Request()
+		second = &s
+	}
+	return first, second
+}
+
+func (r Rule) clone() Rule {
+	if r.Second != nil {
+		s := *r.Second
+		r.Second = &s
+	}
+	return r
+}
+
+// A Call is what classify sees of one call.
+type Call struct {
+	// Context is the call's context.
+	Context context.Context
+	// FullMethod is the method's full name, "/package.Service/Method".
+	FullMethod string
+	// Metadata is the call's incoming metadata; never nil, possibly empty.
+	// A client sets every value in it: build keys from it, never Specs.
+	Metadata metadata.MD
+	// Peer is the client's address, nil when gRPC gives none.
+	Peer *peer.Peer
+	// Stream is true for a streaming call, decided once at its start.
+	Stream bool
+}
+
+// An Admission is what the interceptor decided for an admitted call,
+// given to the handler through the call's context ([FromContext]).
+type Admission struct {
+	// Rule is the Rule the call was charged.
+	Rule Rule
+	// Decision is the Decision that admitted it.
+	Decision admit.Decision
+	// Decider is what decided it: the interceptor's decider, or the
+	// Degraded of a Degrade outage policy. Refund on it, and only there.
+	Decider admit.Decider
+}
+
+type admissionKey struct{}
+
+// FromContext returns the Admission of the call whose context is ctx, and
+// true, when the interceptor (or its Degrade policy) admitted it. It
+// returns false for NoLimit and for a call served by an outage policy
+// without a decision: a handler that settles a reservation must then
+// refund nothing.
+func FromContext(ctx context.Context) (Admission, bool) {
+	a, ok := ctx.Value(admissionKey{}).(Admission)
+	return a, ok
+}
+
+// An OutagePolicy says what happens to a call whose decision failed: see
+// [Serve], [Unavailable], [Degrade] and [OutageFunc]. The zero
+// OutagePolicy is no choice, which [New] refuses.
+type OutagePolicy struct {
+	kind     outageKind
+	retry    time.Duration
+	degraded *admit.Degraded
+	fn       func(c *Call, rule Rule, err error) error
+}
+
+type outageKind uint8
+
+const (
+	outageUnset outageKind = iota
+	outageServe
+	outageUnavailable
+	outageDegrade
+	outageFunc
+)
+
+// Serve runs the handler as if the call had been admitted: the service
+// stays up and its traffic is unlimited while the store fails.
+func Serve() OutagePolicy { return OutagePolicy{kind: outageServe} }
+
+// Unavailable ends the call with codes.Unavailable and a RetryInfo of
+// retryAfter (at least a millisecond): the limited methods fail while the
+// store fails. gRPC clients with a retry policy for UNAVAILABLE retry it.
+func Unavailable(retryAfter time.Duration) OutagePolicy {
+	return OutagePolicy{kind: outageUnavailable, retry: max(retryAfter, time.Millisecond)}
+}
+
+// Degrade decides the call on d, at d's fraction of every Spec, all or
+// nothing: a fleet of N processes admits at most N × fraction × the limit
+// while the store fails, and the first call the store answers goes back to
+// it. A refusal is the same ResourceExhausted as the store's, from the
+// local decision. A call d cannot decide (a Cost above its scaled burst)
+// ends with codes.Unavailable and a RetryInfo of one second.
+func Degrade(d *admit.Degraded) OutagePolicy {
+	return OutagePolicy{kind: outageDegrade, degraded: d}
+}
+
+// OutageFunc has f decide: a nil error runs the handler, any other error
+// ends the call (a status error keeps its code; others become
+// codes.Unknown, as gRPC makes them). f may, for example, serve some
+// methods and refuse others. It runs on the call's goroutine.
+func OutageFunc(f func(c *Call, rule Rule, err error) error) OutagePolicy {
+	return OutagePolicy{kind: outageFunc, fn: f}
+}
+
+// Outage says what the interceptor does with a call whose decision failed,
+// for each of admit's two error classes. Both are required: there is no
+// default, so that no service fails open (or closed) by accident.
+//
+//   - NotExecuted ([admit.ErrNotExecuted]): nothing was taken; the store
+//     was unreachable or refused the command.
+//   - OutcomeUnknown ([admit.ErrOutcomeUnknown]): the decision may have
+//     run and taken tokens; Serve may run a call the store refused. An
+//     error in neither class (from a Decider of your own) is taken as
+//     this one: it may have taken tokens.
+type Outage struct {
+	// NotExecuted answers a call whose decision failed with
+	// admit.ErrNotExecuted: nothing was taken.
+	NotExecuted OutagePolicy
+	// OutcomeUnknown answers a call whose decision failed with
+	// admit.ErrOutcomeUnknown: tokens may have been taken.
+	OutcomeUnknown OutagePolicy
+}
+
+// An Outcome is what the interceptor did with one call.
+type Outcome uint8
+
+const (
+	// Admitted: the decider admitted the call; its handler ran.
+	Admitted Outcome = iota + 1
+	// Refused: the decider refused it: ResourceExhausted.
+	Refused
+	// Unlimited: classify returned NoLimit; the handler ran undecided.
+	Unlimited
+	// OutageServed: the decision failed and the outage policy ran the
+	// handler (Serve, or an OutageFunc that returned nil).
+	OutageServed
+	// OutageRefused: the decision failed and the outage policy ended the
+	// call (Unavailable, or an OutageFunc's error).
+	OutageRefused
+	// DegradedAdmitted: the decision failed and Degrade admitted the call.
+	DegradedAdmitted
+	// DegradedRefused: the decision failed and Degrade refused the call,
+	// or could not decide it.
+	DegradedRefused
+	// ClientGone: the client cancelled or its deadline passed before the
+	// decision: the call ends with its context's code, no outage policy
+	// runs.
+	ClientGone
+	// InvalidRule: the Rule was refused: InvalidArgument for its keys,
+	// Internal for the rest.
+	InvalidRule
+)
+
+var outcomeNames = [...]string{"", "admitted", "refused", "unlimited", "outage-served", "outage-refused",
+	"degraded-admitted", "degraded-refused", "client-gone", "invalid-rule"}
+
+// String returns the Outcome's name, such as "admitted" or
+// "degraded-refused".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && o != 0 {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// A Report is one call's outcome, for [WithOutcomeFunc].
+type Report struct {
+	// Call is the call classify saw.
+	Call *Call
+	// Rule is the Rule classify returned.
+	Rule Rule
+	// Outcome is what the interceptor did.
+	Outcome Outcome
+	// Decision is the deciding Decision (the store's, or Degrade's); the
+	// zero Decision when there was none.
+	Decision admit.Decision
+	// Err is the decision's error, for the outage and ClientGone outcomes,
+	// and the Rule's, for InvalidRule.
+	Err error
+}
+
+// An Option configures the interceptors; pass Options to [New].
+type Option interface{ apply(*config) error }
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	outcome func(Report)
+	timeout time.Duration
+	shadows []Shadow
+}
+
+// WithOutcomeFunc calls f with every call's [Report], on the call's
+// goroutine, before its handler runs (or its refusal is returned). The
+// library logs nothing itself; f is where to log or count. Default: none,
+// and then no Report is built.
+func WithOutcomeFunc(f func(Report)) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return errors.New("admitgrpc: WithOutcomeFunc(nil): pass a function, or leave the option out")
+		}
+		c.outcome = f
+		return nil
+	})
+}
+
+// WithTimeout bounds each decision's time to d: a store that does not
+// answer within d fails the decision (as admit classes it: not executed
+// when nothing was sent, outcome unknown otherwise), and the Outage policy
+// answers. Default: none, the call's own deadline alone.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("admitgrpc: WithTimeout(%v): want a duration above zero, or leave the option out", d)
+		}
+		c.timeout = d
+		return nil
+	})
+}
+
+// Interceptors decides calls: [Interceptors.Unary] and
+// [Interceptors.Stream] return the interceptors to install.
+type Interceptors struct {
+	dec      admit.Decider
+	classify func(*Call) Rule
+	outage   Outage
+	config
+}
+
+// New returns the interceptors that charge each call the Rule classify
+// returns, on dec, and answer as the package documentation describes.
+// classify runs on every call, on its goroutine.
+//
+// New returns an error when dec or classify is nil, when outage lacks
+// either policy (or a Degrade policy its Degraded, an OutageFunc its
+// function), or when an Option is invalid.
+func New(dec admit.Decider, classify func(*Call) Rule, outage Outage, opts ...Option) (*Interceptors, error) {
+	switch {
+	case dec == nil:
+		return nil, errors.New("admitgrpc: New: nil decider; pass admit.New(client), or an admit.Local for one process")
+	case classify == nil:
+		return nil, errors.New("admitgrpc: New: nil classify; pass a function from the call to its Rule (admitgrpc.NoLimit for no limit)")
+	}
+	for _, p := range []struct {
+		name string
+		p    OutagePolicy
+	}{{"NotExecuted", outage.NotExecuted}, {"OutcomeUnknown", outage.OutcomeUnknown}} {
+		switch {
+		case p.p.kind == outageUnset:
+			return nil, fmt.Errorf("admitgrpc: New: Outage.%s is not set: choose admitgrpc.Serve(), Unavailable(d), Degrade(d) "+
+				"or OutageFunc(f), since either default would fail open or closed without your say", p.name)
+		case p.p.kind == outageDegrade && p.p.degraded == nil:
+			return nil, fmt.Errorf("admitgrpc: New: Outage.%s is Degrade(nil); pass admit.NewDegraded(fraction, maxKeys)", p.name)
+		case p.p.kind == outageFunc && p.p.fn == nil:
+			return nil, fmt.Errorf("admitgrpc: New: Outage.%s is OutageFunc(nil); pass a function", p.name)
+		}
+	}
+	ic := &Interceptors{dec: dec, classify: classify, outage: outage}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&ic.config); err != nil {
+			return nil, err
+		}
+	}
+	return ic, nil
+}
+
+// Unary returns the unary server interceptor.
+func (ic *Interceptors) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, err := ic.admit(ctx, info.FullMethod, false)
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// Stream returns the stream server interceptor. A stream is decided once,
+// at its start, before the handler reads or writes a message.
+func (ic *Interceptors) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := ic.admit(ss.Context(), info.FullMethod, true)
+		if err != nil {
+			return err
+		}
+		if ctx != ss.Context() {
+			ss = &admittedStream{ServerStream: ss, ctx: ctx}
+		}
+		return handler(srv, ss)
+	}
+}
+
+type admittedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+// Context returns the stream's context, which carries its Admission.
+func (s *admittedStream) Context() context.Context { return s.ctx }
+
+// admit decides one call: the context for its handler, or the error that
+// ends it.
+func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (context.Context, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if md == nil {
+		md = metadata.MD{}
+	}
+	p, _ := peer.FromContext(ctx)
+	call := &Call{Context: ctx, FullMethod: method, Metadata: md, Peer: p, Stream: stream}
+	rule := ic.classify(call)
+	if rule.noLimit {
+		ic.runShadows(call, rule, admit.Decision{})
+		ic.report(call, rule, Unlimited, admit.Decision{}, nil)
+		return ctx, nil
+	}
+	if code, err := checkRule(rule); err != nil {
+		ic.runShadows(call, rule, admit.Decision{})
+		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
+		return nil, invalidStatus(code)
+	}
+	d, err := ic.decide(ctx, ic.dec, rule)
+	ic.runShadows(call, rule, d)
+	switch {
+	case err == nil && d.Allowed():
+		ic.report(call, rule, Admitted, d, nil)
+		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec}), nil
+	case err == nil:
+		ic.report(call, rule, Refused, d, nil)
+		return nil, refusal(rule, d, false)
+	case ctx.Err() != nil:
+		// The client went away (or its deadline passed): not an outage.
+		ic.report(call, rule, ClientGone, admit.Decision{}, err)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, admit.ErrInvalidRequest):
+		code := codes.Internal
+		if errors.Is(err, admit.ErrCrossSlot) {
+			code = codes.InvalidArgument // keys from client input on different slots
+		}
+		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
+		return nil, invalidStatus(code)
+	case errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown):
+		return ic.outageRun(ctx, call, rule, ic.outage.NotExecuted, err)
+	default: // admit.ErrOutcomeUnknown, or a Decider of your own's unclassed error
+		return ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
+	}
+}
+
+// decide runs rule on dec, all or nothing, within the timeout.
+func (ic *Interceptors) decide(ctx context.Context, dec admit.Decider, rule Rule) (admit.Decision, error) {
+	if ic.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ic.timeout)
+		defer cancel()
+	}
+	first, second := rule.Requests()
+	return dec.AllowAll(ctx, first, second)
+}
+
+// outageRun answers a call whose decision failed with err, as p says.
+func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p OutagePolicy, err error) (context.Context, error) {
+	switch p.kind {
+	case outageServe:
+		ic.report(call, rule, OutageServed, admit.Decision{}, err)
+		return ctx, nil
+	case outageUnavailable:
+		ic.report(call, rule, OutageRefused, admit.Decision{}, err)
+		return nil, unavailable(p.retry)
+	case outageDegrade:
+		first, second := rule.Requests()
+		d, derr := p.degraded.AllowAll(ctx, first, second)
+		switch {
+		case derr != nil:
+			ic.report(call, rule, DegradedRefused, admit.Decision{}, errors.Join(err, derr))
+			return nil, unavailable(time.Second)
+		case d.Allowed():
+			ic.report(call, rule, DegradedAdmitted, d, err)
+			return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: p.degraded}), nil
+		default:
+			ic.report(call, rule, DegradedRefused, d, err)
+			return nil, refusal(rule, d, true)
+		}
+	default: // outageFunc
+		ferr := p.fn(call, rule, err)
+		if ferr == nil {
+			ic.report(call, rule, OutageServed, admit.Decision{}, err)
+			return ctx, nil
+		}
+		ic.report(call, rule, OutageRefused, admit.Decision{}, err)
+		return nil, ferr
+	}
+}
+
+func (ic *Interceptors) report(call *Call, rule Rule, o Outcome, d admit.Decision, err error) {
+	if ic.outcome != nil {
+		ic.outcome(Report{Call: call, Rule: rule, Outcome: o, Decision: d, Err: err})
+	}
+}
+
+// refusal is the ResourceExhausted status of a refused decision.
+func refusal(rule Rule, d admit.Decision, degraded bool) error {
+	b := rule.First
+	if d.Denied == 2 && rule.Second != nil {
+		b = *rule.Second
+	}
+	delay := roundUpMs(d.RetryAfter)
+	msg := fmt.Sprintf("admit: rate limit %q exceeded; retry after %v", b.Policy, delay)
+	if degraded {
+		msg += " (degraded: the shared limiter is unavailable)"
+	}
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     b.Policy,
+			Description: fmt.Sprintf("the %q bucket holds %d tokens; this call costs %d", b.Policy, d.Remaining[d.Denied-1], cost(b)),
+		}}},
+	)
+	if err != nil { // policies are checked ASCII: unreachable
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
+}
+
+// unavailable is the Unavailable status of an outage refusal.
+func unavailable(retry time.Duration) error {
+	delay := roundUpMs(retry)
+	st, err := status.New(codes.Unavailable, fmt.Sprintf("admit: the rate limiter is unavailable; retry after %v", delay)).
+		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+	if err != nil {
+		return status.Error(codes.Unavailable, "admit: the rate limiter is unavailable")
+	}
+	return st.Err()
+}
+
+// invalidStatus is the status of a refused Rule; it does not reveal the
+// Rule's error (which the outcome hook gets).
+func invalidStatus(code codes.Code) error {
+	if code == codes.InvalidArgument {
+		return status.Error(code, "admit: this call lacks a valid value for what its rate limit is keyed on")
+	}
+	return status.Error(code, "admit: the server's rate-limit rule for this call is invalid")
+}
+
+// roundUpMs rounds d up to a whole millisecond, at least one: never short.
+func roundUpMs(d time.Duration) time.Duration {
+	r := (d + time.Millisecond - 1).Truncate(time.Millisecond)
+	return max(r, time.Millisecond)
+}
+
+func cost(b Bucket) int {
+	if b.Cost == 0 {
+		return 1
+	}
+	return b.Cost
+}
+
+// checkRule refuses a Rule that must not be decided: InvalidArgument for
+// keys, which a client's metadata may have made what they are; Internal
+// for the rest, which the server's code chose.
+func checkRule(rule Rule) (codes.Code, error) {
+	bs := []Bucket{rule.First}
+	if rule.Second != nil {
+		bs = append(bs, *rule.Second)
+	}
+	// Keys first: whatever else is wrong, an empty or hostile key is what
+	// a client's metadata may have made it, and the client's to fix.
+	for i, b := range bs {
+		switch {
+		case b.Key == "":
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has an empty Key: %w", i+1, b.Policy, admit.ErrInvalidRequest)
+		case len(b.Key) > admit.MaxKeyLen:
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a Key of %d bytes, over %d; build key parts from client input with a digest (admit.KeyPart): %w",
+				i+1, b.Policy, len(b.Key), admit.MaxKeyLen, admit.ErrInvalidRequest)
+		case strings.HasPrefix(b.Key, ShadowPrefix):
+			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a key in the shadow rules' namespace %q: %w", i+1, b.Policy, ShadowPrefix, admit.ErrInvalidRequest)
+		}
+	}
+	if len(bs) == 2 && bs[0].Key == bs[1].Key {
+		return codes.InvalidArgument, fmt.Errorf("admitgrpc: both buckets of the Rule have one key: %w", admit.ErrInvalidRequest)
+	}
+	for i, b := range bs {
+		switch {
+		case b.Spec.IsZero():
+			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule has the zero Spec (return admitgrpc.NoLimit for no limit): %w", i+1, admit.ErrInvalidRequest)
+		case b.Cost < 0 || b.Cost > b.Spec.Burst():
+			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule has Cost %d outside 0 to its burst %d: %w", i+1, b.Cost, b.Spec.Burst(), admit.ErrInvalidRequest)
+		}
+		if err := checkName(b.Policy); err != nil {
+			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule: %w: %w", i+1, err, admit.ErrInvalidRequest)
+		}
+	}
+	if len(bs) == 2 {
+		if bs[0].Policy == bs[1].Policy {
+			return codes.Internal, fmt.Errorf("admitgrpc: both buckets of the Rule are named %q; name each differently: %w", bs[0].Policy, admit.ErrInvalidRequest)
+		}
+	}
+	return codes.OK, nil
+}
+
+// checkName refuses a policy name that is empty or not printable ASCII.
+func checkName(s string) error {
+	if s == "" {
+		return errors.New("empty Policy; every bucket needs a name for its refusals")
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("policy %q has byte %#x at %d; use printable ASCII", s, c, i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package admitgrpc
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/admitkit/admit"
+)
+
+// ShadowPrefix starts every key a shadow rule decides on: a Shadow named
+// n decides a bucket with key k on the key ShadowPrefix + n + ":" + k, as
+// admithttp's shadow rules do. The prefix holds no brace, so the key keeps
+// k's hash tag, and the interceptors refuse enforced keys that start with
+// it, so a shadow rule never reads or writes an enforced bucket.
+const ShadowPrefix = "admit-shadow:"
+
+// A Shadow is a candidate rule: decided on every call, on keys of its own,
+// reported, and never enforced. Use it to try a new Spec on production
+// traffic before enforcing it.
+//
+// A shadow decision is one more decision per call (one round trip on a
+// Limiter), made after the enforced one and before the handler runs, all
+// or nothing as the enforced one. A failed shadow decision only goes to
+// its Report.
+type Shadow struct {
+	// Name tells shadows apart in reports and in their keys. It must be
+	// printable ASCII without '{' or '}', not empty, and unique among the
+	// interceptors' shadows.
+	Name string
+	// Rule returns the candidate Rule for c, given the Rule enforced (a
+	// copy that Rule may change). NoLimit (or the zero Rule) skips the
+	// shadow for c.
+	Rule func(c *Call, enforced Rule) Rule
+	// Report receives every shadow decision, on the call's goroutine.
+	Report func(ShadowReport)
+}
+
+// A ShadowReport is one shadow decision.
+type ShadowReport struct {
+	// Name is the Shadow's name.
+	Name string
+	// Call is the call decided.
+	Call *Call
+	// Rule is the candidate Rule as decided: its keys start with
+	// ShadowPrefix + Name + ":".
+	Rule Rule
+	// Decision is the candidate's Decision: !Decision.Allowed() with a nil
+	// Err is a call the candidate would have refused.
+	Decision admit.Decision
+	// Err is the shadow decision's error, if any.
+	Err error
+	// Enforced is the enforced Rule's Decision: the zero Decision when
+	// there was none (NoLimit, an invalid Rule, a failed decision).
+	Enforced admit.Decision
+}
+
+// WithShadow adds a shadow rule; give it once per Shadow.
+func WithShadow(s Shadow) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case s.Name == "":
+			return errors.New("admitgrpc: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
+		case strings.ContainsAny(s.Name, "{}"):
+			return fmt.Errorf("admitgrpc: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
+		case s.Rule == nil:
+			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Rule; pass a function from the call to the candidate Rule", s.Name)
+		case s.Report == nil:
+			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Report; a shadow that reports nowhere only costs decisions", s.Name)
+		}
+		if err := checkName(s.Name); err != nil {
+			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
+		}
+		for _, o := range c.shadows {
+			if o.Name == s.Name {
+				return fmt.Errorf("admitgrpc: WithShadow: two shadows named %q; their keys would collide", s.Name)
+			}
+		}
+		c.shadows = append(c.shadows, s)
+		return nil
+	})
+}
+
+// runShadows decides and reports every shadow rule for c.
+func (ic *Interceptors) runShadows(c *Call, enforced Rule, d admit.Decision) {
+	for _, s := range ic.shadows {
+		rule := s.Rule(c, enforced.clone())
+		if rule.noLimit || (rule.First.Key == "" && rule.Second == nil && rule.First.Spec.IsZero()) {
+			continue
+		}
+		rule = rule.clone()
+		_, invalid := checkRule(rule) // as given, before the prefix
+		prefix := ShadowPrefix + s.Name + ":"
+		for _, b := range []*Bucket{&rule.First, rule.Second} {
+			if b != nil && b.Key != "" { // an empty key stays empty: refused
+				b.Key = prefix + b.Key
+			}
+		}
+		rep := ShadowReport{Name: s.Name, Call: c, Rule: rule, Enforced: d}
+		if invalid != nil {
+			rep.Err = invalid
+		} else {
+			rep.Decision, rep.Err = ic.decide(c.Context, ic.dec, rule)
+		}
+		s.Report(rep)
+	}
+}

@@ -1,0 +1,79 @@
+package admithttp
+
+import (
+	"net/http"
+
+	"github.com/admitkit/admit"
+)
+
+// Degrade returns an OutageHandler that decides the request's Rule in this
+// process, on d, at d's fraction of every Spec, while the store fails: a
+// fleet of N processes then admits at most N × fraction × the limit
+// (docs/outages.md), instead of every request (Serve) or none (Refuse).
+// The decision is all or nothing, as the store's is. An admitted request
+// runs the handler, with the fields of its local decision when
+// [WithHeaders] is on; a refused one is answered as a store refusal is
+// (429, Retry-After, the fields, your [WithRefusal] responder), its
+// RateLimit-Policy giving the scaled quota that refused it. Nothing sticks:
+// the next request asks the store first, and a request the store answers
+// is decided there again. Buckets decided locally do not carry over to the
+// store, nor back. A request served this way has no [Admission] in its
+// context: there is no store charge to settle.
+//
+// Degrade panics if d is nil. Called outside the middleware, or when d
+// cannot decide the Rule (a Cost above a scaled burst), it answers as
+// [Refuse] does.
+func Degrade(d *admit.Degraded) OutageHandler {
+	if d == nil {
+		panic("admithttp: Degrade(nil): build one with admit.NewDegraded(fraction, maxKeys)")
+	}
+	return func(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
+		o, ok := r.Context().Value(outageKey{}).(*outageCall)
+		if !ok {
+			Refuse(w, r, next, err)
+			return
+		}
+		scaled, serr := scaleRule(d, o.rule)
+		first, second := o.rule.Requests()
+		dec, derr := d.AllowAll(r.Context(), first, second)
+		if serr != nil || derr != nil {
+			Refuse(w, r, next, err)
+			return
+		}
+		res := result{d: dec}
+		if !dec.Allowed() {
+			o.m.refuse(w, r, scaled, res)
+			return
+		}
+		if o.m.headers {
+			setFields(w.Header(), scaled, res)
+		}
+		next.ServeHTTP(w, r)
+	}
+}
+
+// outageKey is the context key under which the middleware hands an Outage
+// handler the request's Rule.
+type outageKey struct{}
+
+// outageCall is what an Outage handler may need beyond its arguments.
+type outageCall struct {
+	m    *middleware
+	rule Rule
+}
+
+// scaleRule is rule with every Spec as d decides it.
+func scaleRule(d *admit.Degraded, rule Rule) (Rule, error) {
+	var err error
+	if rule.First.Spec, err = d.Scale(rule.First.Spec); err != nil {
+		return Rule{}, err
+	}
+	if rule.Second != nil {
+		s := *rule.Second
+		if s.Spec, err = d.Scale(s.Spec); err != nil {
+			return Rule{}, err
+		}
+		rule.Second = &s
+	}
+	return rule, nil
+}
