@@ -2,8 +2,6 @@ package admit
 
 import (
 	"context"
-	_ "embed"
-	"errors"
 	"os"
 	"testing"
 	"time"
@@ -70,55 +68,3 @@ func (e *unitEnv) state(key string) (tokens, ts string) {
 
 // micros is the server clock in microseconds, as the script stores it.
 func (e *unitEnv) micros() int64 { return e.now.UnixMicro() }
-
-// baselineScript is script.lua as of commit 0b7bc55, the script before the
-// denial stopped writing its bucket.
-//
-//go:embed testdata/script_0b7bc55.lua
-var baselineScript string
-
-// previousScript is script.lua as of commit 5550b58, the previous release:
-// it takes the same arguments as the shipped script on a take.
-//
-//go:embed testdata/script_5550b58.lua
-var previousScript string
-
-// scriptPath is one path through the script: the Specs of its buckets
-// and the Decision.Denied it must give.
-type scriptPath struct {
-	name   string
-	first  Spec
-	second *Spec
-	want   uint8
-}
-
-// scriptPaths are the five paths through the script, with a bucket that
-// never runs dry and one that denies once drained.
-func scriptPaths() []scriptPath {
-	open := MustSpec(MaxLimit, 1_000_000) // never runs dry within a test; below 2^26, as decode packs
-	shut := MustSpec(Every(time.Hour), 1)
-	return []scriptPath{
-		{"one-bucket-allowed", open, nil, 0},
-		{"one-bucket-denied", shut, nil, 1},
-		{"allowed", open, &open, 0},
-		{"denied-by-first", shut, &open, 1},
-		{"denied-by-second", open, &shut, 2},
-	}
-}
-
-// replyDenied reads Decision.Denied from a reply of the shipped script, or
-// of 5550b58's: an integer is an admission (decode), a string starts with
-// denied.
-func replyDenied(r valkey.ValkeyResult) (int64, error) {
-	if m, err := r.ToMessage(); err == nil && m.IsInt64() {
-		return 0, nil
-	}
-	s, err := r.ToString() // "denied retry rem1 rem2"
-	if err != nil {
-		return 0, err
-	}
-	if s == "" {
-		return 0, errors.New("empty reply")
-	}
-	return int64(s[0] - '0'), nil
-}

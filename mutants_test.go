@@ -464,7 +464,7 @@ func TestMutants(t *testing.T) {
 	}
 	built := newOverlayRunner(t)
 	caught := make([]string, len(mutants))
-	ran := make([]bool, len(mutants)) // -run may pick some
+	ran := make([]bool, len(mutants))     // -run may pick some
 	t.Run("mutants", func(t *testing.T) { // returns when every parallel subtest has
 		for i, m := range mutants {
 			by := "rules"
