@@ -1935,7 +1935,7 @@ func (b *realBackend) clock(ctx context.Context) (int64, error) {
 // propDump returns every key with its type, expiry (PEXPIRETIME) and
 // value, in one round trip: a test's server is small. Built on first use:
 // valkey-go computes a script's SHA-1 when it builds it, which panics at
-// package init under GODEBUG=fips140=only (TestFIPSOnly's child).
+// package init under GODEBUG=fips140=only (TestIntegrationFIPSOnly's child).
 var propDump = sync.OnceValue(func() *valkey.Lua {
 	return valkey.NewLuaScript(propDumpSource)
 })

@@ -1,6 +1,6 @@
 package integration
 
-// Error classes on a real server (issue 8, item 5): each failure mode is
+// Error classes on a real server: each failure mode is
 // driven on a server the test starts, and a counter proves the class. The
 // server's command statistics (calls and rejected calls of EVALSHA and
 // EVAL) show whether the script command reached it, and the buckets are

@@ -36,8 +36,8 @@ func TestIntegrationScriptRefusesBadArgv(t *testing.T) {
 // TestIntegrationScriptCommands counts, on a real server, the commands the
 // script runs inside each decision on buckets that exist: TIME once, one
 // HMGET a bucket read, HSET and PEXPIREAT for a bucket charged, PEXPIREAT
-// (GT) alone for a bucket denied, EXISTS never. These are the 0b7bc55
-// script's commands, less its HSET on a denied bucket: the floor under the
+// (GT) alone for a bucket denied, EXISTS never. These are the fewest
+// commands a decision can run, with no write on a denied bucket: the floor under the
 // server time BENCHMARKS.md measures, and what a change to the script must
 // not quietly add to. A new bucket costs one EXISTS more.
 func TestIntegrationScriptCommands(t *testing.T) {
