@@ -2,7 +2,6 @@ package admit
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -13,11 +12,7 @@ import (
 )
 
 // TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // unitEpoch is the miniredis server clock at the start of every unit test.
 var unitEpoch = minitest.Epoch

@@ -16,11 +16,7 @@ import (
 )
 
 // TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // shipped is script.lua, the script admit.New runs, as tests that send it
 // themselves (EVALSHA, EVAL) read it.
