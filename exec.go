@@ -41,8 +41,10 @@ func (l *Limiter) send(ctx context.Context, c *call) (Decision, error) {
 		script = l.readOnly
 	}
 	d, err := decode(execScript(ctx, script, l.client, c.keys(), c.args()), c.buckets)
-	if err != nil && script == l.readOnly {
-		d, err = l.peekReadWrite(ctx, c, err) // readonly.go: miniredis alone
+	if err != nil && script == l.readOnly && l.readOnlyRefused(err) {
+		// Nothing ran: the same script in the same read-only mode,
+		// read-write (readonly.go).
+		d, err = decode(execScript(ctx, l.script, l.client, c.keys(), c.args()), c.buckets)
 	}
 	if d.replayed && c.mode != modeOnce {
 		return Decision{}, badReply("a replayed decision from a call that names no once-record")
