@@ -96,6 +96,218 @@ local n = (na - na % 3) / 3 -- a mode, and a window, follow the buckets' 3 each
 local mode = argv[3 * n + 1] -- nil for a take, the usual call
 local record
 
+-- Concurrency leases (Limiter.Acquire, Lease.Extend, Lease.Release): a
+-- block of their own here, a read (step 2) and a write (step 5) block
+-- below for an acquire with buckets.
+--
+-- KEYS[n+1]      the lease key: a sorted set of holders, each member a
+--                holder's name scored by its lease's expiry, in µs on the
+--                server's clock (docs/leases.md). n is 0 for a lease
+--                alone, or an acquire's 1 or 2 buckets, whose keys and
+--                arguments come first as above.
+-- ARGV[3n+1]     the mode: 'l' acquire, 'e' extend, 'f' free (release)
+-- ARGV[3n+2]     "limit lease_us name": at most limit (1 to 10000) live
+--                holders, each lease lasting lease_us (1000 to
+--                86400000000) µs, and the holder's name (any bytes, at
+--                most 256)
+--
+-- A holder is live while its score is ahead of the server's clock. An
+-- acquire reads and validates every key, then decides the slot first: a
+-- live holder of the same name is returned as it is, marked as a replay;
+-- limit live holders refuse it, with the wait until the oldest expires.
+-- Neither writes anything. Then the buckets decide as mode 'a' decides
+-- them, all or nothing: a second-bucket denial leaves the first uncharged. A
+-- grant writes the buckets, then prunes every expired holder (at most
+-- 10000: the key never holds more), adds this one, and sets the key's
+-- expiry to its latest lease's. Extend sets a live lease to now +
+-- lease_us (never shorter) and lengthens the key's expiry to match;
+-- release removes the holder. Neither prunes.
+--
+-- Replies: an acquire "denied retry_us rem1 rem2 holders left_us
+-- replayed" (denied 3 for the slot, 1 or 2 for a bucket; rem -1 for a
+-- bucket not evaluated; holders live after the call), an extend "1
+-- left_us" or "0 0" (not live: nothing written), a release "1" (was
+-- live), "2" (had expired) or "0" (not held).
+local leasing, lkey, lname, llimit, llease, lread, lcheck, lgrant
+if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
+  lkey = keys[n + 1]
+  local a, b
+  if na == 3 * n + 2 and #keys == n + 1 and (n == 0 or mode == 'l') then --@lease-shape
+    a, b, lname = string.match(argv[na], '^(%d+) (%d+) (.+)$')
+  end
+  if not lname or #a > 5 or #b > 11 or #lname > 256 then
+    return redis.error_reply('ADMITARGS admit: a lease call wants its key after the buckets\' and, after their arguments, ' ..
+      'a mode l, e or f and "limit lease_us name"')
+  end
+  llimit, llease = a + 0, b + 0
+  if llimit < 1 or llimit > 10000 or llease < 1000 or llease > 86400000000 then --@lease-range
+    return redis.error_reply('ADMITARGS admit: a lease wants 1 <= limit <= 10000 and 1000 <= lease_us <= 86400000000')
+  end
+  -- A refused lease command: its reply, made once.
+  local lerr
+  local function lcall(cmd, ...)
+    local r = redis.pcall(cmd, lkey, ...)
+    if type(r) == 'table' and r.err then
+      if lerr then
+        return nil
+      end
+      local e = r.err
+      if string.sub(e, 1, 9) == 'WRONGTYPE' then
+        lerr = redis.error_reply('WRONGTYPE admit: the lease key holds a value that is not a sorted set')
+      elseif find(e, 'ACL', 1, true) or find(e, 'permission', 1, true) or find(e, "can't run", 1, true) or
+          find(e, "can't access", 1, true) then
+        lerr = redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd .. ' on the lease key; grant +' ..
+          string.lower(cmd) .. ' (docs/leases.md)')
+      else
+        lerr = redis.error_reply(e)
+      end
+      return nil
+    end
+    return r
+  end
+  -- A score as admit writes it: whole µs, at most 16 digits.
+  local function whole(s)
+    return #s <= 16 and find(s, '^%d+$')
+  end
+  local corrupt = 'ADMITCORRUPT admit: the lease key holds a sorted set that admit did not write (more than 10000 members, or a score that is not whole µs)'
+
+  -- Extend and release, a lease alone: decided here, whole.
+  if n == 0 and mode ~= 'l' then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local own = lcall('ZSCORE', lname)
+    if lerr then
+      return lerr
+    end
+    if own and not whole(own) then
+      return redis.error_reply(corrupt)
+    end
+    if mode == 'f' then
+      if not own then
+        return '0'
+      end
+      lcall('ZREM', lname) --@lease-release
+      if lerr then
+        return lerr
+      end
+      return own + 0 > now and '1' or '2' --@lease-release-reply
+    end
+    if not own or own + 0 <= now then --@lease-extend-dead
+      return '0 0'
+    end
+    local exp = math.max(own + 0, now + llease) --@lease-extend-to
+    local acl = redis.acl_check_cmd
+    if acl and not acl('PEXPIREAT', lkey) then --@lease-acl-extend
+      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
+    end
+    lcall('ZADD', 'GT', exp, lname) --@lease-extend-add
+    if lerr then
+      return lerr
+    end
+    local at = exp / 1000
+    redis.call('PEXPIREAT', lkey, at + (-at) % 1, 'GT') --@lease-extend-expire
+    return string.format('1 %d', exp - now)
+  end
+
+  -- Read and validate the lease key for an acquire at now; return a
+  -- reply to return at once (an error, a replay, the slot's refusal), or
+  -- nil, then whether any holder has expired and the latest score.
+  lread = function(now)
+    local own = lcall('ZSCORE', lname) --@lease-zscore
+    local card = lcall('ZCARD')
+    local top = lcall('ZRANGE', -1, -1, 'WITHSCORES')
+    local live = lcall('ZCOUNT', now + 1, '+inf') --@lease-live
+    if lerr then
+      return lerr
+    end
+    local latest = top[2]
+    if card > 10000 or (own and not whole(own)) or (latest and not whole(latest)) then --@lease-corrupt
+      return redis.error_reply(corrupt)
+    end
+    if own and own + 0 > now then --@lease-replay
+      return string.format('0 0 -1 -1 %d %d 1', live, own - now)
+    end
+    if live >= llimit then --@lease-full
+      local oldest = lcall('ZRANGEBYSCORE', now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if lerr then
+        return lerr
+      end
+      if not whole(oldest[2]) then
+        return redis.error_reply(corrupt)
+      end
+      return string.format('3 %d -1 -1 %d 0 0', oldest[2] - now, live) --@lease-full-reply
+    end
+    return nil, card > live, latest and latest + 0 or 0, live
+  end
+
+  -- Check a grant's writes against the ACL (see step 4): every write
+  -- after the call's first. first is true when no write of the call comes
+  -- before the lease's: its first write then runs under pcall and fails
+  -- whole. Return an error reply, or nil.
+  lcheck = function(expired, first)
+    local acl = redis.acl_check_cmd --@lease-acl
+    if not acl then
+      return nil
+    end
+    if (not first or expired) and not acl('ZADD', lkey) then
+      return redis.error_reply('NOPERM admit: the ACL user may not run ZADD on the lease key; grant +zadd (docs/leases.md)')
+    end
+    if not first and expired and not acl('ZREMRANGEBYSCORE', lkey) then
+      return redis.error_reply('NOPERM admit: the ACL user may not run ZREMRANGEBYSCORE on the lease key; ' ..
+        'grant +zremrangebyscore (docs/leases.md)')
+    end
+    if not acl('PEXPIREAT', lkey) then --@lease-acl-expire
+      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
+    end
+    return nil
+  end
+
+  -- Make a grant's writes at now: prune (when a holder has expired), add
+  -- this holder, expire the key at the latest lease's end. Return an
+  -- error reply, or nil and the holders live after the grant.
+  lgrant = function(now, expired, latest, live, first)
+    local exp = now + llease
+    if expired then
+      lcall('ZREMRANGEBYSCORE', '-inf', now) --@lease-prune
+    end
+    if not lerr then
+      lcall('ZADD', exp, lname) --@lease-add
+    end
+    if lerr then
+      if first then
+        return lerr
+      end
+      return redis.error_reply('ADMITPARTIAL admit: the server refused a write on the lease key after the buckets were ' ..
+        'written, which stays')
+    end
+    local at = math.max(exp, latest) / 1000
+    redis.call('PEXPIREAT', lkey, at + (-at) % 1) --@lease-expire
+    return nil, live + 1
+  end
+
+  -- An acquire of a lease alone: decided here, whole.
+  if n == 0 then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local r, expired, latest, live = lread(now)
+    if r then
+      return r
+    end
+    r = lcheck(expired, true)
+    if r then
+      return r
+    end
+    r, live = lgrant(now, expired, latest, live, true)
+    if r then
+      return r
+    end
+    return string.format('0 0 -1 -1 %d %d 0', live, llease)
+  end
+  -- An acquire with buckets: the steps below, its buckets decided as
+  -- mode 'a' decides them, all or nothing.
+  leasing, mode = true, 'a' --@lease-all
+end
+
 -- 1. Check the arguments' shape, before anything is read (see the
 -- header); the buckets' numbers are checked where step 2 parses them.
 if n ~= 1 and n ~= 2 then
@@ -106,6 +318,8 @@ if not mode then
   if #keys ~= n then --@argv-shape-take
     return redis.error_reply('ADMITARGS admit: want ' .. n .. ' bucket keys and mode t, a, p, r or o')
   end
+elseif leasing then --@lease-args
+  -- an acquire with buckets: its shape was checked above
 elseif mode == 'o' then
   record = keys[n + 1]
   local w = argv[na]
@@ -293,6 +507,18 @@ repeat
     end
   end
 
+  -- An acquire's lease key, read and validated after the buckets (the
+  -- lease block above): a replay, or the slot's refusal, returns here with
+  -- nothing written.
+  local lexpired, llatest, llive
+  if leasing then
+    local r
+    r, lexpired, llatest, llive = lread(now)
+    if r then
+      return r
+    end
+  end
+
   -- 3. Decide, and plan each bucket's write: STORE its fields and expiry
   -- (HSET and PEXPIREAT), KEEP a denied bucket as it is but for its expiry
   -- (PEXPIREAT GT), or nil, nothing; and make the reply. Bucket 2 is
@@ -340,6 +566,24 @@ repeat
     reply = tk1 --@one-reply
     if record then
       reply = string.format('0 0 %d -1', reply)
+    end
+  end
+
+  -- An acquire's buckets were decided all or nothing (mode 'a'); after a
+  -- grant its lease's writes are checked against the ACL with the
+  -- buckets' (step 4).
+  local ldenied, lretry
+  if leasing then
+    ldenied, lretry = 0, 0
+    if type(reply) == 'string' then
+      ldenied, lretry = string.match(reply, '^(%d) (%d+)')
+      ldenied = ldenied + 0
+    end
+    if ldenied == 0 then
+      local e = lcheck(lexpired, false) --@lease-check
+      if e then
+        return e
+      end
     end
   end
 
@@ -459,6 +703,18 @@ repeat
         break
       end
     end
+  end
+
+  -- An acquire's reply; a grant's lease writes, after the buckets'.
+  if leasing then
+    if ldenied ~= 0 then
+      return string.format('%d %s %d %d %d 0 0', ldenied, lretry, tk1, ldenied == 2 and tk2 or -1, llive) --@lease-deny-reply
+    end
+    local e, holders = lgrant(now, lexpired, llatest, llive, false)
+    if e then
+      return e
+    end
+    return string.format('0 0 %d %d %d %d 0', tk1, n == 2 and tk2 or -1, holders, llease) --@lease-grant-reply
   end
 
   -- 6. Reply, and record it when the call charged something (mode 'o').

@@ -51,7 +51,9 @@
 // short-lived ACL user ("admittest-peek-" and random hex digits, allowed
 // only the commands of a peek on the rule's keys) with ACL SETUSER on the
 // node that holds the rule's keys, and deletes it with ACL DELUSER when the
-// rule ends.
+// rule ends. The rule lease-least-privilege-user does the same with users
+// named "admittest-lease-" and random hex digits, allowed only what a
+// Limiter's leases and buckets need.
 //
 // The suite needs Valkey 7.2+ or Redis 7.0+ (it reads PEXPIRETIME). It takes
 // a few seconds against a server on the same machine.
@@ -188,7 +190,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 func Owned() Option { return optionFunc(func(c *config) { c.owned = true }) }
 
 // WithAdmin gives the client the suite prepares and inspects buckets with
-// (DEL, HSET, PEXPIREAT, PEXPIRE, SET, RPUSH, DUMP, PEXPIRETIME, PTTL,
+// (DEL, HSET, ZADD, ZRANGE, PEXPIREAT, PEXPIRE, SET, RPUSH, DUMP, PEXPIRETIME, PTTL,
 // HGETALL, EXISTS, SCAN, TIME, INFO, CLUSTER SLOTS, CLUSTER KEYSLOT, ACL
 // SETUSER and ACL DELUSER, and SCRIPT FLUSH with [Owned]; TYPE, GET and
 // LRANGE on a server that does not DUMP a hash),

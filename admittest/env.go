@@ -347,7 +347,7 @@ func (e *env) snap(ctx context.Context, key string) (snapshot, error) {
 }
 
 // contents returns key's type and every byte it holds, for the types the
-// suite writes (hash, string, list), or "" when key is absent: what a
+// suite writes (hash, string, list, zset), or "" when key is absent: what a
 // snapshot compares where the server does not DUMP hashes.
 func (e *env) contents(ctx context.Context, key string) (string, error) {
 	a := e.admin
@@ -375,6 +375,12 @@ func (e *env) contents(ctx context.Context, key string) (string, error) {
 			return "", fmt.Errorf("GET %s: %w", key, err)
 		}
 		return fmt.Sprintf("string %q", v), nil
+	case "zset":
+		v, err := a.Do(ctx, a.B().Zrange().Key(key).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		if err != nil {
+			return "", fmt.Errorf("ZRANGE %s: %w", key, err)
+		}
+		return fmt.Sprintf("zset %v", v), nil
 	case "list":
 		v, err := a.Do(ctx, a.B().Lrange().Key(key).Start(0).Stop(-1).Build()).AsStrSlice()
 		if err != nil {

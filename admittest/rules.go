@@ -67,6 +67,16 @@ var rules = []rule{
 	{"live-spec-change", checkLiveSpecChange, "a new Spec takes effect on a live bucket without resetting it"},
 	{"foreign-hash-refused", checkForeignHash, "a hash that is not a bucket fails with ErrCorruptState, and neither key changes"},
 
+	// Leases: concurrency limits, alone and with the buckets
+	// (rules_lease.go).
+	{"lease-never-more-than-limit", checkLeaseLimit, "racing Acquires are granted exactly the limit, all or nothing with a bucket beside"},
+	{"lease-dead-holder-freed-at-expiry", checkLeaseDeadHolder, "a holder that never releases keeps its slot until its lease expires, not a moment longer"},
+	{"lease-all-or-nothing", checkLeaseAllOrNothing, "an Acquire takes nothing when any part refuses, and one slot and each Cost once when none does"},
+	{"lease-refusal-writes-nothing", checkLeaseRefusalWritesNothing, "a refused Acquire or Extend and a Release of an unknown name write nothing"},
+	{"lease-release-idempotent", checkLeaseReleaseIdempotent, "Release frees the slot once; an expired lease cannot be extended; Extend never shortens"},
+	{"lease-retry-safe-by-name", checkLeaseRetrySafe, "after a lost reply, the same name returns the granted lease and takes nothing more"},
+	{"lease-least-privilege-user", checkLeaseLeastPrivilege, "a user allowed only the documented commands can acquire, extend and release"},
+
 	// Cluster: slots and shards; skipped on a standalone server
 	// (rules_cluster.go).
 	{"cluster-hash-tag", checkClusterHashTag, "on a cluster, keys with a common hash tag decide as on one server"},

@@ -15,7 +15,8 @@ import (
 
 // leastPrivilege is docs/acl.md's least-privilege ACL for admit, without the
 // key pattern.
-const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set"
+const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set " +
+	"+zscore +zcard +zcount +zrange +zrangebyscore +zadd +zremrangebyscore +zrem"
 
 // TestIntegrationACL runs decisions as ACL users that lack one permission
 // each: every call fails, names what is missing, is classed not executed,
