@@ -645,6 +645,11 @@ func (o *overlayRunner) run(pattern, file, overlay string) (failed []string, out
 	// Offline: everything needed is in the module cache already. A child
 	// never runs the mutants itself.
 	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local", "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1")
+	if overlay != "" && file == scriptFile {
+		// The integration tests that send the script themselves read it
+		// from here (integration/main_test.go), not from the build.
+		cmd.Env = append(cmd.Env, "ADMIT_TEST_SCRIPT="+overlay)
+	}
 	b, err := cmd.CombinedOutput()
 	for _, m := range failLine.FindAllStringSubmatch(string(b), -1) {
 		failed = append(failed, m[1])

@@ -19,8 +19,20 @@ import (
 func TestMain(m *testing.M) { testserver.Main(m) }
 
 // shipped is script.lua, the script admit.New runs, as tests that send it
-// themselves (EVALSHA, EVAL) read it.
-var shipped = readRepoFile("script.lua")
+// themselves (EVALSHA, EVAL) read it. The mutant runner (TestMutants in the
+// root package) builds these tests with a mutated script in script.lua's
+// place (go test -overlay) and names that file in ADMIT_TEST_SCRIPT, so
+// that these tests send the mutant too.
+var shipped = func() string {
+	if path := os.Getenv("ADMIT_TEST_SCRIPT"); path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			panic(err)
+		}
+		return string(b)
+	}
+	return readRepoFile("script.lua")
+}()
 
 // readRepoFile reads a file of the repository, by its path from the root.
 func readRepoFile(path string) string {
