@@ -186,6 +186,23 @@ var monoBase = time.Now()
 // until released or expired. It is false with every error.
 func (x *Lease) Granted() bool { return x != nil && x.granted }
 
+// Decision returns what the Acquire decided of its buckets, as a
+// [Decision]: Allowed for a granted lease (Remaining the tokens left),
+// Denied 1 or 2 with RetryAfter for a bucket's refusal. A slot refusal,
+// which a Decision cannot name, and a Lease that comes with an error give
+// the zero Decision, which is not Allowed: read Denied for those.
+func (x *Lease) Decision() Decision {
+	switch {
+	case x == nil:
+		return Decision{}
+	case x.granted:
+		return Decision{Remaining: x.Remaining, decided: true}
+	case x.Denied == PartFirst || x.Denied == PartSecond:
+		return Decision{Denied: uint8(x.Denied), RetryAfter: x.RetryAfter, Remaining: x.Remaining, decided: true}
+	}
+	return Decision{}
+}
+
 // Replayed reports whether the lease was granted by an earlier Acquire
 // under the same name and returned as it was: this call took nothing.
 func (x *Lease) Replayed() bool { return x != nil && x.replayed }

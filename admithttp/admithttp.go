@@ -48,7 +48,8 @@
 //	RateLimit-Policy: "standard";q=6;w=12, "shared";q=10;w=3
 //	RateLimit: "standard";r=5;t=2, "shared";r=0;t=1
 //
-// RateLimit-Policy lists every bucket of the Rule: q is the bucket's burst
+// RateLimit-Policy lists every bucket of the Rule (after its concurrency
+// part, if any; see Concurrency below): q is the bucket's burst
 // (Spec.Burst), w the seconds it takes to refill from empty (Burst ×
 // Interval, rounded up; at least 1). RateLimit lists every bucket the
 // decision evaluated (the second is not evaluated when the first refuses):
@@ -65,6 +66,30 @@
 // is not a request, set Bucket.Unit, the draft's qu parameter, so that
 // clients do not read q and r as requests. Refusals always carry the
 // fields; admitted responses carry them with [WithHeaders].
+//
+// # Concurrency
+//
+// A Rule's [Concurrent] part bounds the requests of a key in flight: an
+// admitted request holds one of its slots (an [admit.Lease]) while the
+// handler runs, decided with the Rule's buckets in one
+// [admit.Limiter.Acquire], all or nothing: a refusal by the slot, or by a
+// bucket, takes nothing from the other parts. The middleware releases the
+// slot when the handler returns, and when it panics (the panic then goes
+// on up); the release runs on a context that outlives the request's
+// cancellation (a client that goes away does not keep its slot), bounded
+// by [WithDecisionTimeout] or, without it, one second. A release that
+// fails, or finds the lease expired (the handler outlived it), goes to
+// [WithErrorFunc]; the slot is then freed when its lease expires. A
+// process that dies mid-request frees its slots the same way.
+//
+// RateLimit-Policy lists the part first, with q the limit and
+// qu="concurrent-requests", and no w (it has no window); RateLimit gives r,
+// the slots left after the decision, and t: for a refusal by the slot, the
+// time until the oldest lease of the key expires, which Retry-After
+// repeats; otherwise the lease duration, by which this request's slot is
+// free at the latest. A release frees a slot sooner: t is an upper bound.
+// A refusal by the slot is a 429 whose violated-policies names the part.
+// While degraded ([Degrade]) the part is not enforced.
 //
 // # Outages
 //
@@ -145,14 +170,40 @@ func (b Bucket) cost() int {
 	return b.Cost
 }
 
-// A Rule is what one request is charged: First, and only when First
-// admits, Second, in one atomic, all-or-nothing decision
-// ([admit.Limiter.AllowAll]). A nil Second is the one-bucket path.
+// A Concurrent is a concurrency limit: a request holds one of its slots
+// (an [admit.Lease]) from its admission until its handler returns or
+// panics, so that at most Spec.Limit() requests of its Key run at once.
+type Concurrent struct {
+	// Policy names the limit in RateLimit-Policy, RateLimit and the
+	// problem body's violated-policies, with qu="concurrent-requests".
+	// It must be printable ASCII (0x20 to 0x7E), not empty, and differ
+	// from the buckets' policies.
+	Policy string
+	// Key is the lease key in Valkey (a sorted set of holders); it must
+	// not be empty, must differ from the buckets' keys, and must share
+	// their hash tag on Valkey Cluster, as in "conc:{org:7}" beside
+	// "tpm:{org:7}". Build the part that comes from the request with
+	// [admit.KeyPart]. Keys must not start with [ShadowPrefix].
+	Key string
+	// Spec is the limit and the lease duration; it must not be the zero
+	// Concurrency. Give a lease longer than the slowest handler: a
+	// handler that outlives its lease loses its slot to another request
+	// (the middleware reports it to [WithErrorFunc] when it releases),
+	// unless it extends the lease ([Admission].Lease).
+	Spec admit.Concurrency
+}
+
+// A Rule is what one request is charged: a slot of Concurrent, if not nil,
+// then First, and only when First admits, Second, in one atomic,
+// all-or-nothing decision ([admit.Limiter.AllowAll], or
+// [admit.Limiter.Acquire] with a concurrency part): when any part refuses,
+// nothing is taken. A nil Second is the one-bucket path.
 //
 // The zero Rule, Rule{}, imposes no limit: the handler runs and no header
 // is added. It is the only Rule that does: any other Rule needs a Policy, a
 // Key and a Spec in First, and in Second when Second is not nil, or it is
-// invalid and answered 500.
+// invalid and answered 500. A Rule with a concurrency part may have no
+// bucket: First zero and Second nil is a plain concurrency limit.
 type Rule struct {
 	// First is checked first: the standard lane's own bucket, or the
 	// premium lane's shared one.
@@ -160,15 +211,24 @@ type Rule struct {
 	// Second, if not nil, is checked only when First admits: the shared
 	// bucket of the standard lane.
 	Second *Bucket
+	// Concurrent, if not nil, is a concurrency limit whose slot the
+	// request holds while its handler runs; it is decided before the
+	// buckets, in the same script run.
+	Concurrent *Concurrent
 }
 
 // IsZero reports whether r is the zero Rule, which imposes no limit:
-// every field of First is zero and Second is nil.
-func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil }
+// every field of First is zero and Second and Concurrent are nil.
+func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil && r.Concurrent == nil }
 
-// Requests returns the Rule as the arguments of admit's calls, for example
-// to [admit.Limiter.Refund] the unused part of a reservation.
+// Requests returns the Rule's buckets as the arguments of admit's calls,
+// for example to [admit.Limiter.Refund] the unused part of a reservation.
+// A Rule without a bucket (a concurrency limit alone) returns the zero
+// Request and nil: there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
+	if !r.hasBuckets() {
+		return admit.Request{}, nil
+	}
 	first = r.First.Request()
 	if r.Second != nil {
 		s := r.Second.Request()
@@ -177,20 +237,33 @@ func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	return first, second
 }
 
+// hasBuckets reports whether r names a bucket: any Rule but one with a
+// concurrency part and neither First nor Second.
+func (r Rule) hasBuckets() bool {
+	return r.Concurrent == nil || r.First != (Bucket{}) || r.Second != nil
+}
+
 // buckets returns the Rule's buckets in order.
 func (r Rule) buckets() []Bucket {
-	if r.Second == nil {
+	switch {
+	case !r.hasBuckets():
+		return nil
+	case r.Second == nil:
 		return []Bucket{r.First}
 	}
 	return []Bucket{r.First, *r.Second}
 }
 
-// clone returns r with its own copy of Second, so that a callee may change
-// it freely.
+// clone returns r with its own copies of Second and Concurrent, so that a
+// callee may change them freely.
 func (r Rule) clone() Rule {
 	if r.Second != nil {
 		s := *r.Second
 		r.Second = &s
+	}
+	if r.Concurrent != nil {
+		c := *r.Concurrent
+		r.Concurrent = &c
 	}
 	return r
 }
@@ -200,8 +273,16 @@ func (r Rule) clone() Rule {
 type Admission struct {
 	// Rule is the Rule the request was charged.
 	Rule Rule
-	// Decision is the limiter's Decision: Allowed, with Remaining.
+	// Decision is the limiter's Decision: Allowed, with Remaining. With
+	// a concurrency part it is the Acquire's decision of the buckets
+	// (admit.Lease.Decision), Allowed too.
 	Decision admit.Decision
+	// Lease is the granted lease when the Rule has a concurrency part,
+	// nil otherwise. The middleware releases it when the handler returns
+	// or panics; a handler that may outlive the lease's duration extends
+	// it (Lease.Extend) before Lease.Deadline. Do not release it: the
+	// slot would be free while the handler still runs.
+	Lease *admit.Lease
 }
 
 type admissionKey struct{}
@@ -421,36 +502,72 @@ type middleware struct {
 }
 
 // A result is one decided Rule: the Decision, whose Remaining is what each
-// bucket holds after the call.
+// bucket holds after the call, and with a concurrency part the Lease the
+// Decision's exported fields are copied from.
 type result struct {
-	d admit.Decision
+	d     admit.Decision
+	lease *admit.Lease // nil without a concurrency part
+}
+
+// allowed reports whether the decision admitted the request.
+func (res result) allowed() bool {
+	if res.lease != nil {
+		return res.lease.Granted()
+	}
+	return res.d.Allowed()
+}
+
+// denied is the part that refused: 0 when admitted.
+func (res result) denied() admit.Part {
+	if res.lease != nil {
+		return res.lease.Denied
+	}
+	return admit.Part(res.d.Denied)
+}
+
+// leaseResult is the result of an Acquire: its Decision is the Lease's
+// decision of the buckets (Allowed when granted), with, for a slot
+// refusal, the slot's RetryAfter and the buckets' Remaining.
+func leaseResult(x *admit.Lease) result {
+	d := x.Decision()
+	if x.Denied == admit.PartSlot {
+		d = admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
+	}
+	return result{d: d, lease: x}
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	rule := m.classify(r)
 	if rule.IsZero() {
-		m.runShadows(r, rule, admit.Decision{})
-		m.emit(r, Unlimited, rule, admit.Decision{}, nil)
+		m.runShadows(r, rule, result{})
+		m.emit(r, Unlimited, rule, result{}, nil)
 		next.ServeHTTP(w, r)
 		return
 	}
 	if err := checkRule(rule); err != nil {
-		m.runShadows(r, rule, admit.Decision{})
+		m.runShadows(r, rule, result{})
 		m.invalid(w, r, rule, err)
 		return
 	}
 	res, err := m.decide(r, rule)
+	if res.lease != nil {
+		// Whatever happens next, the handler returning or panicking
+		// included: a granted slot is freed, and so is one that an
+		// Acquire whose outcome is unknown may have taken. A lease that
+		// was refused, or never sent, sends nothing.
+		defer m.release(r, res.lease)
+	}
 	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && errors.Is(r.Context().Err(), context.Canceled) {
 		// The request's own context was canceled, as net/http does when
 		// the client goes away: nobody reads an answer, and the store is
 		// not known to be failing. (A deadline on the request's context,
 		// set by a server above, is a time bound like
 		// WithDecisionTimeout's: an outage.)
-		m.emit(r, ClientGone, rule, admit.Decision{}, err)
+		m.emit(r, ClientGone, rule, result{}, err)
 		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
-	m.runShadows(r, rule, res.d)
+	m.runShadows(r, rule, res)
 	switch {
 	case errors.Is(err, admit.ErrInvalidRequest):
 		m.invalid(w, r, rule, err)
@@ -471,16 +588,41 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if ran.ran {
 			outcome = OutageServed
 		}
-		m.emit(r, outcome, rule, admit.Decision{}, err)
-	case !res.d.Allowed():
-		m.emit(r, Refused, rule, res.d, nil)
+		m.emit(r, outcome, rule, result{}, err)
+	case !res.allowed():
+		m.emit(r, Refused, rule, res, nil)
 		m.refuse(w, r, rule, res)
 	default:
-		m.emit(r, Admitted, rule, res.d, nil)
+		m.emit(r, Admitted, rule, res, nil)
 		if m.headers {
 			setFields(w.Header(), rule, res)
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.d})))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.d, Lease: res.lease})))
+	}
+}
+
+// releaseTimeout bounds a release without WithDecisionTimeout.
+const releaseTimeout = time.Second
+
+// release frees the slot of x, on a context that outlives the request's
+// cancellation (a client that went away must not keep the slot), bounded
+// by the decision timeout or releaseTimeout. A failure goes to the error
+// hook, and so does a granted lease found expired: the handler outlived
+// its lease, and for a while the limit did not count it.
+func (m *middleware) release(r *http.Request, x *admit.Lease) {
+	d := releaseTimeout
+	if m.timeout > 0 {
+		d = m.timeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), d)
+	defer cancel()
+	live, err := x.Release(ctx)
+	switch {
+	case err != nil:
+		m.report(r, fmt.Errorf("admithttp: releasing the slot of %q: %w", x.Key, err))
+	case x.Granted() && !live:
+		m.report(r, fmt.Errorf("admithttp: the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
+			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL))
 	}
 }
 
@@ -496,7 +638,9 @@ func (h *ranHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // decide runs rule on the limiter, all or nothing, within the decision
-// timeout if one is set.
+// timeout if one is set: AllowAll for buckets alone, Acquire with a
+// concurrency part. With a concurrency part, the result's lease is never
+// nil, error or not.
 func (m *middleware) decide(r *http.Request, rule Rule) (result, error) {
 	ctx := r.Context()
 	if m.timeout > 0 {
@@ -505,6 +649,17 @@ func (m *middleware) decide(r *http.Request, rule Rule) (result, error) {
 		defer cancel()
 	}
 	first, second := rule.Requests()
+	if c := rule.Concurrent; c != nil {
+		var fp *admit.Request
+		if rule.hasBuckets() {
+			fp = &first
+		}
+		x, err := m.lim.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, second)
+		if err != nil {
+			return result{lease: x}, err
+		}
+		return leaseResult(x), nil
+	}
 	d, err := m.lim.AllowAll(ctx, first, second)
 	if err != nil {
 		return result{}, err
@@ -521,16 +676,16 @@ func (m *middleware) report(r *http.Request, err error) {
 // invalid answers a request whose Rule is invalid: 500, never the handler.
 func (m *middleware) invalid(w http.ResponseWriter, r *http.Request, rule Rule, err error) {
 	m.report(r, err)
-	m.emit(r, RuleError, rule, admit.Decision{}, err)
+	m.emit(r, RuleError, rule, result{}, err)
 	writeProblem(w, http.StatusInternalServerError, invalidBody)
 }
 
 // checkRule refuses a Rule with a missing field, and what admit does not
 // check: policy names and units that the header fields cannot carry, and
 // enforced keys in the shadow namespace. admit checks the rest (key
-// lengths, Costs, slots).
+// lengths, Costs, slots, a lease key equal to a bucket's).
 func checkRule(rule Rule) error {
-	bs := rule.buckets()
+	bs := rule.buckets() // none only with a concurrency part
 	for i, b := range bs {
 		switch {
 		case b.Key == "":
@@ -552,7 +707,30 @@ func checkRule(rule Rule) error {
 	if len(bs) == 2 && bs[0].Policy == bs[1].Policy {
 		return invalidRule(1, bs[1], fmt.Errorf("policy name %q is the first bucket's too; name each bucket differently", bs[1].Policy))
 	}
+	if c := rule.Concurrent; c != nil {
+		switch {
+		case c.Key == "":
+			return invalidConcurrent(c, errors.New("empty Key: no limit comes from the zero Rule only; "+
+				"build keys from request values with admit.KeyPart, which never returns an empty part"))
+		case c.Spec.IsZero():
+			return invalidConcurrent(c, errors.New("zero Spec; give it admit.NewConcurrency's or admit.MustConcurrency's"))
+		case strings.HasPrefix(c.Key, ShadowPrefix):
+			return invalidConcurrent(c, fmt.Errorf("key %q is in the shadow rules' namespace %q; enforced keys must not start with it", c.Key, ShadowPrefix))
+		}
+		if err := checkName("policy name", c.Policy, true); err != nil {
+			return invalidConcurrent(c, err)
+		}
+		for _, b := range bs {
+			if b.Policy == c.Policy {
+				return invalidConcurrent(c, fmt.Errorf("policy name %q is a bucket's too; name each part differently", c.Policy))
+			}
+		}
+	}
 	return nil
+}
+
+func invalidConcurrent(c *Concurrent, err error) error {
+	return fmt.Errorf("admithttp: concurrency part (policy %q) of the Rule: %w (%w, %w)", c.Policy, err, admit.ErrInvalidRequest, admit.ErrNotExecuted)
 }
 
 func invalidRule(i int, b Bucket, err error) error {

@@ -20,6 +20,16 @@ import (
 // store, nor back. A request served this way has no [Admission] in its
 // context: there is no store charge to settle.
 //
+// A Rule's concurrency part is not enforced while degraded: an
+// [admit.Degraded] holds no leases, and a limit of in-flight requests
+// counted in each process would bound a fleet only as loosely as the
+// number of processes is known. Its buckets are decided locally as above,
+// so the rate at which requests start stays bounded; a Rule with a
+// concurrency part and no bucket is served. The fields then describe the
+// buckets only. Choose [Refuse] (or a function of your own) instead where
+// running more requests at once than the limit could harm what it
+// protects.
+//
 // Degrade panics if d is nil. Called outside the middleware, or when d
 // cannot decide the Rule (a Cost above a scaled burst), it answers as
 // [Refuse] does.
@@ -33,8 +43,14 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			Refuse(w, r, next, err)
 			return
 		}
-		scaled, serr := scaleRule(d, o.rule)
-		first, second := o.rule.Requests()
+		if !o.rule.hasBuckets() {
+			next.ServeHTTP(w, r) // a concurrency limit alone: not enforced while degraded
+			return
+		}
+		rule := o.rule
+		rule.Concurrent = nil // not enforced while degraded
+		scaled, serr := scaleRule(d, rule)
+		first, second := rule.Requests()
 		dec, derr := d.AllowAll(r.Context(), first, second)
 		if serr != nil || derr != nil {
 			Refuse(w, r, next, err)

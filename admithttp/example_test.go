@@ -199,3 +199,54 @@ func ExampleWithRefusal() {
 	// 429 "api";r=0;t=1 Retry-After: 1
 	// {"error":"rate_limited","policy":"api","retry_after":1}
 }
+
+// At most 2 requests of an organisation in flight, beside its requests a
+// minute, in one decision: a request holds a slot while its handler runs,
+// and the third at once is refused by the concurrency policy, taking no
+// token.
+func ExampleConcurrent() {
+	client, stop := exampleClient()
+	defer stop()
+
+	perMinute := admit.MustSpec(admit.Every(time.Second), 60)
+	inflight := admit.MustConcurrency(2, 30*time.Second) // a lease longer than the slowest handler
+	limit, err := admithttp.New(admit.New(client), func(r *http.Request) admithttp.Rule {
+		org := admit.KeyPart(r.Header.Get("X-Org"))
+		return admithttp.Rule{
+			Concurrent: &admithttp.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight},
+			First:      admithttp.Bucket{Policy: "per-minute", Key: "rpm:{org:" + org + "}", Spec: perMinute},
+		}
+	}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse})
+	if err != nil {
+		log.Fatal(err)
+	}
+	started, finish := make(chan struct{}), make(chan struct{})
+	h := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-finish // a slow upstream
+	}))
+	send := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-Org", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	done := make(chan int)
+	for range 2 {
+		go func() { done <- send().Code }()
+		<-started
+	}
+	rec := send() // both slots are taken
+	fmt.Println(rec.Code, rec.Header().Get("RateLimit-Policy"))
+	fmt.Println("RateLimit:", rec.Header().Get("RateLimit"), "Retry-After:", rec.Header().Get("Retry-After"))
+	close(finish)
+	fmt.Println(<-done, <-done)
+	go func() { <-started }()
+	fmt.Println(send().Code) // a slot is free again
+	// Output:
+	// 429 "inflight";q=2;qu="concurrent-requests", "per-minute";q=60;w=60
+	// RateLimit: "inflight";r=0;t=30 Retry-After: 30
+	// 200 200
+	// 200
+}

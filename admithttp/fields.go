@@ -23,6 +23,8 @@ const (
 	windowParam    = "w"  // RateLimit-Policy: the window, seconds (Burst × Interval)
 	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
 	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
+
+	concurrentUnit = "concurrent-requests" // the qu of a concurrency part (Rule.Concurrent)
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
@@ -69,20 +71,40 @@ func refuseOutage(w http.ResponseWriter, retryAfter string) {
 }
 
 // A Refusal is what the limiter refused: the Rule, the Decision, and the
-// bucket that refused.
+// part that refused.
 type Refusal struct {
 	// Rule is the Rule the request was decided on.
 	Rule Rule
 	// Decision is the refusing Decision: Denied names the bucket,
-	// RetryAfter and Remaining say how long and how much.
+	// RetryAfter and Remaining say how long and how much. With a
+	// concurrency part it holds the Lease's RetryAfter and Remaining, and
+	// Denied is 0 when the slot refused.
 	Decision admit.Decision
-	// Violated is the bucket that refused: Rule.First or *Rule.Second.
+	// Violated is the bucket that refused: Rule.First or *Rule.Second; the
+	// zero Bucket when the concurrency part refused.
 	Violated Bucket
+	// ViolatedConcurrent is Rule.Concurrent when its slots were all taken
+	// (the concurrency part refused), nil otherwise.
+	ViolatedConcurrent *Concurrent
+	// Lease is the refused Acquire when the Rule has a concurrency part,
+	// nil otherwise; Lease.Denied names the part that refused.
+	Lease *admit.Lease
 }
 
 // RetryAfter is the Retry-After value of the refusal: the Decision's
-// RetryAfter in whole seconds, rounded up.
+// RetryAfter in whole seconds, rounded up. For the concurrency part it is
+// the time until the oldest lease of the key expires: a release frees a
+// slot sooner.
 func (f Refusal) RetryAfter() int64 { return ceilSeconds(f.Decision.RetryAfter) }
+
+// Policy is the name of the refusing part's policy, the one that
+// violated-policies names.
+func (f Refusal) Policy() string {
+	if f.ViolatedConcurrent != nil {
+		return f.ViolatedConcurrent.Policy
+	}
+	return f.Violated.Policy
+}
 
 // WithRefusal answers refused requests with f instead of [TooManyRequests].
 // Before f runs, the middleware has set Retry-After, RateLimit-Policy and
@@ -106,23 +128,38 @@ func WithRefusal(f func(w http.ResponseWriter, r *http.Request, ref Refusal)) Op
 // bucket's policy. It writes the body only: the middleware sets the
 // fields. A [WithRefusal] function may call it after logging, say.
 func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
-	left := max(ref.Decision.Remaining[ref.Decision.Denied-1], 0)
-	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
-		Type:   QuotaExceeded,
-		Title:  "Request cannot be satisfied as assigned quota has been exceeded",
-		Status: http.StatusTooManyRequests,
-		Detail: "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
+	var detail string
+	if c := ref.ViolatedConcurrent; c != nil {
+		detail = "policy " + strconv.Quote(c.Policy) + " allows " + strconv.Itoa(c.Spec.Limit()) +
+			" requests in flight at once, and all its slots are taken; retry after " + formatSeconds(ref.RetryAfter()) + " s at the latest"
+	} else {
+		left := 0
+		if i := int(ref.Decision.Denied) - 1; i >= 0 && i < len(ref.Decision.Remaining) {
+			left = max(ref.Decision.Remaining[i], 0)
+		}
+		detail = "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
 			" of the " + strconv.Itoa(ref.Violated.cost()) + " this request needs; retry after " +
-			formatSeconds(ref.RetryAfter()) + " s",
-		ViolatedPolicies: []string{ref.Violated.Policy},
+			formatSeconds(ref.RetryAfter()) + " s"
+	}
+	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
+		Type:             QuotaExceeded,
+		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:           http.StatusTooManyRequests,
+		Detail:           detail,
+		ViolatedPolicies: []string{ref.Policy()},
 	}))
 }
 
 // refuse answers a request the limiter refused.
 func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, res result) {
-	ref := Refusal{Rule: rule, Decision: res.d, Violated: rule.First}
-	if res.d.Denied == 2 {
+	ref := Refusal{Rule: rule, Decision: res.d, Lease: res.lease}
+	switch res.denied() {
+	case admit.PartSlot:
+		ref.ViolatedConcurrent = rule.Concurrent
+	case admit.PartSecond:
 		ref.Violated = *rule.Second
+	default:
+		ref.Violated = rule.First
 	}
 	h := w.Header()
 	setFields(h, rule, res)
@@ -153,14 +190,39 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 // Unwrap gives http.ResponseController the writer beneath.
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// setFields sets RateLimit-Policy for every bucket of rule and RateLimit
-// for every bucket the decision evaluated.
+// setFields sets RateLimit-Policy for every part of rule and RateLimit
+// for every part the decision evaluated: the concurrency part first, as
+// it is decided first, then the buckets.
 func setFields(h http.Header, rule Rule, res result) {
 	var policy, limit strings.Builder
-	for i, b := range rule.buckets() {
-		if i > 0 {
-			policy.WriteString(", ")
+	sep := func(b *strings.Builder) {
+		if b.Len() > 0 {
+			b.WriteString(", ")
 		}
+	}
+	if c := rule.Concurrent; c != nil && res.lease != nil {
+		n := c.Spec.Limit()
+		writeString(&policy, c.Policy)
+		writeParam(&policy, quotaParam, int64(n))
+		policy.WriteString(";" + unitParam + "=")
+		writeString(&policy, concurrentUnit)
+
+		// r is the slots left after the call; t the seconds until more
+		// are free: for a refusal, until the oldest lease expires (the
+		// Retry-After); else within one lease duration, when this
+		// request's own lease ends at the latest. No slot taken, no t.
+		r := max(n-res.lease.Holders, 0)
+		writeString(&limit, c.Policy)
+		writeParam(&limit, remainingParam, int64(r))
+		switch {
+		case res.lease.Denied == admit.PartSlot:
+			writeParam(&limit, resetParam, ceilSeconds(res.lease.RetryAfter))
+		case r < n:
+			writeParam(&limit, resetParam, ceilSeconds(c.Spec.Lease()))
+		}
+	}
+	for i, b := range rule.buckets() {
+		sep(&policy)
 		burst := b.Spec.Burst()
 		writeString(&policy, b.Policy)
 		writeParam(&policy, quotaParam, int64(burst))
@@ -172,11 +234,9 @@ func setFields(h http.Header, rule Rule, res result) {
 
 		r := res.d.Remaining[i]
 		if r < 0 {
-			continue // not evaluated: the first bucket refused
+			continue // not evaluated: an earlier part refused
 		}
-		if limit.Len() > 0 {
-			limit.WriteString(", ")
-		}
+		sep(&limit)
 		writeString(&limit, b.Policy)
 		writeParam(&limit, remainingParam, int64(r))
 		if t, ok := effectiveWindow(b, r, int(res.d.Denied) == i+1, res.d.RetryAfter); ok {

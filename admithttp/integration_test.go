@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,4 +355,155 @@ func TestIntegrationDecisionTimeoutPausedStore(t *testing.T) {
 		classOf(events[0].Err) != "outcome-unknown" {
 		t.Errorf("events %+v; want outage-refused with an outcome-unknown deadline error", events)
 	}
+}
+
+// TestIntegrationConcurrent: a limit of 3 in flight on a real server, over
+// real HTTP. 50 clients at once: exactly 3 handlers run (held until the 47
+// others are refused, by 429s naming the concurrency policy, whose fields
+// pass the draft's checks); then 50 clients of 10 requests each, never more
+// than 3 inside at once; a panicking handler frees its slot. At the end no
+// slot is taken and the bucket paid for the admitted requests only.
+func TestIntegrationConcurrent(t *testing.T) {
+	c := testserver.NewClient(t, testserver.Shared(t))
+	prefix := testserver.Prefix(t, c)
+	const clients, n = 50, 3
+	bucket := admit.MustSpec(admit.Every(time.Hour), 1000) // no refill while the test runs
+	rule := concRule(prefix, admit.MustConcurrency(n, 10*time.Second), bucket)
+	var (
+		flight   inFlight
+		full     = make(chan struct{})
+		gate     = make(chan struct{})
+		fullOnce sync.Once
+		gated    atomic.Bool
+		panicked atomic.Int64
+	)
+	gated.Store(true)
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Panic") != "" {
+			panicked.Add(1)             // the client may send it again: count here
+			panic(http.ErrAbortHandler) // the server recovers it silently
+		}
+		defer flight.leave()
+		if flight.enter() == n {
+			fullOnce.Do(func() { close(full) })
+		}
+		if gated.Load() {
+			select {
+			case <-gate:
+			case <-time.After(10 * time.Second): // bound: the test fails below
+			}
+		}
+		io.WriteString(w, "ok")
+	})
+	var reported atomic.Int64
+	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders(),
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported.Add(1); t.Errorf("error hook: %v", err) }))(next)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	client := srv.Client()
+	get := func(panics bool) (int, http.Header, error) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		if panics {
+			req.Header.Set("X-Panic", "1")
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header, nil
+	}
+
+	codes := make(chan int, clients)
+	for range clients {
+		go func() {
+			code, hdr, err := get(false)
+			if err != nil {
+				t.Error(err)
+			} else if code == http.StatusTooManyRequests {
+				if err := checkFields(hdr, "conc"); err != nil {
+					t.Error(err)
+				}
+			}
+			codes <- code
+		}()
+	}
+	select {
+	case <-full:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the limit's 3 handlers never ran at once")
+	}
+	refused := 0
+	for range clients - n {
+		select {
+		case code := <-codes:
+			if code == http.StatusTooManyRequests {
+				refused++
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d refusals so far; want %d while the 3 slots are held", refused, clients-n)
+		}
+	}
+	if refused != clients-n {
+		t.Errorf("%d refused while 3 handlers held their slots; want %d", refused, clients-n)
+	}
+	close(gate)
+	for range n {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("an admitted request answered %d", code)
+		}
+	}
+	if most := flight.most.Load(); most != n {
+		t.Errorf("at most %d handlers inside at once, want exactly %d", most, n)
+	}
+
+	gated.Store(false)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				code, _, err := get(false)
+				switch {
+				case err != nil:
+					t.Error(err)
+				case code == http.StatusOK:
+					admitted.Add(1)
+				case code != http.StatusTooManyRequests:
+					t.Errorf("status %d", code)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if most := flight.most.Load(); most > n {
+		t.Errorf("%d handlers inside at once; the limit is %d", most, n)
+	}
+	for range n + 1 { // more panics than slots: each must free its own
+		if _, _, err := get(true); err == nil {
+			t.Error("a panicking handler's response arrived")
+		}
+	}
+	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
+		t.Errorf("%d slots still taken after every handler returned or panicked", got)
+	}
+	if code, _, err := get(false); err != nil || code != http.StatusOK {
+		t.Errorf("after the panics: %d %v; want 200", code, err)
+	}
+	d, err := admit.New(c).Peek(context.Background(), rule.First.Request(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Admitted: the 3 gated, the free-running ones, those that panicked
+	// (the bucket charged them; they ran), and the last one.
+	if panicked.Load() < n+1 {
+		t.Errorf("%d handlers panicked, want at least %d", panicked.Load(), n+1)
+	}
+	if want := int64(bucket.Burst()) - n - admitted.Load() - panicked.Load() - 1; int64(d.Remaining[0])+1 != want {
+		t.Errorf("bucket holds %d, want %d: a refused request took a token", d.Remaining[0]+1, want)
+	}
+	t.Logf("limit %d, %d clients: at most %d in flight; free-running %d of %d admitted", n, clients, flight.most.Load(), admitted.Load(), clients*10)
 }

@@ -64,8 +64,17 @@ type Event struct {
 	// shadow's candidate Rule, its keys under ShadowPrefix.
 	Rule Rule
 	// Decision is the limiter's Decision for Admitted, Refused and
-	// ShadowWouldRefuse; the zero Decision otherwise.
+	// ShadowWouldRefuse; the zero Decision otherwise. With a concurrency
+	// part it is the Acquire's decision of the buckets
+	// (admit.Lease.Decision; Allowed when granted), and for a slot
+	// refusal, which a Decision cannot name, it holds the slot's
+	// RetryAfter and the Remaining with Denied 0: read Lease.
 	Decision admit.Decision
+	// Lease is the Acquire's outcome for Admitted and Refused when the
+	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
+	// part that refused (admit.PartSlot when every slot was taken), and
+	// Lease.Holders the requests of the key in flight.
+	Lease *admit.Lease
 	// Shadow is the shadow rule's Name for ShadowWouldRefuse; empty
 	// otherwise.
 	Shadow string
@@ -91,8 +100,8 @@ func WithOutcome(f func(Event)) Option {
 }
 
 // emit reports an Outcome to the hook, if there is one.
-func (m *middleware) emit(r *http.Request, o Outcome, rule Rule, d admit.Decision, err error) {
+func (m *middleware) emit(r *http.Request, o Outcome, rule Rule, res result, err error) {
 	if m.outcome != nil {
-		m.outcome(Event{Request: r, Outcome: o, Rule: rule, Decision: d, Err: err})
+		m.outcome(Event{Request: r, Outcome: o, Rule: rule, Decision: res.d, Lease: res.lease, Err: err})
 	}
 }

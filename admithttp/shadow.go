@@ -26,7 +26,10 @@ const ShadowPrefix = "admit-shadow:"
 // A shadow decision is one more round trip per request, made after the
 // enforced one and before the response. It charges its buckets as the rule
 // would if enforced (all or nothing), but nothing else: refunds a handler
-// makes with [Admission] go to the enforced buckets only.
+// makes with [Admission] go to the enforced buckets only. A shadow decides
+// buckets only: the concurrency part of a candidate Rule is left out (a
+// shadow slot would have to be held while the handler runs), and a
+// candidate with no bucket is skipped.
 type Shadow struct {
 	// Name tells shadows apart in reports and in their keys. It must be
 	// printable ASCII without '{' or '}', not empty, and unique among the
@@ -58,9 +61,24 @@ type ShadowReport struct {
 	// answered as the enforced rule and the Outage say, regardless).
 	Err error
 	// Enforced is the enforced Rule's Decision. Its Allowed is false when
-	// the enforced rule refused, and also when no Rule applied or its
-	// decision failed.
+	// the enforced rule refused (a slot refusal included: see
+	// EnforcedLease), and also when no Rule applied or its decision
+	// failed. EnforcedAdmitted tells for every Rule.
 	Enforced admit.Decision
+	// EnforcedLease is the enforced Acquire's outcome when the enforced
+	// Rule had a concurrency part (Granted when it admitted the
+	// request), nil otherwise.
+	EnforcedLease *admit.Lease
+}
+
+// EnforcedAdmitted reports whether the enforced Rule admitted the request:
+// its Decision was Allowed, or, with a concurrency part, its Lease was
+// Granted.
+func (r ShadowReport) EnforcedAdmitted() bool {
+	if r.EnforcedLease != nil {
+		return r.EnforcedLease.Granted()
+	}
+	return r.Enforced.Allowed()
 }
 
 // WithShadow adds a shadow rule; give it once per Shadow.
@@ -90,20 +108,21 @@ func WithShadow(s Shadow) Option {
 }
 
 // runShadows decides and reports every shadow rule for r.
-func (m *middleware) runShadows(r *http.Request, enforced Rule, d admit.Decision) {
+func (m *middleware) runShadows(r *http.Request, enforced Rule, res result) {
 	for _, s := range m.shadows {
 		rule := s.Rule(r, enforced.clone())
+		rule = rule.clone()
+		rule.Concurrent = nil // buckets only
 		if rule.IsZero() {
 			continue
 		}
-		rule = rule.clone()
 		prefix := ShadowPrefix + s.Name + ":"
 		for _, b := range []*Bucket{&rule.First, rule.Second} {
 			if b != nil && b.Key != "" { // an empty key stays empty: checkRule refuses it
 				b.Key = prefix + b.Key
 			}
 		}
-		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: d}
+		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.d, EnforcedLease: res.lease}
 		if rep.Err = checkShadowRule(rule); rep.Err == nil {
 			var res result
 			res, rep.Err = m.decide(r, rule)

@@ -227,4 +227,3 @@ func leaseMedian(v []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
-

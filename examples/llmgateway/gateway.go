@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
@@ -20,6 +21,13 @@ var (
 	candidateSpec = admit.MustSpec(4500.0/60, 4500)   // a tighter lane, tried in shadow
 )
 
+// inflightSpec is the concurrency limit of each organisation: at most 4 of
+// its requests with the model at once, whatever its token budget. A lease
+// lasts 2 minutes, longer than the model's slowest answer, so a gateway
+// that dies mid-request holds its slot no longer than that; the middleware
+// releases the slot as soon as the answer (or a panic) is done.
+var inflightSpec = admit.MustConcurrency(4, 2*time.Minute)
+
 // tokenUnit is the quota unit of every bucket: what the RateLimit fields'
 // q and r count. Without it, they would say "requests" (the draft's
 // default), and a client would read a budget of 6,000 model tokens as 6,000
@@ -29,13 +37,22 @@ var (
 // documentation says what they are.
 const tokenUnit = "llm-tokens"
 
-// apiKeys gives each client its lane. Premium clients draw on the shared
-// bucket alone; standard clients first on the lane's own, smaller bucket,
-// so that a refused standard request never takes from the shared one.
-var apiKeys = map[string]string{"key-premium": "premium", "key-standard": "standard"}
+// A client is who an API key belongs to: its organisation and its lane.
+type client struct{ org, lane string }
+
+// apiKeys gives each client its organisation and lane. Premium clients draw
+// on the shared bucket alone; standard clients first on the lane's own,
+// smaller bucket, so that a refused standard request never takes from the
+// shared one. Every organisation has its own concurrency limit.
+var apiKeys = map[string]client{
+	"key-premium":    {org: "acme", lane: "premium"},
+	"key-standard":   {org: "globex", lane: "standard"},
+	"key-standard-2": {org: "initech", lane: "standard"},
+}
 
 // A chatRequest is what a client asks of the model.
 type chatRequest struct {
+	Org          string `json:"-"`
 	Lane         string `json:"-"`
 	PromptTokens int    `json:"prompt_tokens"` // counted by the model's tokenizer
 	MaxTokens    int    `json:"max_tokens"`    // the most the answer may use
@@ -51,6 +68,8 @@ type gateway struct {
 	http.Handler
 	lim                *admit.Limiter
 	laneKey, sharedKey string
+	inflightKey        string // + the organisation's KeyPart: its lease key
+	model              func(chatRequest) answer
 	refunded           atomic.Int64 // unused tokens given back, every bucket together
 	// What the candidate lane would have refused, of the standard
 	// requests it saw, and of those the enforced lane admitted.
@@ -60,7 +79,8 @@ type gateway struct {
 // newGateway keeps its buckets under prefix. The two keys share the hash
 // tag {model:fake-1}, so on Valkey Cluster one script decides both.
 func newGateway(c valkey.Client, prefix string) (*gateway, error) {
-	g := &gateway{lim: admit.New(c), laneKey: prefix + "{model:fake-1}:standard", sharedKey: prefix + "{model:fake-1}:shared"}
+	g := &gateway{lim: admit.New(c), laneKey: prefix + "{model:fake-1}:standard", sharedKey: prefix + "{model:fake-1}:shared",
+		inflightKey: prefix + "{model:fake-1}:inflight:", model: complete}
 	// With the store down, serving unlimited traffic would overrun the
 	// model's budget (its provider answers 429 and bills): refuse.
 	limit, err := admithttp.New(g.lim, g.rule, admithttp.Outage{NotExecuted: admithttp.Refuse, OutcomeUnknown: admithttp.Refuse},
@@ -78,9 +98,9 @@ func newGateway(c valkey.Client, prefix string) (*gateway, error) {
 func parse(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req chatRequest
-		lane, ok := apiKeys[r.Header.Get("X-API-Key")]
+		who, ok := apiKeys[r.Header.Get("X-API-Key")]
 		budget := sharedSpec.Burst()
-		if lane == "standard" {
+		if who.lane == "standard" {
 			budget = laneSpec.Burst()
 		}
 		switch {
@@ -92,21 +112,26 @@ func parse(next http.Handler) http.Handler {
 		case max(req.PromptTokens, req.MaxTokens) > budget || req.estimate() > budget: // each first: no overflow
 			http.Error(w, fmt.Sprintf("prompt_tokens + max_tokens = %d exceeds your lane's budget", req.estimate()), http.StatusRequestEntityTooLarge)
 		default:
-			req.Lane = lane
+			req.Org, req.Lane = who.org, who.lane
 			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), chatKey{}, req)))
 		}
 	})
 }
 
-// rule charges a request its estimate: to the standard lane's bucket then
-// the shared one, or to the shared one alone.
+// rule takes one of the organisation's slots and charges the request its
+// estimate: to the standard lane's bucket then the shared one, or to the
+// shared one alone; all in one decision, and nothing taken when any part
+// refuses. The lease key shares the buckets' hash tag, so on Valkey
+// Cluster one script decides them all.
 func (g *gateway) rule(r *http.Request) admithttp.Rule {
 	req := r.Context().Value(chatKey{}).(chatRequest)
+	inflight := &admithttp.Concurrent{Policy: "inflight", Key: g.inflightKey + admit.KeyPart(req.Org), Spec: inflightSpec}
 	shared := admithttp.Bucket{Policy: "shared", Key: g.sharedKey, Spec: sharedSpec, Cost: req.estimate(), Unit: tokenUnit}
 	if req.Lane == "premium" {
-		return admithttp.Rule{First: shared}
+		return admithttp.Rule{First: shared, Concurrent: inflight}
 	}
-	return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: g.laneKey, Spec: laneSpec, Cost: req.estimate(), Unit: tokenUnit}, Second: &shared}
+	return admithttp.Rule{First: admithttp.Bucket{Policy: "standard", Key: g.laneKey, Spec: laneSpec, Cost: req.estimate(), Unit: tokenUnit},
+		Second: &shared, Concurrent: inflight}
 }
 
 // candidate is the standard lane with candidateSpec; premium is left out.
@@ -122,7 +147,7 @@ func (g *gateway) count(r admithttp.ShadowReport) {
 	g.candidateSaw.Add(1)
 	if r.Err == nil && !r.Decision.Allowed() {
 		g.candidateRefused.Add(1)
-		if r.Enforced.Allowed() {
+		if r.EnforcedAdmitted() {
 			g.candidateRefusedAdmitted.Add(1)
 		}
 	}
@@ -133,7 +158,7 @@ func (g *gateway) count(r admithttp.ShadowReport) {
 // and says so.
 func (g *gateway) complete(w http.ResponseWriter, r *http.Request) {
 	req := r.Context().Value(chatKey{}).(chatRequest)
-	ans := complete(req)
+	ans := g.model(req)
 	fmt.Fprintf(w, "used %d (prompt %d + answer %d)", ans.used(), ans.promptTokens, ans.answerTokens)
 	// No Admission: served on an outage, nothing reserved, nothing to give back.
 	if a, ok := admithttp.FromContext(r.Context()); ok && ans.used() < req.estimate() {

@@ -12,6 +12,14 @@
 // minute first, then the shared one; premium requests use the shared bucket
 // alone, so standard traffic can never take more than half of it.
 //
+// Beside its tokens per minute, each organisation may have at most 4
+// requests with the model at once: a slot of its own concurrency limit,
+// taken in the same decision as the tokens (nothing is taken when either
+// refuses) and freed when the answer is done, or at the latest when its
+// 2-minute lease expires if the gateway dies. The fields report it as the
+// "inflight" policy, qu="concurrent-requests"; a fifth request in flight
+// is a 429 naming it, and takes no tokens.
+//
 // The gateway cannot know a request's cost before the model answers, so it
 // reserves an estimate (the prompt's tokens plus max_tokens, the most the
 // answer may use) as the buckets' Cost, calls the model, and refunds the

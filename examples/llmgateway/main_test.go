@@ -7,9 +7,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
@@ -178,9 +180,10 @@ func TestRefusedBeforeTheLimiter(t *testing.T) {
 // still, so no bucket refills while a slow machine runs the story.
 var testClock = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
-// TestFieldsCountTokens: every policy of every response that carries the
-// fields says its quota counts model tokens, never the draft's default of
-// requests.
+// TestFieldsCountTokens: every token policy of every response that carries
+// the fields says its quota counts model tokens, never the draft's default
+// of requests; the organisation's concurrency limit says it counts
+// requests in flight.
 func TestFieldsCountTokens(t *testing.T) {
 	t.Setenv("VALKEY_ADDR", "")
 	c, _, stop, err := connect(testClock)
@@ -201,10 +204,13 @@ func TestFieldsCountTokens(t *testing.T) {
 		seen[rec.Code] = true
 		policy := rec.Header().Get("RateLimit-Policy")
 		items := strings.Split(policy, ", ")
-		if policy == "" || len(items) == 0 {
-			t.Fatalf("%s: %d without RateLimit-Policy", key, rec.Code)
+		if policy == "" || len(items) < 2 {
+			t.Fatalf("%s: %d with RateLimit-Policy %q; want the concurrency limit and the buckets", key, rec.Code, policy)
 		}
-		for _, it := range items {
+		if want := `"inflight";q=4;qu="concurrent-requests"`; items[0] != want {
+			t.Errorf("%s: %d: first policy %q, want %q", key, rec.Code, items[0], want)
+		}
+		for _, it := range items[1:] {
 			if !strings.Contains(it, `;qu="llm-tokens"`) {
 				t.Errorf("%s: %d: policy %q does not say it counts tokens", key, rec.Code, it)
 			}
@@ -212,5 +218,97 @@ func TestFieldsCountTokens(t *testing.T) {
 	}
 	if !seen[200] || !seen[429] {
 		t.Errorf("statuses %v; want both an admission and a refusal", seen)
+	}
+}
+
+// TestConcurrentPerOrganisation: an organisation has at most 4 requests
+// with the model at once, whatever its token budget: 7 requests of one
+// organisation at once put exactly 4 in the model and get 3 429s naming
+// the "inflight" policy, which take no tokens; another organisation is
+// admitted meanwhile; once the answers are done, every slot is free.
+func TestConcurrentPerOrganisation(t *testing.T) {
+	t.Setenv("VALKEY_ADDR", "")
+	c, _, stop, err := connect(testClock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	g, err := newGateway(c, "llmgateway:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now, most atomic.Int64
+	entered := make(chan string, 16)
+	gate := make(chan struct{})
+	g.model = func(r chatRequest) answer {
+		n := now.Add(1)
+		defer now.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		entered <- r.Org
+		if r.Org == "globex" {
+			select {
+			case <-gate:
+			case <-time.After(10 * time.Second): // bound: the test fails below
+			}
+		}
+		return complete(r)
+	}
+	post := func(key string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(`{"prompt_tokens":100,"max_tokens":100}`))
+		req.Header.Set("X-API-Key", key)
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		return rec
+	}
+	lane := func() int64 { // the standard lane's tokens, by a Peek
+		d, err := g.lim.Peek(context.Background(), admit.Request{Key: g.laneKey, Spec: laneSpec}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(d.Remaining[0]) + 1
+	}
+	const limit, sent = 4, 7
+	done := make(chan *httptest.ResponseRecorder, sent)
+	for range limit {
+		go func() { done <- post("key-standard") }()
+	}
+	for range limit {
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the organisation's 4 requests never all reached the model")
+		}
+	}
+	before := lane()
+	for range sent - limit {
+		rec := post("key-standard")
+		if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"violated-policies":["inflight"]`) {
+			t.Errorf("a fifth request of the organisation: %d %s; want 429 by the inflight policy", rec.Code, rec.Body.String())
+		}
+		if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"inflight";r=0;t=`) {
+			t.Errorf("RateLimit %q", got)
+		}
+	}
+	if after := lane(); after != before {
+		t.Errorf("the lane holds %d after the refusals, %d before: a refusal by the concurrency limit took tokens", after, before)
+	}
+	if rec := post("key-standard-2"); rec.Code != http.StatusOK {
+		t.Errorf("another organisation, while the first is at its limit: %d %s", rec.Code, rec.Body.String())
+	}
+	<-entered
+	close(gate)
+	for range limit {
+		if rec := <-done; rec.Code != http.StatusOK {
+			t.Errorf("an admitted request: %d %s", rec.Code, rec.Body.String())
+		}
+	}
+	if most.Load() != limit+1 { // the 4 of one organisation, and the other's
+		t.Errorf("%d requests with the model at once; want the 4 of one organisation and 1 of another", most.Load())
+	}
+	for _, org := range []string{"globex", "initech"} {
+		if n, err := c.Do(context.Background(), c.B().Zcard().Key(g.inflightKey+admit.KeyPart(org)).Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("%s: %d slots taken after every answer (%v)", org, n, err)
+		}
 	}
 }

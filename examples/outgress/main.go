@@ -32,29 +32,32 @@ import (
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/canary"
+	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/mgmt"
+	"github.com/admitkit/admit/examples/outgress/replica"
+	"github.com/admitkit/admit/examples/outgress/rollout"
 	"github.com/admitkit/admit/examples/outgress/worker"
-	"github.com/valkey-io/valkey-go"
 )
 
 func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "canary":
-			os.Exit(canaryMain(os.Args[2:]))
+			os.Exit(canary.Command(os.Args[2:]))
 		case "worker":
-			os.Exit(workerMain(os.Args[2:]))
+			os.Exit(replica.Command(os.Args[2:]))
 		case "mgmt":
-			os.Exit(mgmtMain(os.Args[2:]))
+			os.Exit(mgmt.Command(os.Args[2:]))
 		case "publish":
-			os.Exit(publishMain(os.Args[2:]))
+			os.Exit(demo.PublishCommand(os.Args[2:]))
 		}
 	}
-	cfg := defaultDemo()
+	cfg := demo.Default()
 	flag.StringVar(&cfg.MetricsAddr, "metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	flag.BoolVar(&cfg.Hold, "hold", false, "after the report, keep serving /metrics until interrupted")
 	off := flag.String("off", "none", "rollout `steps` switched off in both replicas: none, all, or a comma-separated list of "+
 		"metrics, transport, ordered_script, pause_snapshot, nack_suppression, precomputed (README, \"Rollout steps\")")
-	rollout := flag.Duration("rollout", 1500*time.Millisecond, "size of each rollout step's canary window, as publishing time at "+strconv.Itoa(rolloutRate)+
+	window := flag.Duration("rollout", 1500*time.Millisecond, "size of each rollout step's canary window, as publishing time at "+strconv.Itoa(rolloutRate)+
 		" messages/s (a window is that many messages, whatever the time they take; 0 skips the rollout)")
 	flag.Parse()
 	var err error
@@ -64,7 +67,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res, err := runDemo(ctx, cfg)
+	res, err := demo.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outgress:", err)
 		os.Exit(1)
@@ -73,20 +76,20 @@ func main() {
 		return
 	}
 	res.Print(os.Stdout)
-	if *rollout <= 0 {
+	if *window <= 0 {
 		return
 	}
 	fmt.Println()
 	fmt.Println("8. Rollout: a baseline replica with every step off and a canary turning the six steps on one at a time,")
-	messages := int(rollout.Seconds() * rolloutRate)
+	messages := int(window.Seconds() * rolloutRate)
 	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(messages) + " messages a step (" +
-		rollout.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until each replica has 20 warm ones per lane;")
+		window.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until each replica has 20 warm ones per lane;")
 	fmt.Println("   the canary program (package canary; `go run . canary` against real replicas) scrapes both /metrics")
 	fmt.Println("   over each window and prints the plan's gates. Caveats: latency here is the embedded stand-ins'")
 	fmt.Println("   (miniredis, a loopback fake Helix), not representative of production; a window is a few hundred")
 	fmt.Println("   messages, so rates carry a slack of three standard errors; on miniredis the server's script runs")
 	fmt.Println("   cannot be read (no INFO commandstats), so the workers' counters are not checked against it.")
-	if _, err := runRollout(ctx, rolloutRate, messages, os.Stdout); err != nil {
+	if _, err := rollout.Run(ctx, rolloutRate, messages, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "outgress: rollout:", err)
 		os.Exit(1)
 	}
@@ -94,42 +97,3 @@ func main() {
 
 // rolloutRate is the rollout windows' publishing rate.
 const rolloutRate = 300
-
-// canaryMain is `outgress canary`: the gates over a window of two running
-// replicas' /metrics. It exits 1 when a gate fails, 2 on bad usage.
-func canaryMain(args []string) int {
-	fs := flag.NewFlagSet("canary", flag.ContinueOnError)
-	base := fs.String("baseline", "", "the baseline replica's metrics `URL` (http://host:port/metrics)")
-	can := fs.String("canary", "", "the canary replica's metrics `URL`")
-	window := fs.Duration("window", time.Minute, "how long to observe both")
-	addr := fs.String("valkey", "", "the Valkey `host:port` both replicas use, to check the workers' script runs against its INFO commandstats (optional)")
-	inFlight := fs.Int("in-flight", 64, "script runs the workers' and the server's counts may differ by (calls in flight at the window's edges)")
-	if err := fs.Parse(args); err != nil || *base == "" || *can == "" {
-		fmt.Fprintln(os.Stderr, "usage: outgress canary -baseline URL -canary URL [-window 1m] [-valkey host:port]")
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	var srv canary.Server
-	if *addr != "" {
-		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{*addr}, DisableCache: true, ForceSingleClient: true})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "outgress canary:", err)
-			return 2
-		}
-		defer c.Close()
-		srv = valkeyServer(c)
-	}
-	w, err := canary.Watch(ctx, *base, *can, *window, time.Second, srv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress canary:", err)
-		return 2
-	}
-	rep := canary.Evaluate(w, canary.Bounds{InFlight: *inFlight})
-	fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, *can)
-	rep.Print(os.Stdout)
-	if !rep.Pass {
-		return 1
-	}
-	return 0
-}

@@ -321,7 +321,11 @@ func (b *Bus) deliver(msg jetstream.Msg, h Handler) {
 	case errors.As(err, &drop):
 		b.settle(msg, m, OutcomeDropped, uint8(drop.Reason))
 	case errors.As(err, &nack):
-		b.retry(msg, m, OutcomeNacked, uint8(nack.Reason), nack.RetryAfter, deadline)
+		delay := nack.RetryAfter
+		if nack.SameDelayAsError {
+			delay = b.cfg.ErrorDelay
+		}
+		b.retry(msg, m, OutcomeNacked, uint8(nack.Reason), delay, deadline)
 	default:
 		if b.cfg.OnError != nil {
 			b.cfg.OnError(m.Subject, err)

@@ -44,10 +44,17 @@ func (r NackReason) String() string {
 type ExpectedNack struct {
 	Reason     NackReason
 	RetryAfter time.Duration // redeliver no sooner than this
+	// SameDelayAsError redelivers after the bus's ErrorDelay, as an error
+	// would be, whatever RetryAfter says: the expected nack is only not
+	// reported, its delivery timing unchanged.
+	SameDelayAsError bool
 }
 
 // Error describes the postponement.
 func (e *ExpectedNack) Error() string {
+	if e.SameDelayAsError {
+		return "outgress: postponed (" + e.Reason.String() + "), redelivered after the error delay"
+	}
 	return "outgress: postponed (" + e.Reason.String() + "), retry after " + e.RetryAfter.String()
 }
 

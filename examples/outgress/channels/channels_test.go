@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -71,21 +70,7 @@ func TestChannelCacheUnknownChannel(t *testing.T) {
 // until 15 more callers wait for the same channel: all 16 get it from one
 // command.
 func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
-	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "7")).FieldValue().FieldValue("login", "seven").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var loads atomic.Int64
-	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
-		if testenv.IsCommand(cmd, "HGETALL") {
-			loads.Add(1)
-			<-release
-		}
-	}}
-	cc := New(c, Config{Prefix: prefix})
+	cc, loads, release := heldLoads(t, "7", "seven")
 
 	const callers = 16
 	var wg sync.WaitGroup
@@ -120,8 +105,8 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 
 // TestChannelCacheBounded: past MaxEntries, entries are evicted.
 func TestChannelCacheBounded(t *testing.T) {
-	raw := testserver.NewClient(t, testserver.Shared(t))
-	prefix := testserver.Prefix(t, raw)
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	prefix := testenv.Prefix(t)
 	cc := New(raw, Config{Prefix: prefix, MaxEntries: 2})
 	for _, id := range []string{"1", "2", "3", "4"} {
 		if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, id)).FieldValue().FieldValue("login", "c"+id).Build()).Error(); err != nil {
@@ -144,21 +129,7 @@ func TestChannelCacheBounded(t *testing.T) {
 // load belongs to no caller: the first gets its own cancellation, the two
 // others get the channel, from the one HGETALL.
 func TestChannelCacheFirstCallerCancelled(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
-	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, "8")).FieldValue().FieldValue("login", "eight").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var loads atomic.Int64
-	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
-		if testenv.IsCommand(cmd, "HGETALL") {
-			loads.Add(1)
-			<-release
-		}
-	}}
-	cc := New(c, Config{Prefix: prefix})
+	cc, loads, release := heldLoads(t, "8", "eight")
 
 	firstCtx, cancelFirst := context.WithCancel(testenv.Ctx(t))
 	firstErr := make(chan error, 1)
@@ -208,10 +179,28 @@ func TestChannelCacheFirstCallerCancelled(t *testing.T) {
 	}
 }
 
+// heldLoads stores channel id with login, and returns a cache whose
+// HGETALLs are counted in loads and held until release is closed.
+func heldLoads(t *testing.T, id, login string) (_ *Cache, loads *atomic.Int64, release chan struct{}) {
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	prefix := testenv.Prefix(t)
+	if err := raw.Do(testenv.Ctx(t), raw.B().Hset().Key(Key(prefix, id)).FieldValue().FieldValue("login", login).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	loads, release = new(atomic.Int64), make(chan struct{})
+	c := &counting.Client{Client: raw, Gate: func(cmd valkey.Completed) {
+		if testenv.IsCommand(cmd, "HGETALL") {
+			loads.Add(1)
+			<-release
+		}
+	}}
+	return New(c, Config{Prefix: prefix}), loads, release
+}
+
 // TestMain stops the shared test server after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -225,8 +214,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	raw := testserver.NewClient(t, testserver.Shared(t))
-	return &env{raw: raw, c: &counting.Client{Client: raw}, prefix: testserver.Prefix(t, raw)}
+	raw := testenv.Client(t, testenv.Shared(t).Addr)
+	return &env{raw: raw, c: &counting.Client{Client: raw}, prefix: testenv.Prefix(t)}
 }
 
 // seed stores a channel's metadata.

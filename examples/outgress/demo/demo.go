@@ -8,7 +8,6 @@ package demo
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -16,7 +15,9 @@ import (
 
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
@@ -26,7 +27,7 @@ const (
 	FirstChannel   = 1001 // the mix uses 1001 .. 1000+channels; the first three are hot
 	MeasureStd     = 2001 // channels outside the mix, for one-off measurements
 	MeasurePremium = 2002
-	ContractFirst  = 2011 // 2011 .. 2013: one channel per fault of ErrorContract (none a moderator's)
+	ContractFirst  = 2011 // 2011 .. 2014: one channel per case of ErrorContract (none a moderator's)
 	UnknownChannel = 9999 // never seeded: its messages are dropped
 )
 
@@ -176,8 +177,8 @@ func mustJSON(v map[string]string) []byte {
 // measurement channels and the error contract's three. Every fifth channel
 // has the bot as a moderator.
 func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) error {
-	cmds := make(valkey.Commands, 0, n+5)
-	add := func(id int) {
+	var cmds valkey.Commands
+	for _, id := range seeded(n) {
 		mod := "0"
 		if id%5 == 0 {
 			mod = "1"
@@ -185,20 +186,22 @@ func SeedChannels(ctx context.Context, c valkey.Client, prefix string, n int) er
 		cmds = append(cmds, c.B().Hset().Key(channels.Key(prefix, strconv.Itoa(id))).FieldValue().
 			FieldValue("login", "channel"+strconv.Itoa(id)).FieldValue("bot_mod", mod).Build())
 	}
-	for id := FirstChannel; id < FirstChannel+n; id++ {
-		add(id)
-	}
-	add(MeasureStd)
-	add(MeasurePremium)
-	for id := ContractFirst; id < ContractFirst+3; id++ {
-		add(id)
-	}
 	for _, r := range c.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// seeded is the ids of the channels SeedChannels stores for a mix on n
+// channels.
+func seeded(n int) []int {
+	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2, ContractFirst + 3}
+	for id := FirstChannel; id < FirstChannel+n; id++ {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // NATS returns NATS_URL, or the URL of an embedded nats-server with
@@ -217,50 +220,31 @@ func NATS() (url, where string, stop func(), err error) {
 // Valkey returns a dialer for VALKEY_ADDR, or for an in-process
 // miniredis it starts.
 func Valkey() (dial func() (valkey.Client, error), where string, stop func(), err error) {
-	opt := valkey.ClientOption{DisableCache: true}
-	stop = func() {}
 	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
-		opt.InitAddress = []string{addr}
 		where = "Valkey at " + addr
-	} else {
-		srv, err := miniredis.Run()
-		if err != nil {
-			return nil, "", nil, err
-		}
-		// miniredis answers CLUSTER SLOTS; without ForceSingleClient
-		// valkey-go would treat it as a cluster.
-		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
-		where = "in-process miniredis (set VALKEY_ADDR=host:port to use a real Valkey)"
-		stop = srv.Close
+		return fleetenv.Dial(valkey.ClientOption{InitAddress: []string{addr}}, where), where, func() {}, nil
 	}
-	dial = func() (valkey.Client, error) {
-		c, err := valkey.NewClient(opt)
-		if err != nil {
-			return nil, fmt.Errorf("connecting to %s: %w", where, err)
-		}
-		return c, nil
+	srv, err := miniredis.Run()
+	if err != nil {
+		return nil, "", nil, err
 	}
-	return dial, where, stop, nil
+	// miniredis answers CLUSTER SLOTS; without ForceSingleClient valkey-go
+	// would treat it as a cluster.
+	where = "in-process miniredis (set VALKEY_ADDR=host:port to use a real Valkey)"
+	return fleetenv.Dial(valkey.ClientOption{InitAddress: []string{srv.Addr()}, ForceSingleClient: true}, where), where, srv.Close, nil
 }
 
-// DeletePrefix deletes the demo's keys (and only those), within 10 s, one
-// key per DEL so that it works on a cluster too.
-func DeletePrefix(c valkey.Client, prefix string) {
+// Forget deletes the keys that SeedChannels(prefix, n) and a pause state
+// under prefix wrote, within 10 s: the keys of a demo run that do not
+// expire on their own (buckets and decision records do).
+func Forget(c valkey.Client, prefix string, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, node := range c.Nodes() {
-		var cursor uint64
-		for range 10000 {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
-			if err != nil {
-				break
-			}
-			for _, k := range e.Elements {
-				node.Do(ctx, node.B().Del().Key(k).Build())
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
-			}
-		}
+	keys := pause.Keys(prefix)
+	for _, id := range seeded(n) {
+		keys = append(keys, channels.Key(prefix, strconv.Itoa(id)))
+	}
+	for _, k := range keys { // one key per DEL: keys of many slots, on a cluster too
+		c.Do(ctx, c.B().Del().Key(k).Build())
 	}
 }

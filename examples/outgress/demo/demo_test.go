@@ -11,6 +11,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/command"
 	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
@@ -64,7 +65,8 @@ func TestMixIsFixed(t *testing.T) {
 }
 
 // TestSeedChannels stores the mix's channels and the two measurement
-// channels, with the bot a moderator in every fifth.
+// channels, with the bot a moderator in every fifth; Forget deletes them
+// and the pause state, and nothing else.
 func TestSeedChannels(t *testing.T) {
 	srv := miniredis.RunT(t)
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, ForceSingleClient: true, DisableCache: true})
@@ -75,7 +77,7 @@ func TestSeedChannels(t *testing.T) {
 	if err := SeedChannels(context.Background(), c, "p:", 10); err != nil {
 		t.Fatal(err)
 	}
-	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2}
+	ids := []int{MeasureStd, MeasurePremium, ContractFirst, ContractFirst + 1, ContractFirst + 2, ContractFirst + 3}
 	for id := FirstChannel; id < FirstChannel+10; id++ {
 		ids = append(ids, id)
 	}
@@ -89,11 +91,15 @@ func TestSeedChannels(t *testing.T) {
 			t.Errorf("%s: bot_mod %q login %q", key, got, srv.HGet(key, "login"))
 		}
 	}
-	if n := len(srv.Keys()); n != 15 {
-		t.Errorf("%d keys, want 15", n)
+	if n := len(srv.Keys()); n != 16 {
+		t.Errorf("%d keys, want 16", n)
 	}
-	DeletePrefix(c, "p:")
-	if n := len(srv.Keys()); n != 0 {
-		t.Errorf("%d keys after DeletePrefix, want 0", n)
+	// The pause state, and a key of another prefix that Forget leaves.
+	for _, k := range append(pause.Keys("p:"), "q:"+channels.Key("p:", "1001")) {
+		srv.Set(k, "1")
+	}
+	Forget(c, "p:", 10)
+	if keys := srv.Keys(); !slices.Equal(keys, []string{"q:" + channels.Key("p:", "1001")}) {
+		t.Errorf("keys after Forget: %q, want only the other prefix's", keys)
 	}
 }

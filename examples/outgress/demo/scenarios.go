@@ -26,7 +26,9 @@ import (
 
 // ContractCase is one message run with an injected fault.
 type ContractCase struct {
-	Fault        string
+	Fault string
+	// RetryUnknown is the worker's Config.RetryOutcomeUnknown.
+	RetryUnknown bool
 	LimiterCalls int
 	Admitted     bool
 	Err          error
@@ -35,25 +37,28 @@ type ContractCase struct {
 	Charged int
 }
 
-// ErrorContract runs three chat messages through a worker on raw (with the
+// ErrorContract runs four chat messages through a worker on raw (with the
 // replica's pause and Helix client), each on a channel of its own, whose
 // script calls fail: the first call refused before it was sent (no
 // connection: ErrNotExecuted, so the worker retries); the first call's
-// reply lost after the server ran it (ErrOutcomeUnknown: the worker repeats
-// it once under the same id and gets the recorded Decision back); and the
-// replies of both calls lost (the error nacks the message). Each runs on
-// its own channel, ContractFirst to ContractFirst+2, which SeedChannels
-// seeds.
+// reply lost after the server ran it (ErrOutcomeUnknown: by default, the
+// plan's rule, not retried: the error nacks the message); the same with
+// Config.RetryOutcomeUnknown (the worker repeats it once under the same id
+// and gets the recorded Decision back); and, with it, the replies of both
+// calls lost (the error nacks the message). Each runs on its own channel,
+// ContractFirst to ContractFirst+3, which SeedChannels seeds.
 func ErrorContract(ctx context.Context, raw valkey.Client, p *pause.Pause, hx *helix.Helix, m *metrics.Metrics, prefix string) []ContractCase {
 	faults := []struct {
 		name  string
 		err   error
 		lost  bool // sent and run, then the reply lost
 		calls int64
+		retry bool
 	}{
-		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false, 1},
-		{"reply lost after the script ran", io.ErrUnexpectedEOF, true, 1},
-		{"reply lost twice", io.ErrUnexpectedEOF, true, 2},
+		{"connection refused before sending", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false, 1, false},
+		{"reply lost after the script ran", io.ErrUnexpectedEOF, true, 1, false},
+		{"reply lost after the script ran", io.ErrUnexpectedEOF, true, 1, true},
+		{"reply lost twice", io.ErrUnexpectedEOF, true, 2, true},
 	}
 	var out []ContractCase
 	for i, f := range faults {
@@ -71,9 +76,9 @@ func ErrorContract(ctx context.Context, raw valkey.Client, p *pause.Pause, hx *h
 			c.Fault = fail
 		}
 		channel := ContractFirst + i
-		w := worker.New(admit.New(c, admit.WithObserver(m.ObserveLimiter)), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix})
+		w := worker.New(admit.New(c, admit.WithObserver(m.ObserveLimiter)), p, channels.New(c, channels.Config{Prefix: prefix}), hx, m, worker.Config{Prefix: prefix, RetryOutcomeUnknown: f.retry})
 		_, path, err := w.Prepare(ctx, limits.LanePremium, &bus.Message{Data: ChatBody(channel, "error contract"), Published: time.Now()})
-		cc := ContractCase{Fault: f.name, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err, Charged: -1}
+		cc := ContractCase{Fault: f.name, RetryUnknown: f.retry, LimiterCalls: path.LimiterCalls, Admitted: path.Admitted, Err: err, Charged: -1}
 		_, shared := channels.ChatKeys(prefix, strconv.Itoa(channel))
 		if tokens, err := raw.Do(ctx, raw.B().Hget().Key(shared).Field("tokens").Build()).AsInt64(); err == nil {
 			cc.Charged = limits.DefaultLimits.ChatShared.Burst() - int(tokens)

@@ -13,16 +13,25 @@ import (
 	"github.com/admitkit/admit/admittest"
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
 // TestMain stops the shared test servers after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
+	testenv.Stop()
 	os.Exit(code)
+}
+
+// deployment is the addresses the conformance suite runs on: a 3-primary
+// cluster of the tests' own with VALKEY_CLUSTER=1, else the shared server.
+func deployment(t *testing.T) (addrs []string, name string) {
+	if os.Getenv("VALKEY_CLUSTER") == "1" {
+		return testenv.Cluster(t), "3-primary cluster, started by the tests"
+	}
+	return []string{testenv.Shared(t).Addr}, "standalone, started by the tests"
 }
 
 // workerClient builds the client a worker replica decides through, as the
@@ -51,14 +60,10 @@ func adapterPrefix() string {
 // live under (Config.Prefix + "rl:"): what the suite proves of admit holds
 // for the adapter's keys, client and server.
 func TestAdmitConformance(t *testing.T) {
-	target := testserver.Deployment(t)
-	client, opt := workerClient(t, target.Addrs)
-	opts := []admittest.Option{admittest.WithClientOption(opt), admittest.WithPrefix(adapterPrefix() + "rl:")}
-	if target.Owned {
-		opts = append(opts, admittest.Owned())
-	}
-	t.Logf("deployment: %s", target.Name)
-	admittest.Run(t, client, opts...)
+	addrs, name := deployment(t)
+	client, opt := workerClient(t, addrs)
+	t.Logf("deployment: %s", name)
+	admittest.Run(t, client, admittest.WithClientOption(opt), admittest.WithPrefix(adapterPrefix()+"rl:"), admittest.Owned())
 }
 
 // TestAdapterKeysOnCluster checks the adapter's real keys and Specs on a
@@ -69,26 +74,10 @@ func TestAdmitConformance(t *testing.T) {
 // stores are those of the seed plan: a new bucket holds burst - 1 tokens
 // after the call, and its expiry is burst × interval after its ts.
 func TestAdapterKeysOnCluster(t *testing.T) {
-	var addrs []string
-	if target := testserver.Deployment(t); target.Cluster {
-		addrs = target.Addrs
-	} else {
-		bin := testserver.Binary()
-		if bin == "" {
-			testserver.SkipOrFail(t, testserver.Help)
-		}
-		c, err := testserver.StartCluster(bin, 3)
-		if err != nil {
-			t.Fatalf("cluster: %v", err)
-		}
-		t.Cleanup(c.Stop)
-		addrs = c.Addrs()
-	}
-	client, _ := workerClient(t, addrs)
+	client, _ := workerClient(t, testenv.Cluster(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	prefix := adapterPrefix()
-	t.Cleanup(func() { testserver.DeleteWithPrefix(client, prefix) })
 
 	slot := func(key string) int64 {
 		t.Helper()

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -124,7 +125,8 @@ var latencyBuckets = prometheus.ExponentialBucketsRange(1e-6, 10, 47)
 // from the start and traffic can never add one. The recording methods are
 // safe for concurrent use and allocate nothing.
 type Metrics struct {
-	reg *prometheus.Registry
+	reg   *prometheus.Registry
+	ready atomic.Pointer[func() error]
 
 	stages   [NumStages]prometheus.Histogram
 	limiter  [limits.NumLanes][NumDecisions]prometheus.Counter
@@ -646,8 +648,14 @@ func merge(hs ...prometheus.Histogram) Latency {
 	return Latency{Count: total, P50: q(0.5), P95: q(0.95), P99: q(0.99)}
 }
 
-// Serve serves the metrics on http://addr/metrics (addr "" is 127.0.0.1
-// on a free port) until stop; url is where.
+// SetReady sets what /readyz asks: 200 "ready" when ready returns nil,
+// 503 with its error otherwise. Until it is set, /readyz answers 503
+// "starting".
+func (m *Metrics) SetReady(ready func() error) { m.ready.Store(&ready) }
+
+// Serve serves the metrics on http://addr/metrics and the readiness probe
+// on http://addr/readyz (see SetReady), addr "" being 127.0.0.1 on a free
+// port, until stop; url is the metrics' address.
 func (m *Metrics) Serve(addr string) (url string, stop func(), err error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -658,6 +666,17 @@ func (m *Metrics) Serve(addr string) (url string, stop func(), err error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		err := errors.New("starting")
+		if f := m.ready.Load(); f != nil {
+			err = (*f)()
+		}
+		if err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -47,19 +49,26 @@ type SetPausedReply struct {
 	Replica string `json:"replica"` // the one that executed it
 	Version int64  `json:"version"`
 	Error   string `json:"error,omitempty"`
+	// Conflict is set when the edit was made against a version Valkey no
+	// longer holds (pause.ErrVersionConflict): nothing was written.
+	Conflict bool `json:"conflict,omitempty"`
 }
 
 // Status is the answer to a status request.
 type Status struct {
 	Replica string `json:"replica"` // the one that answered
-	// Paused and Version are read from Valkey for this request.
-	Paused  bool  `json:"paused"`
-	Version int64 `json:"version"`
+	// Paused and Version are read from Valkey for this request; Until is
+	// when a timed pause ends on its own (absent for a pause without an
+	// end).
+	Paused  bool      `json:"paused"`
+	Version int64     `json:"version"`
+	Until   time.Time `json:"until,omitzero"`
 	// Snapshot is the answering replica's hot snapshot, for comparison.
 	Snapshot struct {
-		Paused  bool    `json:"paused"`
-		Version int64   `json:"version"`
-		AgeSec  float64 `json:"age_seconds"`
+		Paused  bool      `json:"paused"`
+		Until   time.Time `json:"until,omitzero"`
+		Version int64     `json:"version"`
+		AgeSec  float64   `json:"age_seconds"`
 	} `json:"snapshot"`
 	Error string `json:"error,omitempty"`
 }
@@ -106,17 +115,29 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, 
 	srv.set, err = nc.QueueSubscribe(cfg.Prefix+".set_paused", cfg.Queue, func(m *nats.Msg) {
 		srv.executed.Add(1)
 		r := SetPausedReply{Replica: replica}
-		switch string(m.Data) {
-		case "1", "0":
+		flag, rest, _ := strings.Cut(string(m.Data), ":")
+		against, ms, timed := strings.Cut(rest, ":")
+		expected, perr := strconv.ParseInt(against, 10, 64)
+		d, derr := strconv.ParseInt(ms, 10, 64)
+		switch {
+		case (flag == "1" || flag == "0") && perr == nil && expected >= 0 && (!timed || flag == "1" && derr == nil && d > 0):
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-			v, err := p.SetPaused(ctx, string(m.Data) == "1")
+			var v int64
+			var err error
+			if timed {
+				v, err = p.PauseFor(ctx, time.Duration(d)*time.Millisecond, expected)
+			} else {
+				v, err = p.SetPaused(ctx, flag == "1", expected)
+			}
 			cancel()
 			r.Version = v
 			if err != nil {
 				r.Error = err.Error()
+				r.Conflict = errors.Is(err, pause.ErrVersionConflict)
 			}
 		default:
-			r.Error = fmt.Sprintf("set_paused wants \"1\" (pause) or \"0\" (resume), got %q", m.Data)
+			r.Error = fmt.Sprintf("set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, "+
+				"or \"1:N:D\" (pause for D ms, D at least 1), got %q", m.Data)
 		}
 		if r.Error != "" {
 			srv.failed.Add(1)
@@ -130,14 +151,14 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, 
 		srv.answered.Add(1)
 		s := Status{Replica: replica}
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-		paused, version, err := p.Stored(ctx)
+		st, err := p.StoredState(ctx)
 		cancel()
 		if err != nil {
 			s.Error = err.Error()
 		}
-		s.Paused, s.Version = paused, version
+		s.Paused, s.Version, s.Until = st.Paused, st.Version, st.Until
 		if snap, ok := p.Snapshot(); ok {
-			s.Snapshot.Paused, s.Snapshot.Version = snap.Paused, snap.Version
+			s.Snapshot.Paused, s.Snapshot.Version, s.Snapshot.Until = snap.Paused, snap.Version, snap.Until
 		}
 		s.Snapshot.AgeSec = p.Age().Seconds()
 		reply(m, s)
@@ -153,16 +174,33 @@ func Serve(nc *nats.Conn, cfg Config, replica string, p *pause.Pause) (*Server, 
 	return srv, nil
 }
 
-// SetPaused asks the fleet to pause (or resume): one replica executes it.
-func SetPaused(ctx context.Context, nc *nats.Conn, cfg Config, paused bool) (SetPausedReply, error) {
-	cfg = cfg.withDefaults()
-	data := []byte("0")
+// SetPaused asks the fleet to pause (or resume), an edit made against
+// version expected (a status request's Version): one replica executes it.
+// If Valkey holds another version, nothing is written and the error wraps
+// pause.ErrVersionConflict, naming both.
+func SetPaused(ctx context.Context, nc *nats.Conn, cfg Config, paused bool, expected int64) (SetPausedReply, error) {
+	data := "0:" + strconv.FormatInt(expected, 10)
 	if paused {
-		data = []byte("1")
+		data = "1:" + strconv.FormatInt(expected, 10)
 	}
+	return setPaused(ctx, nc, cfg, []byte(data))
+}
+
+// PauseFor asks the fleet to pause for d (at least a millisecond), an edit
+// made against version expected: the pause ends on its own (see
+// pause.Pause.PauseFor).
+func PauseFor(ctx context.Context, nc *nats.Conn, cfg Config, d time.Duration, expected int64) (SetPausedReply, error) {
+	return setPaused(ctx, nc, cfg, []byte("1:"+strconv.FormatInt(expected, 10)+":"+strconv.FormatInt(max(d.Milliseconds(), 1), 10)))
+}
+
+func setPaused(ctx context.Context, nc *nats.Conn, cfg Config, data []byte) (SetPausedReply, error) {
+	cfg = cfg.withDefaults()
 	var r SetPausedReply
 	if err := request(ctx, nc, cfg.Prefix+".set_paused", data, &r); err != nil {
 		return r, err
+	}
+	if r.Conflict {
+		return r, fmt.Errorf("%w (set_paused on replica %s): %s", pause.ErrVersionConflict, r.Replica, r.Error)
 	}
 	if r.Error != "" {
 		return r, errors.New("outgress: set_paused on replica " + r.Replica + ": " + r.Error)

@@ -1,24 +1,24 @@
 package mgmt
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/nats-io/nats.go"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -33,30 +33,15 @@ type replica struct {
 	drop  atomic.Bool
 }
 
-// droppingEvents passes pause events through unless drop is set: a replica
-// that loses its events.
-type droppingEvents struct {
-	pause.Events
-	drop *atomic.Bool
-}
-
-func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
-	d.Events.Listen(ctx, subscribed, func(m string) {
-		if !d.drop.Load() {
-			deliver(m)
-		}
-	})
-}
-
 // startReplica starts a replica's pause snapshot and management server on
 // one NATS connection of its own, as a worker does (its pause events on the
 // subject of prefix's replicas; lost when dropEvents is set).
-func startReplica(t *testing.T, srv *testserver.Server, prefix, name string, cfg Config, reconcile time.Duration, dropEvents bool) *replica {
+func startReplica(t *testing.T, srv *testenv.Server, prefix, name string, cfg Config, reconcile time.Duration, dropEvents bool) *replica {
 	t.Helper()
 	r := &replica{name: name, nc: testenv.NATSConn(t)}
 	r.drop.Store(dropEvents)
-	events := droppingEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, drop: &r.drop}
-	r.pause = pause.New(testserver.NewClient(t, srv), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
+	events := pause.LossyEvents{Events: &pause.NATSEvents{Conn: r.nc, Subject: testenv.PauseSubject(prefix)}, Drop: &r.drop}
+	r.pause = pause.New(testenv.Client(t, srv.Addr), pause.Config{Prefix: prefix, ReconcileEvery: reconcile, MaxAge: time.Hour, Events: events})
 	t.Cleanup(r.pause.Close)
 	if err := r.pause.Start(testenv.Ctx(t)); err != nil {
 		t.Fatal(err)
@@ -75,16 +60,15 @@ func startReplica(t *testing.T, srv *testserver.Server, prefix, name string, cfg
 // matching the counters), and every replica applies every change (both
 // snapshots reach version 10, resumed).
 func TestSetPausedQueueGrouped(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	cfg := Config{Prefix: subjects()}
 	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
 	b := startReplica(t, srv, prefix, "B", cfg, time.Hour, false)
 	operator := testenv.NATSConn(t)
 	by := map[string]int64{}
 	for i := range 10 {
-		r, err := SetPaused(testenv.Ctx(t), operator, cfg, i%2 == 0)
+		r, err := SetPaused(testenv.Ctx(t), operator, cfg, i%2 == 0, int64(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +88,7 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 			t.Errorf("replica %s: snapshot %+v, want resumed at version 10", r.name, s)
 		}
 	}
-	if _, err := SetPaused(testenv.Ctx(t), operator, cfg, true); err != nil {
+	if _, err := SetPaused(testenv.Ctx(t), operator, cfg, true, 10); err != nil {
 		t.Fatal(err)
 	}
 	if s, err := SystemStatus(testenv.Ctx(t), operator, cfg); err != nil || !s.Paused || s.Version != 11 {
@@ -115,22 +99,32 @@ func TestSetPausedQueueGrouped(t *testing.T) {
 	}
 }
 
-// TestSetPausedMalformed: a request that is neither "1" nor "0" is refused
-// by the one replica that takes it, and changes nothing.
-func TestSetPausedMalformed(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+// oneReplica starts replica A on subjects of the test's own, its pause
+// reconciling every reconcile.
+func oneReplica(t *testing.T, reconcile time.Duration) (*replica, Config) {
 	cfg := Config{Prefix: subjects()}
-	a := startReplica(t, srv, prefix, "A", cfg, time.Hour, false)
-	m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte("yes"))
-	if err != nil {
-		t.Fatal(err)
+	return startReplica(t, testenv.Shared(t), testenv.Prefix(t), "A", cfg, reconcile, false), cfg
+}
+
+// TestSetPausedMalformed: a request that is not "1:N", "0:N" or "1:N:D"
+// (N a version, D a duration in ms) is refused by the one replica that takes it, and changes
+// nothing.
+func TestSetPausedMalformed(t *testing.T) {
+	a, cfg := oneReplica(t, time.Hour)
+	bad := []string{"yes", "1", "0:", "1:-1", "2:0", "1:x", ":0", "0:0:1000", "1:0:0", "1:0:-5", "1:0:x", "1:0:"}
+	for _, data := range bad {
+		m, err := testenv.NATSConn(t).RequestWithContext(testenv.Ctx(t), cfg.Prefix+".set_paused", []byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `{"replica":"A","version":0,"error":"set_paused wants \"1:N\" (pause) or \"0:N\" (resume), N the version the edit was made against, or \"1:N:D\" (pause for D ms, D at least 1), got ` +
+			strconv.Quote(strconv.Quote(data))[1:len(strconv.Quote(strconv.Quote(data)))-1] + `"}`
+		if string(m.Data) != want {
+			t.Errorf("reply %s, want %s", m.Data, want)
+		}
 	}
-	if want := `{"replica":"A","version":0,"error":"set_paused wants \"1\" (pause) or \"0\" (resume), got \"yes\""}`; string(m.Data) != want {
-		t.Errorf("reply %s, want %s", m.Data, want)
-	}
-	if st := a.srv.Stats(); st.SetPaused != 1 || st.SetPausedFailed != 1 {
-		t.Errorf("stats %+v, want 1 request, failed", st)
+	if st := a.srv.Stats(); st.SetPaused != int64(len(bad)) || st.SetPausedFailed != int64(len(bad)) {
+		t.Errorf("stats %+v, want %d requests, all failed", st, len(bad))
 	}
 	if s, _ := a.pause.Snapshot(); s.Version != 0 {
 		t.Errorf("snapshot %+v, want version 0: nothing changed", s)
@@ -141,13 +135,12 @@ func TestSetPausedMalformed(t *testing.T) {
 // lost and it never reconciles) answers status with what Valkey holds,
 // and reports its stale snapshot beside it.
 func TestStatusIsStrong(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	writer := startReplica(t, srv, prefix, "writer", Config{Prefix: subjects()}, time.Hour, false)
 	cfg := Config{Prefix: subjects()}
 	stale := startReplica(t, srv, prefix, "stale", cfg, time.Hour, true)
-	if _, err := writer.pause.SetPaused(testenv.Ctx(t), true); err != nil {
+	if _, err := writer.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	s, err := SystemStatus(testenv.Ctx(t), stale.nc, cfg)
@@ -156,5 +149,58 @@ func TestStatusIsStrong(t *testing.T) {
 	}
 	if s.Replica != "stale" || !s.Paused || s.Version != 1 || s.Snapshot.Paused || s.Snapshot.Version != 0 {
 		t.Errorf("status %+v; want the stale replica answering paused at version 1 from Valkey, its snapshot still resumed at 0", s)
+	}
+}
+
+// TestSetPausedConflict: two operators read status (version 0); the
+// first's pause is executed; the second's resume, made against version 0,
+// is refused with pause.ErrVersionConflict naming both versions, and
+// nothing changes: the fleet stays paused at version 1.
+func TestSetPausedConflict(t *testing.T) {
+	a, cfg := oneReplica(t, time.Hour)
+	operator := testenv.NATSConn(t)
+	s, err := SystemStatus(testenv.Ctx(t), operator, cfg)
+	if err != nil || s.Version != 0 {
+		t.Fatalf("status %+v, %v; want version 0", s, err)
+	}
+	if r, err := SetPaused(testenv.Ctx(t), operator, cfg, true, s.Version); err != nil || r.Version != 1 {
+		t.Fatalf("first operator: %+v, %v; want version 1", r, err)
+	}
+	r, err := SetPaused(testenv.Ctx(t), operator, cfg, false, s.Version)
+	if !errors.Is(err, pause.ErrVersionConflict) || !r.Conflict || !strings.Contains(err.Error(), "made against version 0, Valkey holds version 1 (paused)") {
+		t.Fatalf("second operator: %+v, %v; want ErrVersionConflict naming versions 0 and 1", r, err)
+	}
+	if paused, v, err := a.pause.Stored(testenv.Ctx(t)); err != nil || !paused || v != 1 {
+		t.Errorf("stored: paused %v at version %d, %v; want paused at version 1", paused, v, err)
+	}
+}
+
+// TestPauseForThroughMgmt: a timed pause requested through mgmt ends on
+// its own; status shows its end, from Valkey and from the snapshot.
+func TestPauseForThroughMgmt(t *testing.T) {
+	a, cfg := oneReplica(t, 20*time.Millisecond)
+	operator := testenv.NATSConn(t)
+	before := time.Now()
+	if r, err := PauseFor(testenv.Ctx(t), operator, cfg, time.Hour, 0); err != nil || r.Version != 1 {
+		t.Fatalf("PauseFor: %+v, %v; want version 1", r, err)
+	}
+	s, err := SystemStatus(testenv.Ctx(t), operator, cfg)
+	if err != nil || !s.Paused || s.Version != 1 || s.Until.Before(before.Add(59*time.Minute)) || !s.Snapshot.Until.Equal(s.Until) {
+		t.Fatalf("status %+v, %v; want paused at version 1 until an hour from now, in Valkey and in the snapshot", s, err)
+	}
+	if a.pause.Check() != pause.ErrPaused {
+		t.Errorf("replica: %v, want paused", a.pause.Check())
+	}
+	if r, err := PauseFor(testenv.Ctx(t), operator, cfg, 100*time.Millisecond, 1); err != nil || r.Version != 2 {
+		t.Fatalf("PauseFor(100ms): %+v, %v; want version 2", r, err)
+	}
+	if !testenv.WaitFor(func() bool { return a.pause.Check() == nil }) {
+		t.Fatalf("the 100 ms pause never ended: %v", a.pause.Check())
+	}
+	// Valkey's expiry and the replica's clock may be a few ms apart.
+	var s2 Status
+	if !testenv.WaitFor(func() bool { s2, err = SystemStatus(testenv.Ctx(t), operator, cfg); return err == nil && !s2.Paused }) ||
+		s2.Version != 2 || !s2.Until.IsZero() {
+		t.Errorf("status after the end %+v, %v; want running at version 2, no end", s2, err)
 	}
 }

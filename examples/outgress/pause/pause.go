@@ -39,6 +39,11 @@ var (
 	// ErrNoEvents is returned by Start when the Config names no transport
 	// for pause events (neither NATS nor Events).
 	ErrNoEvents = errors.New("outgress: pause events have no transport: set pause.Config.NATS to the worker's NATS connection (the bus's), or Config.Events")
+	// ErrVersionConflict is returned (wrapped) by SetPaused when the edit
+	// was made against a version that Valkey no longer holds: another
+	// writer changed the state since the caller read it. Nothing is
+	// written; the error names both versions.
+	ErrVersionConflict = errors.New("outgress: pause edit made against an old version")
 	// ErrOvertaken is returned (wrapped) by SetPaused when another writer's
 	// change landed after this one, before this replica could apply its
 	// own: the fleet follows the other writer's state, which the error
@@ -56,6 +61,16 @@ type Config struct {
 	// MaxAge bounds how old the last confirmation from Valkey may be before
 	// Check fails closed. Default 5s.
 	MaxAge time.Duration
+	// LastKnownGood keeps Check answering from the last snapshot, however
+	// old, when Valkey cannot confirm it (the etcd write-up's
+	// last-known-good state), instead of failing closed past MaxAge (the
+	// plan's rule, and the default). The trade-off: with it, a Valkey
+	// outage stops nothing, but a pause set during the outage (or whose
+	// event was lost) is not seen until Valkey answers again; failing
+	// closed sends nothing while the state cannot be trusted, so an outage
+	// of the store stops the fleet. Age and the reconcile failures still
+	// show the staleness.
+	LastKnownGood bool
 	// Timeout bounds each reconcile MGET. Default 1s.
 	Timeout time.Duration
 	// Elapsed is the monotonic clock that ages confirmations: the time
@@ -127,7 +142,11 @@ func (cfg Config) WithDefaults() Config {
 
 // Snapshot is the state a replica acts on.
 type Snapshot struct {
-	Paused  bool
+	Paused bool
+	// Until is when a pause made with PauseFor ends on its own (on the
+	// server's clock when it was written; each replica compares it with
+	// its own); zero for a pause without an end, and when running.
+	Until   time.Time
 	Version int64 // the Valkey counter, incremented by every SetPaused
 	// Confirmed is when Valkey last confirmed the replica's state: the
 	// initial load, a reconcile or this replica's own SetPaused. Events do
@@ -163,6 +182,7 @@ type Stats struct {
 // snapshot is immutable once stored; Check reads it with one atomic load.
 type snapshot struct {
 	paused    bool
+	until     int64 // Unix ms when a paused state ends on its own; 0: never
 	version   int64
 	confirmed time.Duration // on the Elapsed clock; staleness is measured on it alone
 	wall      time.Time     // the same moment on the wall clock, for reports
@@ -191,11 +211,13 @@ type Pause struct {
 	flagKey, versionKey    string
 	events                 Events
 	changedKey             string // the writer's wall time of the last change, Unix ms
+	untilKey               string // when a timed pause ends, Unix ms on the server's clock
 	onPropagation          func(time.Duration)
 	measured               atomic.Int64 // the last version whose propagation was measured
 	propagations           atomic.Int64 // reported to onPropagation
 	propagated             atomic.Int64 // the newest version reported to onPropagation
 	every, maxAge, timeout time.Duration
+	lastKnownGood          bool
 	elapsed                func() time.Duration
 	now                    func() time.Time
 
@@ -219,6 +241,29 @@ type Pause struct {
 	lastErr                                                               atomic.Pointer[string]
 }
 
+// LossyEvents passes Events' events through unless Drop is set: a replica
+// that loses its pause events, for tests and fault drills (it learns of a
+// change only at its next reconcile).
+type LossyEvents struct {
+	Events
+	Drop *atomic.Bool
+}
+
+// Listen implements Events.
+func (d LossyEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
+	d.Events.Listen(ctx, subscribed, func(m string) {
+		if !d.Drop.Load() {
+			deliver(m)
+		}
+	})
+}
+
+// Keys is the pause state's keys under prefix: the flag, the version and
+// the time of the last change, in one cluster slot.
+func Keys(prefix string) []string {
+	return []string{prefix + "pause:{pause}:flag", prefix + "pause:{pause}:version", prefix + "pause:{pause}:changed", prefix + "pause:{pause}:until"}
+}
+
 // New returns a Pause on c. It is not ready, and Check fails, until
 // Start has loaded the state.
 func New(c valkey.Client, cfg Config) *Pause {
@@ -233,11 +278,13 @@ func New(c valkey.Client, cfg Config) *Pause {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pause{
 		c:             c,
-		flagKey:       cfg.Prefix + "pause:{pause}:flag",
-		versionKey:    cfg.Prefix + "pause:{pause}:version",
-		changedKey:    cfg.Prefix + "pause:{pause}:changed",
+		flagKey:       Keys(cfg.Prefix)[0],
+		versionKey:    Keys(cfg.Prefix)[1],
+		changedKey:    Keys(cfg.Prefix)[2],
+		untilKey:      Keys(cfg.Prefix)[3],
 		onPropagation: cfg.OnPropagation,
 		events:        cfg.Events,
+		lastKnownGood: cfg.LastKnownGood,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
@@ -278,25 +325,68 @@ func (p *Pause) Start(ctx context.Context) error {
 	return nil
 }
 
+// setScript is SetPaused's compare-and-swap: KEYS flag, version, changed,
+// until; ARGV the expected version, "1" (pause) or "0" (resume), the
+// writer's wall time in Unix ms, and a timed pause's duration in ms (0:
+// none). It reads before it writes, so an edit against another version
+// writes nothing. A timed pause ends on the server's clock: its flag and
+// its end expire at the end (PXAT), so a lookup, a reconcile and a replica
+// that starts later all read it as ended, with no write. It returns {1,
+// new version, the end in Unix ms or 0} when it wrote, {0, the version
+// held, 1 if paused} when it did not.
+var setScript = valkey.NewLuaScript(`
+local held = tonumber(redis.call('GET', KEYS[2]) or '0')
+if not held then return redis.error_reply('pause version is not a counter') end
+if held ~= tonumber(ARGV[1]) then return {0, held, redis.call('EXISTS', KEYS[1])} end
+local v = redis.call('INCR', KEYS[2]) -- first: refused under OOM before anything is written
+local ends = 0
+redis.call('DEL', KEYS[4])
+if ARGV[2] == '1' and tonumber(ARGV[4]) > 0 then
+  local t = redis.call('TIME')
+  ends = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[4])
+  redis.call('SET', KEYS[1], '1', 'PXAT', ends)
+  redis.call('SET', KEYS[4], ends, 'PXAT', ends)
+elseif ARGV[2] == '1' then
+  redis.call('SET', KEYS[1], '1')
+else
+  redis.call('DEL', KEYS[1])
+end
+redis.call('SET', KEYS[3], ARGV[3])
+return {1, v, ends}
+`)
+
 // FlagKey is the key of the stored pause flag ("1" when paused).
 func (p *Pause) FlagKey() string { return p.flagKey }
 
 // Stored reads the stored state from Valkey (one MGET of the flag and the
-// version): the strong answer, whatever this replica's snapshot holds.
+// version): the strong answer, whatever this replica's snapshot holds. A
+// timed pause past its end reads as running: its flag has expired.
 func (p *Pause) Stored(ctx context.Context) (paused bool, version int64, err error) {
-	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
+	s, err := p.StoredState(ctx)
+	return s.Paused, s.Version, err
+}
+
+// StoredState is Stored with a timed pause's end (Snapshot.Until); its
+// Confirmed is zero.
+func (p *Pause) StoredState(ctx context.Context) (Snapshot, error) {
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey, p.untilKey).Build()).ToArray()
 	if err != nil {
-		return false, 0, fmt.Errorf("outgress: pause lookup: %w", err)
+		return Snapshot{}, fmt.Errorf("outgress: pause lookup: %w", err)
 	}
-	if len(vals) != 2 {
-		return false, 0, fmt.Errorf("outgress: pause lookup: MGET returned %d values, want 2", len(vals))
+	if len(vals) != 3 {
+		return Snapshot{}, fmt.Errorf("outgress: pause lookup: MGET returned %d values, want 3", len(vals))
 	}
+	var s Snapshot
 	if !vals[1].IsNil() {
-		if version, err = vals[1].AsInt64(); err != nil {
-			return false, 0, fmt.Errorf("outgress: pause version is not a counter: %w", err)
+		if s.Version, err = vals[1].AsInt64(); err != nil {
+			return Snapshot{}, fmt.Errorf("outgress: pause version is not a counter: %w", err)
 		}
 	}
-	return !vals[0].IsNil(), version, nil
+	s.Paused = !vals[0].IsNil()
+	if ms, err := vals[2].AsInt64(); s.Paused && err == nil {
+		s.Until = time.UnixMilli(ms)
+	}
+	return s, nil
 }
 
 // Lookup reads the stored flag from Valkey (one GET): the strong answer,
@@ -319,15 +409,16 @@ func (p *Pause) Ready() bool { return p.snap.Load() != nil }
 
 // Check is the message path's question: may I send now? It returns nil,
 // ErrPaused, ErrPauseNotReady, or ErrPauseStale once Valkey last confirmed
-// the state more than MaxAge ago on the monotonic clock.
+// the state more than MaxAge ago on the monotonic clock (never with
+// Config.LastKnownGood).
 func (p *Pause) Check() error {
 	s := p.snap.Load()
 	switch {
 	case s == nil:
 		return ErrPauseNotReady
-	case p.elapsed()-s.confirmed > p.maxAge:
+	case !p.lastKnownGood && p.elapsed()-s.confirmed > p.maxAge:
 		return ErrPauseStale
-	case s.paused:
+	case s.paused && (s.until == 0 || p.now().UnixMilli() < s.until):
 		return ErrPaused
 	}
 	return nil
@@ -339,7 +430,12 @@ func (p *Pause) Snapshot() (s Snapshot, ok bool) {
 	if cur == nil {
 		return Snapshot{}, false
 	}
-	return Snapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}, true
+	snap := Snapshot{Paused: cur.paused, Version: cur.version, Confirmed: cur.wall}
+	if cur.paused && cur.until != 0 {
+		snap.Until = time.UnixMilli(cur.until)
+		snap.Paused = p.now().UnixMilli() < cur.until
+	}
+	return snap, true
 }
 
 // Age is how long ago, on the monotonic clock, Valkey last confirmed the
@@ -365,59 +461,83 @@ func (p *Pause) Stats() Stats {
 	return s
 }
 
-// SetPaused stores the new state and a new version in one MULTI/EXEC, then
-// updates this replica and publishes the event. It returns the new version.
+// SetPaused stores the new state and a new version, if Valkey still holds
+// version expected (the version the caller's view was read at: Snapshot,
+// Stored, or a status request; 0 before the first write), in one script
+// run; then it updates this replica and publishes the event. It returns the
+// new version. An edit against any other version writes nothing and
+// returns an error wrapping ErrVersionConflict that names both versions:
+// of two writers racing from one view, one wins and the other fails loudly.
 //
 // If the write fails, nothing is applied or published. If ctx ends with the
-// transaction in flight, it may or may not have run: SetPaused reports the
+// script in flight, it may or may not have run: SetPaused reports the
 // error, applies and publishes nothing, and reconciliation converges every
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
 //
 // This replica's own reconcile may read the write back between the
-// transaction and the rest of SetPaused (a loaded machine delays the
-// caller): a snapshot of the version written, in the state written,
-// confirmed after the transaction was sent, is this write, and SetPaused
-// goes on to publish it. Otherwise, if the version written is not newer
-// than the one this replica holds, Valkey has lost the version key (or a
-// concurrent write overtook this one): no replica would apply it.
-// SetPaused then applies and publishes nothing and returns an error
-// wrapping ErrOvertaken when Valkey's version has moved past this write's
-// since (another writer won the race: the fleet follows it), or
-// ErrVersionBehind when it has not. In that second case the
-// replicas' reconciles read an older version, which confirms nothing, so
-// the whole fleet fails closed (ErrPauseStale) once MaxAge passes, until an
-// operator sets the version key above the replicas' (the error names the
-// key and the version) or restarts them.
-func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
-	b := p.c.B()
-	write := b.Del().Key(p.flagKey).Build()
+// script and the rest of SetPaused (a loaded machine delays the caller): a
+// snapshot of the version written, in the state written, confirmed after
+// the script was sent, is this write, and SetPaused goes on to publish it.
+// Otherwise, if the version written is not newer than the one this replica
+// holds, Valkey has lost the version key (or a later write overtook this
+// one): no replica would apply it. SetPaused then applies and publishes
+// nothing and returns an error wrapping ErrOvertaken when Valkey's version
+// has moved past this write's since (another writer won the race: the
+// fleet follows it), or ErrVersionBehind when it has not. In that second
+// case the replicas' reconciles read an older version, which confirms
+// nothing, so the whole fleet fails closed (ErrPauseStale) once MaxAge
+// passes, until an operator sets the version key above the replicas' (the
+// error names the key and the version) or restarts them.
+func (p *Pause) SetPaused(ctx context.Context, paused bool, expected int64) (int64, error) {
+	return p.set(ctx, paused, 0, expected)
+}
+
+// PauseFor pauses for d, an edit made against version expected, as
+// SetPaused(ctx, true, expected) does, except that the pause ends on its
+// own d later (on the server's clock): every replica stops acting on it
+// then (Snapshot.Until says when), and so does one started later, with no
+// write and no event. It is ended once, by the clock: a late event of its
+// version cannot revive it, and an operator who ends it sooner makes an
+// edit of its own (SetPaused(false) against its version). d is rounded up
+// to the millisecond.
+func (p *Pause) PauseFor(ctx context.Context, d time.Duration, expected int64) (int64, error) {
+	if d <= 0 {
+		return 0, fmt.Errorf("outgress: PauseFor(%v): the duration must be positive; use SetPaused for a pause without an end", d)
+	}
+	return p.set(ctx, true, int64((d+time.Millisecond-1)/time.Millisecond), expected)
+}
+
+func (p *Pause) set(ctx context.Context, paused bool, ms, expected int64) (int64, error) {
+	flag := "0"
 	if paused {
-		write = b.Set().Key(p.flagKey).Value("1").Build()
+		flag = "1"
 	}
-	stamp := b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build()
 	sent := p.elapsed()
-	res := p.c.DoMulti(ctx, b.Multi().Build(), write, b.Incr().Key(p.versionKey).Build(), stamp, b.Exec().Build())
-	for _, r := range res[:4] {
-		if err := r.Error(); err != nil {
-			return 0, fmt.Errorf("outgress: pause not changed: %w", err)
-		}
-	}
-	replies, err := res[4].ToArray()
+	reply, err := setScript.Exec(ctx, p.c, []string{p.flagKey, p.versionKey, p.changedKey, p.untilKey},
+		[]string{strconv.FormatInt(expected, 10), flag, strconv.FormatInt(p.now().UnixMilli(), 10), strconv.FormatInt(ms, 10)}).ToArray()
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
 	}
-	if len(replies) != 3 {
-		return 0, fmt.Errorf("outgress: pause transaction: want 3 replies, got %d", len(replies))
+	if len(reply) != 3 {
+		return 0, fmt.Errorf("outgress: pause script: want 3 replies, got %d", len(reply))
 	}
-	if err := replies[0].Error(); err != nil {
-		return 0, fmt.Errorf("outgress: pause write failed: %w", err)
-	}
-	version, err := replies[1].AsInt64()
+	written, _ := reply[0].AsInt64()
+	version, err := reply[1].AsInt64()
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
 	}
-	if held, ok := p.confirm(paused, version, &sent); !ok {
+	if written != 1 {
+		state := "resumed"
+		if n, _ := reply[2].AsInt64(); n == 1 {
+			state = "paused"
+		}
+		return 0, fmt.Errorf("%w: this edit was made against version %d, Valkey holds version %d (%s); nothing written: "+
+			"read the state again (mgmt status) and repeat the edit against version %d if it still stands", ErrVersionConflict, expected, version, state, version)
+	}
+	ends, _ := reply[2].AsInt64()
+	b := p.c.B()
+	if held, ok := p.confirm(paused, ends, version, &sent); !ok {
 		// Either another writer's change overtook this one (Valkey's
 		// version has moved past ours), or Valkey lost the keys (it has not).
 		vals, err := p.c.Do(ctx, b.Mget().Key(p.flagKey, p.versionKey).Build()).ToArray()
@@ -434,7 +554,7 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool) (int64, error) {
 		return version, fmt.Errorf("%w: wrote version %d but this replica holds %d, so no replica applies it; "+
 			"replicas fail closed within %v unless %s is set above %d", ErrVersionBehind, version, held, p.maxAge, p.versionKey, held)
 	}
-	msg := encodePauseEvent(paused, version)
+	msg := encodePauseEvent(paused, ends, version)
 	if err := p.events.Publish(ctx, msg); err != nil {
 		return version, fmt.Errorf("%w (version %d; other replicas reconcile within %v): %w", ErrNotPublished, version, p.every, err)
 	}
@@ -468,12 +588,12 @@ func (p *Pause) listen() {
 }
 
 func (p *Pause) onEvent(msg string) {
-	paused, version, ok := decodePauseEvent(msg)
+	paused, until, version, ok := decodePauseEvent(msg)
 	if !ok {
 		p.malformedEvents.Add(1)
 		return
 	}
-	p.applyEvent(paused, version)
+	p.applyEvent(paused, until, version)
 }
 
 func (p *Pause) reconcileLoop() {
@@ -501,7 +621,7 @@ func (p *Pause) jittered() time.Duration {
 func (p *Pause) reconcile(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey, p.changedKey).Build()).ToArray()
+	vals, err := p.c.Do(ctx, p.c.B().Mget().Key(p.flagKey, p.versionKey, p.changedKey, p.untilKey).Build()).ToArray()
 	if err == nil {
 		err = p.confirmFrom(vals)
 	}
@@ -516,8 +636,8 @@ func (p *Pause) reconcile(ctx context.Context) error {
 }
 
 func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
-	if len(vals) != 3 {
-		return fmt.Errorf("outgress: MGET returned %d values, want 3", len(vals))
+	if len(vals) != 4 {
+		return fmt.Errorf("outgress: MGET returned %d values, want 4", len(vals))
 	}
 	paused := false
 	if !vals[0].IsNil() {
@@ -537,7 +657,14 @@ func (p *Pause) confirmFrom(vals []valkey.ValkeyMessage) error {
 			return fmt.Errorf("outgress: pause version %q is not a counter", s)
 		}
 	}
-	if held, ok := p.confirm(paused, version, nil); !ok {
+	var ends int64
+	if paused && !vals[3].IsNil() {
+		var err error
+		if ends, err = vals[3].AsInt64(); err != nil || ends <= 0 {
+			return fmt.Errorf("outgress: pause end %v is not a time in Unix ms", vals[3])
+		}
+	}
+	if held, ok := p.confirm(paused, ends, version, nil); !ok {
 		return fmt.Errorf("%w: read version %d, this replica holds %d; not a confirmation", ErrVersionBehind, version, held)
 	}
 	p.measure(version, vals[2])
@@ -579,7 +706,7 @@ func (p *Pause) snapshotsSinceStart(version int64) bool { return version > p.loa
 // confirmation time, so a replica whose Valkey lost the version ages into
 // failing closed instead of sending on. (A read that merely raced an event is followed by a
 // current one at the next reconcile.)
-func (p *Pause) confirm(paused bool, version int64, written *time.Duration) (held int64, ok bool) {
+func (p *Pause) confirm(paused bool, until, version int64, written *time.Duration) (held int64, ok bool) {
 	at, wall := p.elapsed(), p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -592,7 +719,7 @@ func (p *Pause) confirm(paused bool, version int64, written *time.Duration) (hel
 		p.pending = nil
 		if pend.version > version {
 			p.behind.Add(1)
-			paused, version = pend.paused, pend.version
+			paused, until, version = pend.paused, pend.until, pend.version
 		}
 	}
 	readBack := cur != nil && written != nil && cur.version == version && cur.paused == paused && cur.confirmed >= *written
@@ -604,18 +731,18 @@ func (p *Pause) confirm(paused bool, version int64, written *time.Duration) (hel
 	if cur != nil && cur.version == version {
 		applied = cur.applied
 	}
-	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: at, wall: wall, applied: applied})
+	p.snap.Store(&snapshot{paused: paused, until: until, version: version, confirmed: at, wall: wall, applied: applied})
 	return version, true
 }
 
 // applyEvent applies an event if it is newer than the snapshot.
-func (p *Pause) applyEvent(paused bool, version int64) {
+func (p *Pause) applyEvent(paused bool, until, version int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur := p.snap.Load()
 	if cur == nil {
 		if p.pending == nil || version > p.pending.version {
-			p.pending = &snapshot{paused: paused, version: version}
+			p.pending = &snapshot{paused: paused, until: until, version: version}
 			p.applied.Add(1)
 		} else {
 			p.ignored.Add(1)
@@ -627,34 +754,78 @@ func (p *Pause) applyEvent(paused bool, version int64) {
 		return
 	}
 	p.applied.Add(1)
-	p.snap.Store(&snapshot{paused: paused, version: version, confirmed: cur.confirmed, wall: cur.wall, applied: p.now()})
+	p.snap.Store(&snapshot{paused: paused, until: until, version: version, confirmed: cur.confirmed, wall: cur.wall, applied: p.now()})
 }
 
-// The event format is "<0|1>:<version>", for example "1:42".
-func encodePauseEvent(paused bool, version int64) string {
+// The event format is "<0|1>:<version>", for example "1:42", and
+// "1:<version>:<end>" for a timed pause, its end in Unix ms, for example
+// "1:43:1764640000000".
+func encodePauseEvent(paused bool, until, version int64) string {
 	flag := "0:"
 	if paused {
 		flag = "1:"
 	}
-	return flag + strconv.FormatInt(version, 10)
+	msg := flag + strconv.FormatInt(version, 10)
+	if paused && until > 0 {
+		msg += ":" + strconv.FormatInt(until, 10)
+	}
+	return msg
 }
 
-func decodePauseEvent(s string) (paused bool, version int64, ok bool) {
-	flag, v, found := strings.Cut(s, ":")
+func decodePauseEvent(s string) (paused bool, until, version int64, ok bool) {
+	flag, rest, found := strings.Cut(s, ":")
 	if !found || (flag != "0" && flag != "1") {
-		return false, 0, false
+		return false, 0, 0, false
 	}
+	v, end, timed := strings.Cut(rest, ":")
 	version, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || version < 0 {
-		return false, 0, false
+		return false, 0, 0, false
 	}
-	return flag == "1", version, true
+	if timed {
+		if until, err = strconv.ParseInt(end, 10, 64); err != nil || until <= 0 || flag != "1" {
+			return false, 0, 0, false
+		}
+	}
+	return flag == "1", until, version, true
+}
+
+// ReconnectPoll is how often NATSEvents.Listen looks for a reconnect of its
+// connection.
+const ReconnectPoll = 20 * time.Millisecond
+
+// watchReconnects calls subscribed after each reconnect of e.Conn, once a
+// flush has confirmed that the server has the subscription again, until
+// ctx ends.
+func (e *NATSEvents) watchReconnects(ctx context.Context, subscribed func()) {
+	seen := e.Conn.Stats().Reconnects
+	tick := time.NewTicker(ReconnectPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n := e.Conn.Stats().Reconnects
+		if n == seen || !e.Conn.IsConnected() {
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := e.Conn.FlushWithContext(fctx)
+		cancel()
+		if err == nil {
+			seen = n
+			subscribed()
+		}
+	}
 }
 
 // NATSEvents are pause events on a dedicated NATS subject (core NATS, not
 // the stream): the plan's invalidation channel. A NATS connection keeps its
-// subscriptions across reconnects; events published while it was away are
-// repaired by the next reconcile (within ReconcileEvery + 20%).
+// subscriptions across reconnects, but events published while it was away
+// are lost: on every reconnect Listen confirms the subscription again and
+// reports it, and the Pause reconciles at once.
 type NATSEvents struct {
 	Conn    *nats.Conn
 	Subject string // for example "outgress.pause"
@@ -675,7 +846,9 @@ func (e *NATSEvents) Publish(ctx context.Context, msg string) error {
 }
 
 // Listen subscribes, confirms the subscription with the server (a flush),
-// reports it, and delivers events until ctx ends.
+// reports it, and delivers events until ctx ends. After each reconnect of
+// the connection (seen within ReconnectPoll), it confirms the
+// subscription again and reports it again.
 func (e *NATSEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
 	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
 	backoff := minBackoff
@@ -687,7 +860,7 @@ func (e *NATSEvents) Listen(ctx context.Context, subscribed func(), deliver func
 			cancel()
 			if err == nil {
 				subscribed()
-				<-ctx.Done()
+				e.watchReconnects(ctx, subscribed)
 				sub.Unsubscribe()
 				return
 			}

@@ -3,8 +3,10 @@ package pause
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"os"
 	"slices"
@@ -15,16 +17,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
 // replicaPause starts one replica's Pause on its own Valkey client and its
 // own NATS connection, its events on the subject of the replicas that share
 // prefix (unless cfg.Events is set).
-func replicaPause(t *testing.T, srv *testserver.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
+func replicaPause(t *testing.T, srv *testenv.Server, prefix string, cfg Config) (*Pause, *counting.Client) {
 	t.Helper()
-	c := &counting.Client{Client: testserver.NewClient(t, srv)}
+	c := &counting.Client{Client: testenv.Client(t, srv.Addr)}
 	cfg.Prefix = prefix
 	if cfg.Events == nil {
 		cfg.NATS, cfg.Subject = testenv.NATSConn(t), testenv.PauseSubject(prefix)
@@ -119,9 +120,9 @@ func snapshotOf(t *testing.T, p *Pause) Snapshot {
 // that the replica is subscribed, yet not ready and failing closed, until
 // the state is loaded.
 func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	writeWithoutEvent(t, raw, prefix, true)
 
 	arrived, release := make(chan struct{}), make(chan struct{})
@@ -172,15 +173,15 @@ func TestPauseNotReadyBeforeFirstSnapshot(t *testing.T) {
 // hour). Each change is exactly one message on the replicas' NATS subject,
 // and each replica other than the writer applies each one.
 func TestPauseEveryReplicaSeesPause(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	on := countSubject(t, prefix)
 	var replicas []*Pause
 	for range 3 {
 		p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 		replicas = append(replicas, p)
 	}
-	for _, paused := range []bool{true, false} {
+	for i, paused := range []bool{true, false} {
 		ctx := testenv.Ctx(t)
 		if !paused {
 			// A context without a deadline, as a command's: the event's
@@ -189,7 +190,7 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 			// ErrNotPublished).
 			ctx = context.Background()
 		}
-		version, err := replicas[0].SetPaused(ctx, paused)
+		version, err := replicas[0].SetPaused(ctx, paused, int64(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,9 +242,9 @@ func TestPauseEveryReplicaSeesPause(t *testing.T) {
 // reconciles hourly, which got no event either, does not: the repair is the
 // reconciliation's.
 func TestPauseLostEventRepairedByReconcile(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	fast, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
 	slow, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 
@@ -268,9 +269,8 @@ func TestPauseLostEventRepairedByReconcile(t *testing.T) {
 // TestPauseOlderVersionNeverReverts delivers events out of order and a
 // reconcile read older than the snapshot: none moves the state back.
 func TestPauseOlderVersionNeverReverts(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	publish := publisher(t, prefix)
 
@@ -315,9 +315,8 @@ func TestPauseOlderVersionNeverReverts(t *testing.T) {
 // while events change it (run with -race): no Valkey command is sent and
 // Check allocates nothing.
 func TestPauseHotReadsSendNothing(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	publish := publisher(t, prefix)
 	before, _ := c.Totals()
@@ -337,7 +336,7 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 		}()
 	}
 	for v := 1; v <= 20; v++ { // writers race the readers
-		publish(encodePauseEvent(v%2 == 1, int64(v)))
+		publish(encodePauseEvent(v%2 == 1, 0, int64(v)))
 	}
 	wg.Wait()
 	if !testenv.WaitFor(func() bool { return p.Stats().EventsApplied == 20 }) {
@@ -370,10 +369,7 @@ func (c *fakeClocks) step(d, wall time.Duration) {
 // maximum age of the last confirmation: Check fails closed, paused or not,
 // until a reconcile succeeds again; failed reconciles are counted.
 func TestPauseStaleFailsClosed(t *testing.T) {
-	srv := testserver.Own(t)
-	if !srv.Owned {
-		t.Skip("stops the server; skipped on VALKEY_ADDR")
-	}
+	srv := testenv.Own(t)
 	prefix := "stale:" // a server of its own, stopped below: no cleanup needed
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
@@ -408,7 +404,7 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 
 	// Valkey goes away: reconciles fail and are counted, and the snapshot
 	// ages into failing closed, paused or not.
-	if _, err := p.SetPaused(testenv.Ctx(t), true); err != nil { // confirmed at +4s
+	if _, err := p.SetPaused(testenv.Ctx(t), true, 0); err != nil { // confirmed at +4s
 		t.Fatal(err)
 	}
 	srv.Stop()
@@ -436,8 +432,8 @@ func TestPauseStaleFailsClosed(t *testing.T) {
 // confirmation): the snapshot is stale, and Check fails closed. Measured
 // on the wall clock it would look fresh for another hour.
 func TestPauseStalenessIgnoresWallClock(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	clk := &fakeClocks{}
 	clk.wall.Store(time.Now().UnixNano())
 	p, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now})
@@ -466,9 +462,9 @@ func TestPauseStalenessIgnoresWallClock(t *testing.T) {
 // writes (maxmemory 1): SetPaused fails, the writer keeps its state, no
 // event reaches another replica, and nothing is stored.
 func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
-	srv := testserver.Own(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Own(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	observer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
 	config := func(v string) {
@@ -483,7 +479,7 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 	}
 
 	config("1")
-	if v, err := writer.SetPaused(testenv.Ctx(t), true); err == nil {
+	if v, err := writer.SetPaused(testenv.Ctx(t), true, 0); err == nil {
 		config(orig["maxmemory"])
 		t.Fatalf("SetPaused succeeded (version %d) on a server refusing writes", v)
 	}
@@ -514,8 +510,8 @@ func TestPauseFailedWriteNeitherPublishedNorApplied(t *testing.T) {
 // TestPauseCloseStopsAndJoins checks that after Close returns, the
 // reconciler sends nothing more, and that Close may be called twice.
 func TestPauseCloseStopsAndJoins(t *testing.T) {
-	srv := testserver.Shared(t)
-	prefix := testserver.Prefix(t, testserver.NewClient(t, srv))
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
 	p, c := replicaPause(t, srv, prefix, Config{ReconcileEvery: 5 * time.Millisecond})
 	if !testenv.WaitFor(func() bool { return p.Stats().Reconciles >= 3 }) {
 		t.Fatalf("stats %+v: the reconciler is not running", p.Stats())
@@ -533,19 +529,19 @@ func TestPauseCloseStopsAndJoins(t *testing.T) {
 // TestPauseEventEncoding freezes the event format and refuses bad ones.
 func TestPauseEventEncoding(t *testing.T) {
 	for _, c := range []struct {
-		paused  bool
-		version int64
-		want    string
-	}{{true, 42, "1:42"}, {false, 0, "0:0"}} {
-		if got := encodePauseEvent(c.paused, c.version); got != c.want {
-			t.Errorf("encode(%v, %d) = %q, want %q", c.paused, c.version, got, c.want)
+		paused         bool
+		until, version int64
+		want           string
+	}{{true, 0, 42, "1:42"}, {false, 0, 0, "0:0"}, {true, 1764640000000, 43, "1:43:1764640000000"}} {
+		if got := encodePauseEvent(c.paused, c.until, c.version); got != c.want {
+			t.Errorf("encode(%v, %d, %d) = %q, want %q", c.paused, c.until, c.version, got, c.want)
 		}
-		if p, v, ok := decodePauseEvent(c.want); !ok || p != c.paused || v != c.version {
-			t.Errorf("decode(%q) = %v, %d, %v", c.want, p, v, ok)
+		if p, u, v, ok := decodePauseEvent(c.want); !ok || p != c.paused || u != c.until || v != c.version {
+			t.Errorf("decode(%q) = %v, %d, %d, %v", c.want, p, u, v, ok)
 		}
 	}
-	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "1:3:4"} {
-		if _, _, ok := decodePauseEvent(bad); ok {
+	for _, bad := range []string{"", "1", "2:3", "1:-1", "1:x", "true:3", ":3", "0:3:4", "1:3:0", "1:3:-4", "1:3:x", "1:3:4:5"} {
+		if _, _, _, ok := decodePauseEvent(bad); ok {
 			t.Errorf("decode(%q) accepted", bad)
 		}
 	}
@@ -558,17 +554,17 @@ func TestPauseEventEncoding(t *testing.T) {
 // count as confirmations, so that every replica fails closed once MaxAge
 // passes instead of sending on.
 func TestPauseLostKeysFailLoudly(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	cfg := Config{ReconcileEvery: 20 * time.Millisecond, MaxAge: 300 * time.Millisecond}
 	var replicas []*Pause
 	for range 3 {
 		p, _ := replicaPause(t, srv, prefix, cfg)
 		replicas = append(replicas, p)
 	}
-	for _, paused := range []bool{true, false} {
-		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused); err != nil {
+	for i, paused := range []bool{true, false} {
+		if _, err := replicas[0].SetPaused(testenv.Ctx(t), paused, int64(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -581,7 +577,8 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 	if err := raw.Do(testenv.Ctx(t), raw.B().Del().Key(prefix+"pause:{pause}:flag", prefix+"pause:{pause}:version").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	v, err := replicas[0].SetPaused(testenv.Ctx(t), true)
+	// An edit against the version Valkey holds now (0: the keys are gone).
+	v, err := replicas[0].SetPaused(testenv.Ctx(t), true, 0)
 	if !errors.Is(err, ErrVersionBehind) {
 		t.Errorf("SetPaused(true) after the keys were lost: version %d, %v; want ErrVersionBehind", v, err)
 	}
@@ -599,8 +596,7 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 // TestMain stops the shared test server after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -611,15 +607,15 @@ func TestMain(m *testing.M) {
 // the reader's wall clocks are the test's (each stands still), so the
 // figures are exact: the reader's clock minus the writer's stamp.
 func TestPausePropagationMeasured(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	t0 := time.UnixMilli(time.Now().UnixMilli()) // the stamp has millisecond resolution
 	writerClock, readerClock := &fakeClocks{}, &fakeClocks{}
 	writerClock.wall.Store(t0.UnixNano())
 	readerClock.wall.Store(t0.Add(250 * time.Millisecond).UnixNano()) // the reader's clock is 250 ms ahead of the writer's
 	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour, Now: writerClock.now})
-	if _, err := writer.SetPaused(testenv.Ctx(t), false); err != nil { // a change before the reader starts
+	if _, err := writer.SetPaused(testenv.Ctx(t), false, 0); err != nil { // a change before the reader starts
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -634,7 +630,7 @@ func TestPausePropagationMeasured(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(seen)
 	}
-	v, err := writer.SetPaused(testenv.Ctx(t), true)
+	v, err := writer.SetPaused(testenv.Ctx(t), true, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -673,31 +669,32 @@ func TestPausePropagationMeasured(t *testing.T) {
 	}
 }
 
-// afterExec runs a hook after each DoMulti (SetPaused's MULTI/EXEC) has
-// its replies, before they are returned.
+// afterExec runs a hook after each script call (SetPaused's write) has
+// its reply, before it is returned.
 type afterExec struct {
 	valkey.Client
 	hook func()
 }
 
-func (c *afterExec) DoMulti(ctx context.Context, multi ...valkey.Completed) []valkey.ValkeyResult {
-	res := c.Client.DoMulti(ctx, multi...)
-	if c.hook != nil {
+func (c *afterExec) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
+	script := testenv.IsCommand(cmd, "EVALSHA") || testenv.IsCommand(cmd, "EVAL") // before Do, which recycles cmd
+	res := c.Client.Do(ctx, cmd)
+	if c.hook != nil && script && res.Error() == nil {
 		c.hook()
 	}
 	return res
 }
 
 // TestPauseWriteReadBackByOwnReconcile: the writer's own reconcile runs
-// between its MULTI/EXEC and the rest of SetPaused, and reads the version
+// between its write and the rest of SetPaused, and reads the version
 // just written (on a loaded machine, a reconcile that was due does). The
 // snapshot then holds that version already; it is this write, not a lost
 // version key: SetPaused succeeds, returns the version and publishes the
 // event, so that the other replicas learn it at once.
 func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
-	srv := testserver.Shared(t)
-	raw := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, raw)
+	srv := testenv.Shared(t)
+	raw := testenv.Client(t, srv.Addr)
+	prefix := testenv.Prefix(t)
 	c := &afterExec{Client: raw}
 	writer := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
 	t.Cleanup(writer.Close)
@@ -712,7 +709,7 @@ func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
 		}
 	}
 	for i, paused := range []bool{true, false} {
-		v, err := writer.SetPaused(testenv.Ctx(t), paused)
+		v, err := writer.SetPaused(testenv.Ctx(t), paused, int64(i))
 		if err != nil || v != int64(i+1) {
 			t.Fatalf("SetPaused(%v) with its write read back first: version %d, %v; want version %d, nil", paused, v, err, i+1)
 		}
@@ -729,5 +726,342 @@ func TestPauseWriteReadBackByOwnReconcile(t *testing.T) {
 	}
 	if st := writer.Stats(); st.ServerBehind != 0 {
 		t.Errorf("writer stats %+v: its own write counted as behind", st)
+	}
+}
+
+// TestPauseRacingWritersOneWins: two writers, on clients of their own,
+// edit from one view (the same version) at once, 50 times: each time
+// exactly one writes, the other is refused with ErrVersionConflict naming
+// the version it was made against and the one Valkey holds, and writes
+// nothing (the version counts only the winners' edits).
+func TestPauseRacingWritersOneWins(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	a, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	b, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	const rounds = 50
+	for i := range int64(rounds) {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		var versions [2]int64
+		var errs [2]error
+		for w, p := range []*Pause{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				versions[w], errs[w] = p.SetPaused(testenv.Ctx(t), w == 0, i) // a pauses, b resumes
+			}()
+		}
+		close(start)
+		wg.Wait()
+		won, lost := 0, 1
+		if errs[0] != nil {
+			won, lost = 1, 0
+		}
+		want := fmt.Sprintf("made against version %d, Valkey holds version %d", i, i+1)
+		if errs[won] != nil || versions[won] != i+1 || !errors.Is(errs[lost], ErrVersionConflict) || versions[lost] != 0 ||
+			!strings.Contains(errs[lost].Error(), want) {
+			t.Fatalf("round %d: writer a: version %d, %v; writer b: version %d, %v; want one at version %d, the other ErrVersionConflict %q",
+				i, versions[0], errs[0], versions[1], errs[1], i+1, want)
+		}
+		if paused, v, err := a.Stored(testenv.Ctx(t)); err != nil || v != i+1 || paused != (won == 0) {
+			t.Fatalf("round %d: stored paused %v at version %d, %v; want the winner's state at version %d", i, paused, v, err, i+1)
+		}
+	}
+}
+
+// TestPauseStartWithoutEvents: a Pause with no event transport refuses to
+// start with ErrNoEvents, and stays not ready.
+func TestPauseStartWithoutEvents(t *testing.T) {
+	p := New(testenv.Client(t, testenv.Shared(t).Addr), Config{Prefix: testenv.Prefix(t)})
+	t.Cleanup(p.Close)
+	if err := p.Start(testenv.Ctx(t)); !errors.Is(err, ErrNoEvents) {
+		t.Errorf("Start without NATS or Events: %v, want ErrNoEvents", err)
+	}
+	if err := p.Check(); err != ErrPauseNotReady {
+		t.Errorf("Check: %v, want ErrPauseNotReady", err)
+	}
+}
+
+// failingPublish is an Events whose Publish fails; Listen works.
+type failingPublish struct{ Events }
+
+func (failingPublish) Publish(context.Context, string) error { return errors.New("NATS is away") }
+
+// TestPauseStoredNotPublished: when the event cannot be published,
+// SetPaused returns the version it stored with an error wrapping
+// ErrNotPublished; the writer holds it, and another replica, which got no
+// event, learns it at its next reconcile.
+func TestPauseStoredNotPublished(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	writer, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour,
+		Events: failingPublish{&NATSEvents{Conn: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)}}})
+	other, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	v, err := writer.SetPaused(testenv.Ctx(t), true, 0)
+	if !errors.Is(err, ErrNotPublished) || v != 1 {
+		t.Fatalf("SetPaused: version %d, %v; want version 1 with ErrNotPublished", v, err)
+	}
+	if s := snapshotOf(t, writer); !s.Paused || s.Version != 1 {
+		t.Errorf("writer: %+v, want paused at version 1", s)
+	}
+	if !testenv.WaitFor(func() bool { return other.Check() == ErrPaused }) {
+		t.Errorf("other replica: %v, %+v; want paused by its reconcile", other.Check(), other.Stats())
+	}
+	if st := other.Stats(); st.EventsApplied != 0 {
+		t.Errorf("other replica applied %d events; none was published", st.EventsApplied)
+	}
+}
+
+// TestPauseOvertakenByLaterWrite: between writer a's write (version 1)
+// and the rest of its SetPaused, writer b writes version 2 against it, and
+// a applies b's event: a's own version is behind what it holds. a's
+// SetPaused then fails with ErrOvertaken naming both versions, publishes
+// nothing, and every replica follows b.
+func TestPauseOvertakenByLaterWrite(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	c := &afterExec{Client: testenv.Client(t, srv.Addr)}
+	a := New(c, Config{Prefix: prefix, ReconcileEvery: time.Hour, NATS: testenv.NATSConn(t), Subject: testenv.PauseSubject(prefix)})
+	t.Cleanup(a.Close)
+	if err := a.Start(testenv.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	events := countSubject(t, prefix)
+	c.hook = func() {
+		c.hook = nil
+		if v, err := b.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+			t.Errorf("b's write: version %d, %v; want 2", v, err)
+		}
+		if !testenv.WaitFor(func() bool { return snapshotOf(t, a).Version == 2 }) {
+			t.Errorf("a never applied b's event: %+v", snapshotOf(t, a))
+		}
+	}
+	v, err := a.SetPaused(testenv.Ctx(t), true, 0)
+	if !errors.Is(err, ErrOvertaken) || v != 1 || !strings.Contains(err.Error(), "this call wrote version 1, another writer then wrote version 2 (resumed)") {
+		t.Fatalf("a's SetPaused: version %d, %v; want version 1 with ErrOvertaken naming versions 1 and 2", v, err)
+	}
+	publisher(t, prefix)("marker") // after anything a published
+	if !testenv.WaitFor(func() bool { return slices.Contains(events.got(), "marker") }) {
+		t.Fatal("the marker never arrived")
+	}
+	if got := events.got(); !slices.Equal(got, []string{"0:2", "marker"}) {
+		t.Errorf("events %q, want only b's (0:2), then the marker", got)
+	}
+	for name, p := range map[string]*Pause{"a": a, "b": b} {
+		if s := snapshotOf(t, p); s.Paused || s.Version != 2 {
+			t.Errorf("%s: %+v, want resumed at version 2 (b's)", name, s)
+		}
+	}
+}
+
+// TestPauseForEndsOnItsOwn: a pause made with PauseFor(1h) stops every
+// replica, one started after it too, and each shows when it ends; once the
+// replicas' clocks pass the end, each runs again with no write and no event
+// (the version stays 1), and a late event of the pause, even one naming a
+// later end, cannot revive it. Ending it sooner is an edit against its
+// version, as any other.
+func TestPauseForEndsOnItsOwn(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	cfg := Config{ReconcileEvery: 20 * time.Millisecond, Now: clk.now, Elapsed: clk.elapsed}
+	a, _ := replicaPause(t, srv, prefix, cfg)
+	b, _ := replicaPause(t, srv, prefix, cfg)
+	if _, err := a.PauseFor(testenv.Ctx(t), 0, 0); err == nil {
+		t.Error("PauseFor(0) accepted")
+	}
+	v, err := a.PauseFor(testenv.Ctx(t), time.Hour, 0)
+	if err != nil || v != 1 {
+		t.Fatalf("PauseFor: version %d, %v; want 1", v, err)
+	}
+	stored, err := a.StoredState(testenv.Ctx(t))
+	if err != nil || !stored.Paused || stored.Version != 1 || time.Until(stored.Until) < 59*time.Minute || time.Until(stored.Until) > time.Hour {
+		t.Fatalf("stored %+v, %v; want paused at version 1 until an hour from now", stored, err)
+	}
+	c, _ := replicaPause(t, srv, prefix, cfg) // started after the write: a restarted replica
+	replicas := map[string]*Pause{"a": a, "b": b, "c": c}
+	for name, p := range replicas {
+		if !testenv.WaitFor(func() bool { return p.Check() == ErrPaused }) {
+			t.Fatalf("%s: %v, want ErrPaused", name, p.Check())
+		}
+		if s := snapshotOf(t, p); !s.Paused || s.Version != 1 || !s.Until.Equal(stored.Until) {
+			t.Errorf("%s: %+v, want paused at version 1 until %v", name, s, stored.Until)
+		}
+	}
+	events := countSubject(t, prefix)
+	clk.step(0, time.Hour+time.Minute) // the replicas' wall clocks pass the end
+	for name, p := range replicas {
+		if err := p.Check(); err != nil {
+			t.Errorf("%s past the end: %v, want running", name, err)
+		}
+		if s := snapshotOf(t, p); s.Paused || s.Version != 1 || !s.Until.Equal(stored.Until) {
+			t.Errorf("%s past the end: %+v, want not paused, version 1, the end shown", name, s)
+		}
+	}
+	// Late events of the pause, the second naming a later end: the
+	// version is not newer, so neither revives it.
+	late := publisher(t, prefix)
+	late(encodePauseEvent(true, stored.Until.UnixMilli(), 1))
+	late(encodePauseEvent(true, stored.Until.Add(24*time.Hour).UnixMilli(), 1))
+	late("marker")
+	if !testenv.WaitFor(func() bool { return b.Stats().EventsIgnored >= 2 && slices.Contains(events.got(), "marker") }) {
+		t.Fatalf("the late events never arrived: %+v", b.Stats())
+	}
+	for name, p := range replicas {
+		if err := p.Check(); err != nil {
+			t.Errorf("%s after the late events: %v, want running", name, err)
+		}
+	}
+	if _, v, _ := a.Stored(testenv.Ctx(t)); v != 1 {
+		t.Errorf("version %d after the end, want 1: the end is no write", v)
+	}
+	if got := events.got(); !slices.Equal(got[len(got)-1:], []string{"marker"}) || len(got) != 3 {
+		t.Errorf("events after the end: %q, want only the test's own", got)
+	}
+	// Ending it is an edit against version 1, as any other.
+	if v, err := b.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+		t.Errorf("resume after the end: %d, %v; want version 2", v, err)
+	}
+}
+
+// TestPauseForExpiresInValkey: a short timed pause ends in Valkey too: its
+// flag expires, so the strong lookups (Stored, Lookup) and a replica
+// started after the end read it as running, at the same version.
+func TestPauseForExpiresInValkey(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	a, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: 20 * time.Millisecond})
+	if v, err := a.PauseFor(testenv.Ctx(t), 200*time.Millisecond, 0); err != nil || v != 1 {
+		t.Fatalf("PauseFor: %d, %v", v, err)
+	}
+	if !testenv.WaitFor(func() bool { paused, _, _ := a.Stored(testenv.Ctx(t)); return !paused && a.Check() == nil }) {
+		t.Fatalf("the pause never ended: check %v", a.Check())
+	}
+	if paused, err := a.Lookup(testenv.Ctx(t)); err != nil || paused {
+		t.Errorf("Lookup: %v, %v; want not paused", paused, err)
+	}
+	later, _ := replicaPause(t, srv, prefix, Config{ReconcileEvery: time.Hour})
+	if s := snapshotOf(t, later); s.Paused || s.Version != 1 || later.Check() != nil {
+		t.Errorf("a replica started after the end: %+v, %v; want running at version 1", s, later.Check())
+	}
+}
+
+// TestPauseReconcilesOnReconnect cuts NATS (its server stops) while a
+// pause is written: the writer stores it but cannot publish
+// (ErrNotPublished), and the reader, which reconciles only once an hour,
+// hears nothing. When the server is back, the reader reconnects, confirms
+// its subscription again and reconciles at once: paused, without an
+// event. Events after the reconnect reach it as before.
+func TestPauseReconcilesOnReconnect(t *testing.T) {
+	srv := testenv.Shared(t)
+	prefix := testenv.Prefix(t)
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startNATS := func() *server.Server {
+		t.Helper()
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatal("NATS not ready")
+		}
+		return ns
+	}
+	ns := startNATS()
+	t.Cleanup(func() { ns.Shutdown() })
+	conn := func() *nats.Conn {
+		nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	cfg := Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Hour, Subject: "pause-reconnect"}
+	wcfg, rcfg := cfg, cfg
+	// The writer's publishes fail while NATS is cut (nats.go would
+	// otherwise buffer them for the reconnect): its event is lost.
+	var cut atomic.Bool
+	wcfg.NATS, rcfg.NATS = conn(), conn()
+	wcfg.Events = cutEvents{&NATSEvents{Conn: wcfg.NATS, Subject: cfg.Subject}, &cut}
+	rcfg.Events = &NATSEvents{Conn: rcfg.NATS, Subject: cfg.Subject}
+	writer, _ := replicaPause(t, srv, prefix, wcfg)
+	reader, _ := replicaPause(t, srv, prefix, rcfg)
+	before := reader.Stats()
+
+	ns.Shutdown() // NATS is cut
+	ns.WaitForShutdown()
+	cut.Store(true)
+	if !testenv.WaitFor(func() bool { return !rcfg.NATS.IsConnected() && !wcfg.NATS.IsConnected() }) {
+		t.Fatal("the connections never noticed the cut")
+	}
+	if v, err := writer.SetPaused(testenv.Ctx(t), true, 0); !errors.Is(err, ErrNotPublished) || v != 1 {
+		t.Fatalf("SetPaused with NATS cut: version %d, %v; want version 1 with ErrNotPublished", v, err)
+	}
+	time.Sleep(100 * time.Millisecond) // a reconnect attempt or more, against no server
+	if err := reader.Check(); err != nil {
+		t.Fatalf("reader before NATS is back: %v, want running (it heard nothing)", err)
+	}
+
+	ns = startNATS() // NATS is back, on the same port
+	cut.Store(false)
+	if !testenv.WaitFor(func() bool { return reader.Check() == ErrPaused }) {
+		t.Fatalf("reader after the reconnect: %v, stats %+v; want paused by a reconcile at once", reader.Check(), reader.Stats())
+	}
+	st := reader.Stats()
+	if st.Subscriptions != before.Subscriptions+1 || st.Reconciles != before.Reconciles+1 || st.EventsApplied != before.EventsApplied {
+		t.Errorf("reader stats %+v (before %+v); want one more subscription and one more reconcile, no event", st, before)
+	}
+	if !testenv.WaitFor(func() bool { return wcfg.NATS.IsConnected() }) {
+		t.Fatal("the writer never reconnected")
+	}
+	if v, err := writer.SetPaused(testenv.Ctx(t), false, 1); err != nil || v != 2 {
+		t.Fatalf("SetPaused after the reconnect: %d, %v", v, err)
+	}
+	if !testenv.WaitFor(func() bool { return reader.Check() == nil }) || reader.Stats().EventsApplied != before.EventsApplied+1 {
+		t.Errorf("reader: %v, stats %+v; want resumed by the event", reader.Check(), reader.Stats())
+	}
+}
+
+// cutEvents fails every publish while cut is set.
+type cutEvents struct {
+	Events
+	cut *atomic.Bool
+}
+
+func (c cutEvents) Publish(ctx context.Context, msg string) error {
+	if c.cut.Load() {
+		return errors.New("NATS is cut")
+	}
+	return c.Events.Publish(ctx, msg)
+}
+
+// TestPauseLastKnownGood: with Config.LastKnownGood, a snapshot past
+// MaxAge without a confirmation (Valkey gone) still answers, paused or
+// not, where the default fails closed (TestPauseStaleFailsClosed); its age
+// still shows the staleness.
+func TestPauseLastKnownGood(t *testing.T) {
+	srv := testenv.Own(t)
+	clk := &fakeClocks{}
+	clk.wall.Store(time.Now().UnixNano())
+	p, _ := replicaPause(t, srv, "lkg:", Config{ReconcileEvery: time.Hour, MaxAge: 2 * time.Second, Elapsed: clk.elapsed, Now: clk.now, LastKnownGood: true})
+	if _, err := p.SetPaused(testenv.Ctx(t), true, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	clk.step(time.Hour, time.Hour)
+	if err := p.Check(); err != ErrPaused {
+		t.Errorf("an hour without Valkey, paused: %v, want ErrPaused (last known good)", err)
+	}
+	if age := p.Age(); age != time.Hour {
+		t.Errorf("Age %v, want 1h", age)
 	}
 }

@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/delayproxy"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -62,15 +60,15 @@ var benchLimits = func() limits.Limits {
 //
 // and read the allocation profile with go tool pprof -sample_index=alloc_space.
 func BenchmarkPreHTTP(b *testing.B) {
-	srv := testserver.Shared(b)
+	srv := testenv.Shared(b)
 	delay := benchDelay(b)
-	proxy, err := delayproxy.Start(srv.Addr, delay)
+	proxy, err := testenv.StartDelayProxy(srv.Addr, delay)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer proxy.Close()
-	direct := testserver.NewClient(b, srv)
-	prefix := testserver.Prefix(b, direct)
+	direct := testenv.Client(b, srv.Addr)
+	prefix := testenv.Prefix(b)
 	ctx := context.Background()
 	if err := direct.Do(ctx, direct.B().Hset().Key(channels.Key(prefix, "1001")).FieldValue().FieldValue("login", "c").FieldValue("bot_mod", "0").Build()).Error(); err != nil {
 		b.Fatal(err)
@@ -95,9 +93,9 @@ func BenchmarkPreHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	newWorker := func(ttl time.Duration) *Worker {
+	newWorker := func(ttl time.Duration, retryUnknown bool) *Worker {
 		return New(admit.New(c), p, channels.New(c, channels.Config{Prefix: prefix, TTL: ttl}), hx, m,
-			Config{Prefix: prefix, Limits: &benchLimits})
+			Config{Prefix: prefix, Limits: &benchLimits, RetryOutcomeUnknown: retryUnknown})
 	}
 	data := []byte(chat("1001"))
 
@@ -108,7 +106,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 		if cache == "cold" {
 			ttl = time.Nanosecond
 		}
-		w := newWorker(ttl)
+		w, once := newWorker(ttl, false), newWorker(ttl, true)
 		legacy := func(ctx context.Context, lane limits.Lane, m *bus.Message) (*http.Request, Path, error) {
 			return w.LegacyPrepare(ctx, lane, m)
 		}
@@ -116,7 +114,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 			for _, shape := range []struct {
 				name    string
 				prepare func(context.Context, limits.Lane, *bus.Message) (*http.Request, Path, error)
-			}{{"old", legacy}, {"new", w.Prepare}} {
+			}{{"old", legacy}, {"new", w.Prepare}, {"new-id-record", once.Prepare}} {
 				warm := cache == "warm"
 				b.Run("cache="+cache+"/lane="+lane.String()+"/shape="+shape.name, func(b *testing.B) {
 					m := &bus.Message{Data: data, Stream: "BENCH", Attempt: 1}
@@ -134,7 +132,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 					call(false) // warms the channel cache (when it keeps entries), script cache and connection
 					lat := make([]time.Duration, 0, b.N)
 					_, rt0 := c.Totals()
-					st0 := testserver.CommandStats(b, direct)
+					st0 := testenv.CommandStats(b, direct)
 					b.ReportAllocs()
 					b.ResetTimer()
 					for range b.N {
@@ -142,7 +140,7 @@ func BenchmarkPreHTTP(b *testing.B) {
 					}
 					b.StopTimer()
 					_, rt1 := c.Totals()
-					st1 := testserver.CommandStats(b, direct)
+					st1 := testenv.CommandStats(b, direct)
 					if calls := st1["evalsha"].Calls - st0["evalsha"].Calls; calls > 0 {
 						// The server's own time per script run, TIME to reply.
 						b.ReportMetric(float64(st1["evalsha"].Usec-st0["evalsha"].Usec)/float64(calls), "server-µs/script")

@@ -11,7 +11,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // writes is what a server of the test's own has written: its dirty
@@ -26,7 +25,7 @@ func (e *env) writes(t *testing.T) writes {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dirty, err := strconv.ParseInt(testserver.InfoFields(info)["rdb_changes_since_last_save"], 10, 64)
+	dirty, err := strconv.ParseInt(testenv.Info(info)["rdb_changes_since_last_save"], 10, 64)
 	if err != nil {
 		t.Fatalf("INFO persistence: rdb_changes_since_last_save: %v", err)
 	}
@@ -45,11 +44,11 @@ func (e *env) writes(t *testing.T) writes {
 // the bucket has room. Measured on a server of the test's own, from its
 // dirty counter, its key count and INFO commandstats.
 func TestDeniedMessageWritesNothing(t *testing.T) {
-	srv := testserver.Own(t)
+	srv := testenv.Own(t)
 	l := slowChat()
 	l.ChatStandard = admit.MustSpec(admit.Every(time.Hour), 1)
 	l.ChatShared = admit.MustSpec(admit.Every(time.Hour), 2)
-	e := newEnv(t, srv, withLimits(l))
+	e := newEnv(t, srv, withLimits(l), withRetryUnknown())
 	e.worker.cfg.Lifetime = 2 * time.Hour // RetryAfter is an hour: a nack, not a drop
 
 	for _, c := range []struct {
@@ -74,9 +73,9 @@ func TestDeniedMessageWritesNothing(t *testing.T) {
 				key = shared
 			}
 			m := e.message(chat(c.channel))
-			w0, s0 := e.writes(t), testserver.CommandStats(t, e.raw)
+			w0, s0 := e.writes(t), testenv.CommandStats(t, e.raw)
 			path, err := e.worker.Process(testenv.Ctx(t), c.lane, m)
-			w1, s1 := e.writes(t), testserver.CommandStats(t, e.raw)
+			w1, s1 := e.writes(t), testenv.CommandStats(t, e.raw)
 			var nack *bus.ExpectedNack
 			if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || path.Admitted || path.LimiterCalls != 1 {
 				t.Fatalf("path %+v, err %v: want denied in one call and nacked as limited", path, err)
@@ -127,7 +126,7 @@ func TestDeniedMessageWritesNothing(t *testing.T) {
 func TestRedeliveryAfterSecondBucketDenial(t *testing.T) {
 	l := slowChat()
 	l.ChatShared = admit.MustSpec(admit.Every(time.Hour), 1)
-	e := newEnv(t, nil, withLimits(l))
+	e := newEnv(t, nil, withLimits(l), withRetryUnknown())
 	e.seed(t, "42", false)
 	std, shared := channels.ChatKeys(e.prefix, "42")
 	if p, err := e.process(t, limits.LanePremium, chat("42")); err != nil || !p.Admitted { // premium takes the shared bucket's one token

@@ -19,15 +19,13 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
 // TestMain stops the shared test servers after the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }
 
@@ -69,7 +67,7 @@ func newTestBus(t *testing.T, cfg bus.Config) *testBus {
 
 // env is one worker replica on a real server, with a fake Helix server.
 type env struct {
-	srv      *testserver.Server
+	srv      *testenv.Server
 	raw      valkey.Client
 	c        *counting.Client
 	prefix   string
@@ -84,11 +82,21 @@ type env struct {
 type envOption func(*envConfig)
 
 type envConfig struct {
-	limits *limits.Limits
-	pause  pause.Config
-	prefix string
-	off    Steps
+	limits       *limits.Limits
+	pause        pause.Config
+	prefix       string
+	off          Steps
+	retryUnknown bool
+	delayToken   bool
 }
+
+// withDelayUntilToken redelivers a refusal by a limit after its RetryAfter
+// and drops it when that is past its lifetime (Config.DelayUntilToken).
+func withDelayUntilToken() envOption { return func(c *envConfig) { c.delayToken = true } }
+
+// withRetryUnknown decides under the message's id and repeats an
+// ErrOutcomeUnknown once (Config.RetryOutcomeUnknown).
+func withRetryUnknown() envOption { return func(c *envConfig) { c.retryUnknown = true } }
 
 // withOff switches rollout steps off (Config.Off, and the Helix client's
 // legacy transport when the transport step is off).
@@ -100,24 +108,24 @@ func withLimits(l limits.Limits) envOption { return func(c *envConfig) { c.limit
 // test's own that it stops.
 func withPrefix(p string) envOption { return func(c *envConfig) { c.prefix = p } }
 
-// newEnv starts a replica on srv (testserver.Shared when nil). Its pause
+// newEnv starts a replica on srv (testenv.Shared when nil). Its pause
 // snapshot reconciles once an hour, so that no background command runs
 // during a test unless the test asks for it.
-func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
+func newEnv(t *testing.T, srv *testenv.Server, opts ...envOption) *env {
 	t.Helper()
 	if srv == nil {
-		srv = testserver.Shared(t)
+		srv = testenv.Shared(t)
 	}
 	cfg := envConfig{pause: pause.Config{ReconcileEvery: time.Hour}}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	e := &env{srv: srv, raw: testserver.NewClient(t, srv), fake: helix.StartFake(), metrics: metrics.New()}
+	e := &env{srv: srv, raw: testenv.Client(t, srv.Addr), fake: helix.StartFake(), metrics: metrics.New()}
 	t.Cleanup(e.fake.Close)
 	e.c = &counting.Client{Client: e.raw}
 	e.prefix = cfg.prefix
 	if e.prefix == "" {
-		e.prefix = testserver.Prefix(t, e.raw)
+		e.prefix = testenv.Prefix(t)
 	}
 	cfg.pause.Prefix = e.prefix
 	// Its pause events on the NATS subject of the replicas that share its
@@ -136,7 +144,7 @@ func newEnv(t *testing.T, srv *testserver.Server, opts ...envOption) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.helix.Close)
-	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off})
+	e.worker = New(admit.New(e.c, admit.WithObserver(e.metrics.ObserveLimiter)), e.pause, e.channels, e.helix, e.metrics, Config{Prefix: e.prefix, Limits: cfg.limits, Off: cfg.off, RetryOutcomeUnknown: cfg.retryUnknown, DelayUntilToken: cfg.delayToken})
 	return e
 }
 
@@ -193,7 +201,7 @@ var scriptCommands = map[string]bool{"time": true, "hmget": true, "hset": true, 
 // inside the script. Exactly that many GETs and SETs are left out (the test
 // fails if there are fewer); any beyond them were sent by a client and are
 // counted.
-func commandDelta(t *testing.T, before, after map[string]testserver.CmdStat, once bool) map[string]int64 {
+func commandDelta(t *testing.T, before, after map[string]testenv.CmdStat, once bool) map[string]int64 {
 	t.Helper()
 	d := map[string]int64{}
 	var times int64

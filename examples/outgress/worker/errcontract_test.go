@@ -16,7 +16,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/metrics"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -26,16 +25,13 @@ import (
 // and the message is admitted, with two script calls and one retry
 // counted.
 func TestNotExecutedIsRetried(t *testing.T) {
-	srv := testserver.Own(t)
-	if !srv.Owned {
-		t.Skip("changes maxmemory; skipped on VALKEY_ADDR")
-	}
+	srv := testenv.Own(t)
 	e := newEnv(t, srv)
 	e.seed(t, "42", false)
 	if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil { // loads the channel and the script
 		t.Fatal(err)
 	}
-	admin := testserver.NewClient(t, srv)
+	admin := testenv.Client(t, srv.Addr)
 	setMaxmemory := func(v string) {
 		if err := admin.Do(testenv.Ctx(t), admin.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", v).Build()).Error(); err != nil {
 			t.Error(err)
@@ -96,7 +92,7 @@ func TestNotExecutedIsRetried(t *testing.T) {
 // (ErrOutcomeUnknown) and no time is left for the one repeat: the worker
 // returns the error, which nacks the message.
 func TestOutcomeUnknownPastDeadlineNotRepeated(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, nil, withRetryUnknown())
 	e.seed(t, "42", false)
 	if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil { // loads the channel and the script
 		t.Fatal(err)
@@ -154,7 +150,7 @@ func (e *env) tokens(t *testing.T, key string) string {
 // redelivery, under the same message id (DecisionID), gets the recorded
 // admission back and is not charged again.
 func TestOutcomeUnknownRetriedOnce(t *testing.T) {
-	e := newEnv(t, nil, withLimits(slowChat()))
+	e := newEnv(t, nil, withLimits(slowChat()), withRetryUnknown())
 	e.seed(t, "42", false)
 	std, shared := channels.ChatKeys(e.prefix, "42")
 	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted { // loads the channel and the script
@@ -254,7 +250,7 @@ func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 func TestRedeliveryAfterDenialDecidesAgain(t *testing.T) {
 	l := slowChat()
 	l.ChatStandard = admit.MustSpec(admit.Every(time.Hour), 1)
-	e := newEnv(t, nil, withLimits(l))
+	e := newEnv(t, nil, withLimits(l), withRetryUnknown())
 	e.seed(t, "42", false)
 	std, _ := channels.ChatKeys(e.prefix, "42")
 	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted {
@@ -284,7 +280,7 @@ func TestRedeliveryAfterDenialDecidesAgain(t *testing.T) {
 // stream and sequence the publish returned); the message is acked on its
 // first delivery, sent once, charged once, and no error is reported.
 func TestOutcomeUnknownOverTheBus(t *testing.T) {
-	e := newEnv(t, nil, withLimits(slowChat()))
+	e := newEnv(t, nil, withLimits(slowChat()), withRetryUnknown())
 	e.seed(t, "42", false)
 	std, shared := channels.ChatKeys(e.prefix, "42")
 	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted { // loads the channel and the script
@@ -337,5 +333,57 @@ func TestOutcomeUnknownOverTheBus(t *testing.T) {
 	}
 	if got := e.metrics.LimiterRetries(limits.LaneStandard, metrics.DecisionOutcomeUnknown); got != 1 {
 		t.Errorf("%d retries after outcome unknown, want 1", got)
+	}
+}
+
+// TestOutcomeUnknownNotRetriedByDefault: the plan's rule, the worker's
+// default: the script is not retried. The first script call's reply is
+// lost after the server ran it (charged): the message fails at once with
+// ErrOutcomeUnknown after that one call, nothing is sent, no id record is
+// written, and the redelivery decides afresh and is charged again (the
+// trade-off Config.RetryOutcomeUnknown takes the other way).
+func TestOutcomeUnknownNotRetriedByDefault(t *testing.T) {
+	e := newEnv(t, nil, withLimits(slowChat()))
+	e.seed(t, "42", false)
+	std, shared := channels.ChatKeys(e.prefix, "42")
+	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted { // loads the channel and the script
+		t.Fatalf("warm-up: %+v, %v", p, err)
+	}
+	var scripts atomic.Int64
+	e.c.Lose = func(cmd valkey.Completed) error {
+		if (testenv.IsCommand(cmd, "EVALSHA") || testenv.IsCommand(cmd, "EVAL")) && scripts.Add(1) == 1 {
+			return io.ErrUnexpectedEOF // the connection dropped before the reply
+		}
+		return nil
+	}
+	sent := e.fake.Requests()
+	m := e.message(chat("42"))
+	path, err := e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
+	if !errors.Is(err, admit.ErrOutcomeUnknown) || path.LimiterCalls != 1 || scripts.Load() != 1 || path.Decided {
+		t.Fatalf("path %+v, err %v, %d script commands; want ErrOutcomeUnknown after one call", path, err, scripts.Load())
+	}
+	if n := e.fake.Requests() - sent; n != 0 {
+		t.Errorf("sent %d times, want none", n)
+	}
+	if a, b := e.tokens(t, std), e.tokens(t, shared); a != "8" || b != "18" {
+		t.Errorf("%s and %s tokens, want 8 and 18: the lost call ran and charged", a, b)
+	}
+	record, err := admit.OnceRecordKey(std, DecisionID(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.raw.Do(testenv.Ctx(t), e.raw.B().Exists().Key(record).Build()).AsInt64(); err != nil || n != 0 {
+		t.Errorf("id record %s exists (%d, %v); want none without RetryOutcomeUnknown", record, n, err)
+	}
+	if got := e.metrics.LimiterRetries(limits.LaneStandard, metrics.DecisionOutcomeUnknown); got != 0 {
+		t.Errorf("%d retries after outcome unknown, want 0", got)
+	}
+	m.Attempt++
+	path, err = e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
+	if err != nil || !path.Admitted || path.LimiterCalls != 1 {
+		t.Errorf("redelivery: path %+v, err %v; want admitted in one call", path, err)
+	}
+	if a, b := e.tokens(t, std), e.tokens(t, shared); a != "7" || b != "17" {
+		t.Errorf("after the redelivery %s and %s tokens, want 7 and 17: decided and charged again", a, b)
 	}
 }

@@ -19,7 +19,7 @@ func TestHelixRoutesShareOneHelper(t *testing.T) {
 	l := limits.DefaultLimits
 	l.HelixStandard = admit.MustSpec(admit.Every(time.Hour), 2)
 	l.HelixSystem = admit.MustSpec(admit.Every(time.Hour), 1)
-	e := newEnv(t, nil, withLimits(l))
+	e := newEnv(t, nil, withLimits(l), withDelayUntilToken())
 	e.seed(t, "1", true)
 	e.seed(t, "2", false)
 	api := `{"kind":"api","method":"GET","path":"/helix/users?id=1"}`

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 func TestRetryOrDrop(t *testing.T) {
@@ -43,7 +42,7 @@ func TestRetryOrDrop(t *testing.T) {
 // limiter's delay, counted by reason, never reported as an error, and
 // acked once redelivered after that delay (the share has refilled).
 func TestDenialIsExpectedNack(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, nil, withDelayUntilToken())
 	e.seed(t, "42", false)
 	var reports, finals atomic.Int64
 	var mu sync.Mutex
@@ -100,7 +99,7 @@ func TestDenialIsExpectedNack(t *testing.T) {
 // TestDenialBeyondLifetimeDropped: a denied message with less life left
 // than the limiter's delay is dropped at once, not nacked.
 func TestDenialBeyondLifetimeDropped(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, nil, withDelayUntilToken())
 	e.seed(t, "42", false)
 	for i := range 10 {
 		if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil {
@@ -125,10 +124,7 @@ func TestDenialBeyondLifetimeDropped(t *testing.T) {
 // TestValkeyDownIsRealError: with the server gone, the limiter's failure
 // is a dependency failure: reported and redelivered, not an expected nack.
 func TestValkeyDownIsRealError(t *testing.T) {
-	srv := testserver.Own(t)
-	if !srv.Owned {
-		t.Skip("stops the server; skipped on VALKEY_ADDR")
-	}
+	srv := testenv.Own(t)
 	e := newEnv(t, srv, withPrefix("down:"))
 	e.seed(t, "42", false)
 	if _, err := e.process(t, limits.LaneStandard, chat("42")); err != nil { // warms the channel cache
@@ -169,5 +165,86 @@ func TestValkeyDownIsRealError(t *testing.T) {
 	}
 	if s := b.Stats(); reports.Load() != 1 || s.Errors != 0 || s.Acked != 0 || s.Nacked != [bus.NumNackReasons]int64{} {
 		t.Errorf("stats %+v, %d reports: want the error reported once, nothing acked or nacked as expected", s, reports.Load())
+	}
+}
+
+// TestNackSuppressionKeepsRedeliveryTiming: by default (no
+// DelayUntilToken) a denied message comes back after the bus's error
+// delay, whether the nack-suppression step is on (an expected nack, not
+// reported) or off (a plain error, reported): the step changes what is
+// reported, not when the message is redelivered. The share refills in an
+// hour, past the message's life: it is not dropped early either.
+func TestNackSuppressionKeepsRedeliveryTiming(t *testing.T) {
+	srv := testenv.Shared(t)
+	for _, off := range []Steps{0, StepNackSuppression} {
+		t.Run("off="+off.String(), func(t *testing.T) {
+			l := slowChat()
+			l.ChatStandard = admit.MustSpec(admit.Every(time.Hour), 1)
+			e := newEnv(t, srv, withLimits(l), withOff(off))
+			e.seed(t, "42", false)
+			if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted { // the share's one token
+				t.Fatalf("first message: %+v, %v", p, err)
+			}
+			var deliveries, reports atomic.Int64
+			b := newTestBus(t, bus.Config{ErrorDelay: 50 * time.Millisecond, OnError: func(string, error) { reports.Add(1) }})
+			subject := b.cfg.Subjects[limits.LaneStandard]
+			h := e.worker.Handler(limits.LaneStandard)
+			if err := b.Consume(testenv.Ctx(t), subject, 1, func(ctx context.Context, m *bus.Message) error {
+				deliveries.Add(1)
+				return h(ctx, m)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Publish(testenv.Ctx(t), subject, []byte(chat("42"))); err != nil {
+				t.Fatal(err)
+			}
+			if !testenv.WaitFor(func() bool { return deliveries.Load() >= 3 }) {
+				t.Fatalf("%d deliveries, stats %+v; want the denied message back after the 50 ms error delay, again and again", deliveries.Load(), b.Stats())
+			}
+			st := b.Stats()
+			if sum(st.Dropped[:]) != 0 {
+				t.Errorf("stats %+v: dropped, want redelivered", st)
+			}
+			if off == 0 && (reports.Load() != 0 || st.Nacked[bus.NackLimited] < 2) {
+				t.Errorf("step on: %d reports, stats %+v; want expected nacks, none reported", reports.Load(), st)
+			}
+			if off != 0 && (reports.Load() < 2 || st.Errors < 2) {
+				t.Errorf("step off: %d reports, stats %+v; want errors, reported", reports.Load(), st)
+			}
+		})
+	}
+}
+
+// sum adds counts.
+func sum(xs []int64) int64 {
+	var n int64
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// TestSameDelayAsErrorOverridesRetryAfter: an expected nack marked
+// SameDelayAsError is redelivered after the bus's error delay, not after
+// its RetryAfter (an hour here, past the message's life, which would drop
+// it), and is not reported.
+func TestSameDelayAsErrorOverridesRetryAfter(t *testing.T) {
+	var deliveries, reports atomic.Int64
+	b := newTestBus(t, bus.Config{ErrorDelay: 50 * time.Millisecond, OnError: func(string, error) { reports.Add(1) }})
+	subject := b.cfg.Subjects[limits.LaneStandard]
+	if err := b.Consume(testenv.Ctx(t), subject, 1, func(context.Context, *bus.Message) error {
+		deliveries.Add(1)
+		return &bus.ExpectedNack{Reason: bus.NackLimited, RetryAfter: time.Hour, SameDelayAsError: true}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Publish(testenv.Ctx(t), subject, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if !testenv.WaitFor(func() bool { return deliveries.Load() >= 3 }) {
+		t.Fatalf("%d deliveries, stats %+v; want redelivered after the error delay", deliveries.Load(), b.Stats())
+	}
+	if st := b.Stats(); sum(st.Dropped[:]) != 0 || st.Nacked[bus.NackLimited] < 2 || reports.Load() != 0 {
+		t.Errorf("stats %+v, %d reports; want expected nacks, none dropped or reported", st, reports.Load())
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/nats-io/nats.go"
 )
 
@@ -23,7 +22,7 @@ import (
 // then, after the resume, admitted. Valkey carries no pub/sub at all: its
 // INFO commandstats counts no PUBLISH and no SUBSCRIBE.
 func TestPauseEventsOnNATS(t *testing.T) {
-	srv := testserver.Own(t)
+	srv := testenv.Own(t)
 	first := newEnv(t, srv)
 	replicas := []*env{first, newEnv(t, srv, withPrefix(first.prefix)), newEnv(t, srv, withPrefix(first.prefix))}
 	first.seed(t, "42", false)
@@ -49,7 +48,7 @@ func TestPauseEventsOnNATS(t *testing.T) {
 	}
 
 	for i, paused := range []bool{true, false} {
-		version, err := first.pause.SetPaused(testenv.Ctx(t), paused)
+		version, err := first.pause.SetPaused(testenv.Ctx(t), paused, int64(i))
 		if err != nil || version != int64(i+1) {
 			t.Fatalf("SetPaused(%v): version %d, %v; want version %d", paused, version, err, i+1)
 		}
@@ -96,7 +95,7 @@ func TestPauseEventsOnNATS(t *testing.T) {
 				r, st.EventsApplied, st.EventsIgnored, st.Reconciles, applied, ignored)
 		}
 	}
-	stats := testserver.CommandStats(t, first.raw)
+	stats := testenv.CommandStats(t, first.raw)
 	for _, name := range []string{"publish", "spublish", "subscribe", "ssubscribe", "psubscribe"} {
 		if n := stats[name].Calls; n != 0 {
 			t.Errorf("Valkey ran %s %d times; want 0 (the pause events are on NATS)", name, n)

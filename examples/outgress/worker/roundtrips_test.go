@@ -7,7 +7,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"testing"
 
-	"github.com/admitkit/admit/internal/testserver"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -15,17 +14,19 @@ import (
 // commands each path sends: the plan's table, before and after, exactly.
 // It runs on a server of its own, so no other traffic is counted.
 func TestCommandsPerMessage(t *testing.T) {
-	srv := testserver.Own(t)
+	srv := testenv.Own(t)
 	e := newEnv(t, srv)
 	for _, id := range []string{"1", "2", "3", "4", "5"} {
 		e.seed(t, id, false)
 	}
-	start := testserver.CommandStats(t, e.raw)
+	start := testenv.CommandStats(t, e.raw)
 	// The Limiter's observer (metrics.ObserveLimiter) counts every call that
-	// reached the server: exactly the script runs the server counted.
+	// reached the server: exactly the script runs the server counted, but
+	// for the pause writes (SetPaused's compare-and-swap is a script too).
+	var pauseWrites int64
 	defer func() {
-		end := testserver.CommandStats(t, e.raw)
-		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls
+		end := testenv.CommandStats(t, e.raw)
+		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls - pauseWrites
 		if got := e.metrics.ScriptRuns(); got != runs || runs == 0 {
 			t.Errorf("the observer counted %d script runs, the server %d", got, runs)
 		}
@@ -34,9 +35,9 @@ func TestCommandsPerMessage(t *testing.T) {
 	// with AllowOrdered (the legacy path's).
 	measure := func(t *testing.T, want map[string]int64, once bool, send func() (Path, error)) (Path, error) {
 		t.Helper()
-		before := testserver.CommandStats(t, e.raw)
+		before := testenv.CommandStats(t, e.raw)
 		path, err := send()
-		after := testserver.CommandStats(t, e.raw)
+		after := testenv.CommandStats(t, e.raw)
 		if diff := cmp.Diff(want, commandDelta(t, before, after, once)); diff != "" {
 			t.Errorf("commands (-want +got):\n%s", diff)
 		}
@@ -58,7 +59,7 @@ func TestCommandsPerMessage(t *testing.T) {
 	if err := e.raw.Do(testenv.Ctx(t), e.raw.B().ScriptFlush().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := measure(t, map[string]int64{"evalsha": 1, "eval": 1, "hgetall": 1}, true, send(limits.LaneStandard, chat("5"))); err != nil {
+	if _, err := measure(t, map[string]int64{"evalsha": 1, "eval": 1, "hgetall": 1}, e.worker.cfg.RetryOutcomeUnknown, send(limits.LaneStandard, chat("5"))); err != nil {
 		t.Fatal(err)
 	}
 
@@ -85,7 +86,7 @@ func TestCommandsPerMessage(t *testing.T) {
 			if c.old {
 				f = legacy(c.lane, c.body)
 			}
-			p, err := measure(t, c.want, !c.old, f)
+			p, err := measure(t, c.want, !c.old && e.worker.cfg.RetryOutcomeUnknown, f)
 			if err != nil || !p.Admitted {
 				t.Errorf("path %+v, err %v: want admitted and sent; the counts are for that path", p, err)
 			}
@@ -93,9 +94,10 @@ func TestCommandsPerMessage(t *testing.T) {
 	}
 
 	t.Run("after/paused", func(t *testing.T) {
-		if _, err := e.pause.SetPaused(testenv.Ctx(t), true); err != nil {
+		if _, err := e.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 			t.Fatal(err)
 		}
+		pauseWrites++
 		p, err := measure(t, map[string]int64{}, true, send(limits.LaneStandard, chat("1")))
 		var nack *bus.ExpectedNack
 		if !p.Paused || !errors.As(err, &nack) || nack.Reason != bus.NackPaused {

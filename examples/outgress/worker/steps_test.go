@@ -12,7 +12,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 func TestParseSteps(t *testing.T) {
@@ -42,7 +41,7 @@ func TestParseSteps(t *testing.T) {
 // each step off in turn and checks what the step changes: round trips,
 // stage timing, the outcome of a denial.
 func TestStepsEachSwitch(t *testing.T) {
-	srv := testserver.Shared(t)
+	srv := testenv.Shared(t)
 	for _, c := range []struct {
 		off          Steps
 		limiterCalls int
@@ -102,9 +101,11 @@ func TestStepsEachSwitch(t *testing.T) {
 // admissions, the shared bucket's other 10 for premium), and a pause set
 // by the new worker stops the old one at once.
 func TestMixedFleet(t *testing.T) {
-	srv := testserver.Shared(t)
-	fresh := newEnv(t, srv, withLimits(slowChat()))
-	old := newEnv(t, srv, withLimits(slowChat()), withPrefix(fresh.prefix), withOff(AllSteps))
+	srv := testenv.Shared(t)
+	// Refusals past their lifetime dropped at once (DelayUntilToken), in
+	// both: the switch is not a rollout step.
+	fresh := newEnv(t, srv, withLimits(slowChat()), withDelayUntilToken())
+	old := newEnv(t, srv, withLimits(slowChat()), withPrefix(fresh.prefix), withOff(AllSteps), withDelayUntilToken())
 	fresh.seed(t, "42", false)
 	std, shared := channels.ChatKeys(fresh.prefix, "42")
 
@@ -167,7 +168,7 @@ func TestMixedFleet(t *testing.T) {
 	}
 
 	// The new replica pauses; the old one, which GETs the flag, stops at once.
-	if _, err := fresh.pause.SetPaused(testenv.Ctx(t), true); err != nil {
+	if _, err := fresh.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	path, err := old.process(t, limits.LanePremium, chat("42"))

@@ -45,6 +45,23 @@ type Config struct {
 	// DecisionBackoff is the pause before the first retry of a limiter
 	// call; the n-th retry waits n times as long. Default 5ms.
 	DecisionBackoff time.Duration
+	// DelayUntilToken redelivers a message refused by a limit (a limiter
+	// denial, a Helix 429) no sooner than its RetryAfter, when the limit
+	// can have room again, and drops it at once when that is past its
+	// lifetime (the plan's deferred change). Off by default: such a message
+	// keeps the delivery timing of an error (the bus's ErrorDelay), only not
+	// reported when StepNackSuppression is on.
+	DelayUntilToken bool
+	// RetryOutcomeUnknown, a departure from the plan (whose script is not
+	// retried), decides with AllowOrderedOnce under the message's id (see
+	// [DecisionID]) and repeats a call that failed with
+	// admit.ErrOutcomeUnknown once: the server returns the Decision it
+	// recorded if the first call ran, and a redelivery of an admitted
+	// message is not charged again. The id's record costs a GET and a SET
+	// inside every admission's script. Off by default: the worker decides
+	// with AllowOrdered, and an ErrOutcomeUnknown is the message's error at
+	// once (the bus redelivers it, and its next decision may charge again).
+	RetryOutcomeUnknown bool
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// DoubleChargeShared is a deliberate bug, for the canary's tests and
@@ -174,12 +191,35 @@ func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) 
 	return path, w.outcome(err)
 }
 
-// outcome is the error the bus gets. With StepNackSuppression off, an
-// expected nack (a denial, a pause, a 429) is returned as a plain error, as
-// before the step: the bus reports it and redelivers after its error delay.
+// outcome is the error the bus gets. Without Config.DelayUntilToken, a
+// message refused by a limit (a denial, a 429) is an expected nack
+// redelivered after the bus's error delay, as an error would be, even when
+// the limit's RetryAfter is past its lifetime (no early drop). With
+// StepNackSuppression off, an expected nack (a denial, a pause, a 429) is
+// returned as a plain error, as before the step: the bus reports it and
+// redelivers it after its error delay. So the step changes what is
+// reported, never when a message comes back.
 func (w *Worker) outcome(err error) error {
+	if err == nil {
+		return nil
+	}
 	var nack *bus.ExpectedNack
-	if err != nil && !w.steps.Has(StepNackSuppression) && errors.As(err, &nack) {
+	var drop *bus.Dropped
+	if !w.cfg.DelayUntilToken {
+		for _, r := range []bus.NackReason{bus.NackLimited, bus.NackThrottled} {
+			if errors.As(err, &nack) && nack.Reason == r {
+				same := *nack
+				same.SameDelayAsError = true
+				err = &same
+				break
+			}
+			if errors.As(err, &drop) && drop.Reason == bus.NoTimeToRetry(r) {
+				err = &bus.ExpectedNack{Reason: r, SameDelayAsError: true}
+				break
+			}
+		}
+	}
+	if !w.steps.Has(StepNackSuppression) && errors.As(err, &nack) {
 		return errors.New(nack.Error())
 	}
 	return err
@@ -356,22 +396,26 @@ func (w *Worker) plan1(lane limits.Lane, k command.Kind, ch *channels.Channel) *
 }
 
 // decide is the one limiter decision of a message: one script, one round
-// trip, made with AllowOrderedOnce under the message's id (see
-// [DecisionID]). A denial is a Decision; only a failed call is an error, and
-// it stays one (a dependency failure is not backpressure). admit's error
-// contract decides what happens next:
+// trip, made with AllowOrdered, or, with Config.RetryOutcomeUnknown, with
+// AllowOrderedOnce under the message's id (see [DecisionID]). A denial is a
+// Decision; only a failed call is an error, and it stays one (a dependency
+// failure is not backpressure). admit's error contract decides what happens
+// next:
 //
 //   - admit.ErrNotExecuted (the server proves nothing ran, no token was
 //     taken): the call is repeated, at most DecisionAttempts calls in all,
 //     after a short pause, within the message's deadline. Refusals that
 //     cannot pass on a retry (an invalid request, a wrong-type or corrupt
 //     bucket) are not repeated.
-//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): repeated
-//     once, with the same id, after the same short pause and within the
-//     deadline. If the first call ran, the server returns the Decision it
-//     recorded then and takes nothing; if it did not, this call decides. A
-//     second ErrOutcomeUnknown is returned: the error nacks the message.
+//   - admit.ErrOutcomeUnknown (it may have run and taken tokens): by
+//     default not repeated, as the plan says of its script: the error nacks
+//     the message. With Config.RetryOutcomeUnknown it is repeated once, with
+//     the same id, after the same short pause and within the deadline. If
+//     the first call ran, the server returns the Decision it recorded then
+//     and takes nothing; if it did not, this call decides. A second
+//     ErrOutcomeUnknown is returned: the error nacks the message.
 //
+// The rest of this comment is about the id path (RetryOutcomeUnknown).
 // Every call of a delivery uses the same id, so the two rules combine
 // safely: at most DecisionAttempts + 1 calls in all.
 //
@@ -392,6 +436,9 @@ func (w *Worker) plan1(lane limits.Lane, k command.Kind, ch *channels.Channel) *
 // the Limiter's observer's: see metrics.ObserveLimiter); path.LimiterCalls
 // counts them, and each repeat is counted under the failure that caused it.
 func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m *bus.Message, path *Path) (admit.Decision, error) {
+	if !w.cfg.RetryOutcomeUnknown {
+		return w.decideOnce(ctx, lane, p, "", path)
+	}
 	id := DecisionID(m)
 	d, err := w.decideOnce(ctx, lane, p, id, path)
 	if err == nil && d.Replayed() && !d.Allowed() {
@@ -402,17 +449,24 @@ func (w *Worker) decide(ctx context.Context, lane limits.Lane, p *limits.Plan, m
 	return d, err
 }
 
-// decideOnce is one decision under id, with admit's error contract (see
-// decide).
+// decideOnce is one decision under id (AllowOrderedOnce), or with
+// AllowOrdered when id is "", with admit's error contract (see decide); an
+// ErrOutcomeUnknown is repeated only under an id.
 func (w *Worker) decideOnce(ctx context.Context, lane limits.Lane, p *limits.Plan, id string, path *Path) (admit.Decision, error) {
 	var second *admit.Request
 	if p.HasSecond {
 		second = &p.Second
 	}
-	unknownRetried := false
+	unknownRetried := id == "" // without an id, not repeated: the plan's rule
 	calls := 0
 	for {
-		d, err := w.lim.AllowOrderedOnce(ctx, id, p.First, second)
+		var d admit.Decision
+		var err error
+		if id == "" {
+			d, err = w.lim.AllowOrdered(ctx, p.First, second)
+		} else {
+			d, err = w.lim.AllowOrderedOnce(ctx, id, p.First, second)
+		}
 		path.LimiterCalls++
 		calls++
 		label := decisionOf(p, d, err)

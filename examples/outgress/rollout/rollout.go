@@ -1,11 +1,10 @@
-package main
+package rollout
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -44,21 +44,6 @@ type fleetReplica struct {
 	bus      *bus.Bus
 	events   *nats.Conn  // the pause events' connection
 	drop     atomic.Bool // pause events dropped
-}
-
-// droppingEvents passes pause events through unless drop is set: a replica
-// that loses its events (the canary of the propagation gate's test).
-type droppingEvents struct {
-	pause.Events
-	drop *atomic.Bool
-}
-
-func (d droppingEvents) Listen(ctx context.Context, subscribed func(), deliver func(string)) {
-	d.Events.Listen(ctx, subscribed, func(m string) {
-		if !d.drop.Load() {
-			deliver(m)
-		}
-	})
 }
 
 // fleet is a baseline and a canary replica on one Valkey and one bus.
@@ -171,7 +156,7 @@ func (f *fleet) startReplica(ctx context.Context, name string) (*fleetReplica, e
 		r.drop.Store(f.cfg.CanaryLosesEvents)
 	}
 	pcfg.Prefix, pcfg.OnPropagation = f.cfg.Prefix, r.met.PausePropagation
-	pcfg.Events = droppingEvents{Events: &pause.NATSEvents{Conn: r.events, Subject: f.subject}, drop: &r.drop}
+	pcfg.Events = pause.LossyEvents{Events: &pause.NATSEvents{Conn: r.events, Subject: f.subject}, Drop: &r.drop}
 	r.pause = pause.New(r.client, pcfg)
 	if err := r.met.RegisterPause(name, r.pause); err != nil {
 		return r, err
@@ -195,7 +180,7 @@ func (f *fleet) startReplica(ctx context.Context, name string) (*fleetReplica, e
 		return r, err
 	}
 	for lane := range limits.NumLanes {
-		if err := r.bus.Consume(ctx, f.busCfg.Subjects[lane], laneWorkers[lane], func(ctx context.Context, m *bus.Message) error {
+		if err := r.bus.Consume(ctx, f.busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], func(ctx context.Context, m *bus.Message) error {
 			_, err := r.worker.Load().Process(ctx, lane, m)
 			return err
 		}); err != nil {
@@ -205,25 +190,11 @@ func (f *fleet) startReplica(ctx context.Context, name string) (*fleetReplica, e
 	return r, nil
 }
 
-// fleetWorkers is the workers of one replica, the most limiter calls it can
-// have in flight.
-func fleetWorkers() int {
-	n := 0
-	for _, w := range laneWorkers {
-		n += w
-	}
-	return n
-}
-
 // deploy gives r a worker with the steps in off switched off, and the
 // faults in faults (its DoubleChargeShared and ExtraPauseLookup).
 func (f *fleet) deploy(r *fleetReplica, off worker.Steps, faults worker.Config) error {
-	concurrency := 0
-	for _, n := range laneWorkers {
-		concurrency += n
-	}
-	hx, err := helix.New(helix.Config{BaseURL: r.fake.URL, ClientID: "demo", Token: "demo", BotID: botID,
-		Concurrency: concurrency, TraceEvery: 1, LegacyTransport: (worker.AllSteps &^ off).HelixLegacy()}, r.met)
+	hx, err := helix.New(helix.Config{BaseURL: r.fake.URL, ClientID: "demo", Token: "demo", BotID: demo.BotID,
+		Concurrency: fleetenv.Workers(), TraceEvery: 1, LegacyTransport: (worker.AllSteps &^ off).HelixLegacy()}, r.met)
 	if err != nil {
 		return err
 	}
@@ -275,7 +246,7 @@ func (f *fleet) close() {
 		f.publisher.Close()
 	}
 	if f.admin != nil {
-		demo.DeletePrefix(f.admin, f.cfg.Prefix)
+		demo.Forget(f.admin, f.cfg.Prefix, f.cfg.Channels)
 		f.admin.Close()
 	}
 }
@@ -386,7 +357,12 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 			// reaches the replicas, by their reconcile; another error is
 			// the window's.
 			for _, paused := range []bool{true, false} {
-				v, err := f.operator.SetPaused(ctx, paused)
+				_, against, err := f.operator.Stored(ctx) // the operator reads, then edits against what it read
+				if err != nil {
+					opErr = fmt.Errorf("the operator's read before SetPaused(%v): %w", paused, err)
+					return
+				}
+				v, err := f.operator.SetPaused(ctx, paused, against)
 				if err != nil && !errors.Is(err, pause.ErrNotPublished) {
 					opErr = fmt.Errorf("the operator's SetPaused(%v): %w", paused, err)
 					return
@@ -447,7 +423,7 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 // as they go.
 func (f *fleet) publishWindow(ctx context.Context, wc windowConfig, published *atomic.Int64, pauseNow chan struct{}, settle func() error, enough func() bool, taken0 int64) error {
 	mix := demo.NewMix(wc.Seed, f.cfg.Channels)
-	room := func() bool { return published.Load()-(f.taken.Load()-taken0) < int64(4*fleetWorkers()) }
+	room := func() bool { return published.Load()-(f.taken.Load()-taken0) < int64(4*fleetenv.Workers()) }
 	publish := func(n int) error {
 		p, refused := demo.PublishMix(ctx, f.publisher, f.busCfg.Subjects, mix, n, wc.Rate, room)
 		published.Add(int64(p))
@@ -497,17 +473,6 @@ func (f *fleet) stuck(ctx context.Context, what string, published, taken0 int64)
 		"a window is bounded by %v", context.Cause(ctx), what, f.taken.Load()-taken0, published, windowLimit)
 }
 
-// valkeyServer counts script runs from INFO commandstats of c's server.
-func valkeyServer(c valkey.Client) canary.Server {
-	return canary.CommandStats(func(ctx context.Context) (string, error) {
-		info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-		if err != nil || !strings.Contains(info, "cmdstat_") {
-			return "", fmt.Errorf("no INFO commandstats (miniredis)")
-		}
-		return info, nil
-	})
-}
-
 // rolloutResult is what the rollout demo printed, step by step.
 type rolloutResult struct {
 	steps   []string
@@ -515,12 +480,12 @@ type rolloutResult struct {
 	where   string
 }
 
-// runRollout runs the rollout: a baseline with every step off and a canary
+// Run runs the rollout: a baseline with every step off and a canary
 // that turns the six steps on one at a time, side by side on one Valkey and
 // one bus, with the gate table after each step. Each step's window is
 // messages messages at most rate a second, and more until each replica
 // has admitted 20 warm messages on each of the standard and premium lanes.
-func runRollout(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult, error) {
+func Run(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult, error) {
 	dial, where, stopServer, err := demo.Valkey()
 	if err != nil {
 		return nil, err
@@ -540,7 +505,7 @@ func runRollout(ctx context.Context, rate, messages int, out io.Writer) (*rollou
 	if err := f.deploy(f.baseline, worker.AllSteps, worker.Config{}); err != nil {
 		return nil, err
 	}
-	srv := valkeyServer(f.admin)
+	srv := canary.ValkeyScriptRuns(f.admin)
 	on := worker.Steps(0)
 	for i, step := range worker.StepList {
 		on |= step
@@ -548,7 +513,7 @@ func runRollout(ctx context.Context, rate, messages int, out io.Writer) (*rollou
 			return nil, err
 		}
 		rep, err := f.window(ctx, windowConfig{Rate: rate, Messages: messages, MinWarm: 20, Seed: uint64(10 + i),
-			PauseAfter: messages / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetWorkers()}})
+			PauseAfter: messages / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetenv.Workers()}})
 		if err != nil {
 			return nil, err
 		}

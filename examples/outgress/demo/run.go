@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/counting"
-	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -24,8 +24,8 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// demoConfig shapes a demo run.
-type demoConfig struct {
+// Config shapes a demo run.
+type Config struct {
 	Duration time.Duration // the mix is Duration×Rate messages (the schedule is by count: see PauseAt)
 	Rate     int           // messages published per second, at most
 	Channels int           // channels in the mix; the first three are hot
@@ -48,19 +48,15 @@ type demoConfig struct {
 	Hold        bool   // after the report, keep serving /metrics until ctx ends
 }
 
-func defaultDemo() demoConfig {
-	return demoConfig{
+func Default() Config {
+	return Config{
 		Duration: 2 * time.Second, Rate: 600, Channels: 40,
 		PauseAt: 800 * time.Millisecond, PauseFor: 400 * time.Millisecond,
 		Drain: 6 * time.Second, Seed: 1, RestartAt: 1500 * time.Millisecond,
 	}
 }
 
-// Workers per lane in each replica; the Helix transport keeps as many idle
-// connections as a replica has workers.
-var laneWorkers = [limits.NumLanes]int{limits.LaneStandard: 6, limits.LanePremium: 3, limits.LaneSystem: 2}
-
-const botID = "777" // the bot's user id in the demo's Helix requests
+const BotID = "777" // the bot's user id in the demo's Helix requests
 
 // replica is one outgress process: its own client, pause snapshot, channel
 // cache, Helix transport and worker.
@@ -80,14 +76,14 @@ type replica struct {
 
 // startBus connects the replica to the stream and starts its workers on
 // every lane.
-func (r *replica) startBus(ctx context.Context, res *demoResult, url string, cfg bus.Config) error {
+func (r *replica) startBus(ctx context.Context, res *Result, url string, cfg bus.Config) error {
 	b, err := bus.Connect(ctx, url, "outgress-"+r.name, cfg)
 	if err != nil {
 		return err
 	}
 	r.bus, r.buses = b, append(r.buses, b)
 	for lane := range limits.NumLanes {
-		if err := b.Consume(ctx, cfg.Subjects[lane], laneWorkers[lane], res.handler(r.worker, lane)); err != nil {
+		if err := b.Consume(ctx, cfg.Subjects[lane], fleetenv.LaneWorkers[lane], res.handler(r.worker, lane)); err != nil {
 			return err
 		}
 	}
@@ -113,10 +109,10 @@ func (r *replica) close() {
 	r.raw.Close()
 }
 
-// runDemo runs the whole demo and returns what it measured.
-func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
-	res := &demoResult{cfg: cfg, rows: worker.NewPathTable()}
-	dial, where, stopServer, err := demo.Valkey()
+// Run runs the whole demo and returns what it measured.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	res := &Result{cfg: cfg, rows: worker.NewPathTable()}
+	dial, where, stopServer, err := Valkey()
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +125,8 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	defer admin.Close()
 	prefix := fmt.Sprintf("outgress-demo:%x:", time.Now().UnixNano())
-	defer demo.DeletePrefix(admin, prefix)
-	if err := demo.SeedChannels(ctx, admin, prefix, cfg.Channels); err != nil {
+	defer Forget(admin, prefix, cfg.Channels)
+	if err := SeedChannels(ctx, admin, prefix, cfg.Channels); err != nil {
 		return nil, fmt.Errorf("seeding channels: %w", err)
 	}
 
@@ -146,7 +142,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	defer stopMetrics()
 	res.metricsURL = url
 
-	natsURL, natsWhere, stopNATS, err := demo.NATS()
+	natsURL, natsWhere, stopNATS, err := NATS()
 	if err != nil {
 		return nil, err
 	}
@@ -208,10 +204,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	defer operator.Close()
 
-	concurrency := 0
-	for _, n := range laneWorkers {
-		concurrency += n
-	}
+	concurrency := fleetenv.Workers()
 	var replicas []*replica
 	defer func() {
 		for _, r := range replicas {
@@ -241,7 +234,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 			return nil, fmt.Errorf("replica %s: %w", name, err)
 		}
 		r.channels = channels.New(r.client, channels.Config{Prefix: prefix})
-		r.helix, err = helix.New(helix.Config{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: botID, Concurrency: concurrency,
+		r.helix, err = helix.New(helix.Config{BaseURL: fake.URL, ClientID: "demo", Token: "demo", BotID: BotID, Concurrency: concurrency,
 			LegacyTransport: (worker.AllSteps &^ cfg.Off).HelixLegacy()}, met)
 		if err != nil {
 			return nil, err
@@ -259,10 +252,10 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	res.warmupCommands = warm.Commands.Load()
 
-	if err := demo.MeasureOldShape(ctx, a.client, a.pause, prefix, fake.URL, &res.oldShape); err != nil {
+	if err := MeasureOldShape(ctx, a.client, a.pause, prefix, fake.URL, &res.oldShape); err != nil {
 		return nil, err
 	}
-	res.contract = demo.ErrorContract(ctx, a.raw, a.pause, a.helix, met, prefix)
+	res.contract = ErrorContract(ctx, a.raw, a.pause, a.helix, met, prefix)
 
 	for _, r := range replicas {
 		if err := r.startBus(ctx, res, natsURL, busCfg); err != nil {
@@ -277,7 +270,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	// the messages of RestartAt. A loaded machine publishes the same
 	// messages in the same order relative to each event, only more slowly.
 	start := time.Now()
-	mix := demo.NewMix(cfg.Seed, cfg.Channels)
+	mix := NewMix(cfg.Seed, cfg.Channels)
 	count := func(d time.Duration) int { return int(d.Seconds() * float64(cfg.Rate)) }
 	restartAt := count(cfg.RestartAt)
 	var wg sync.WaitGroup
@@ -303,28 +296,32 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	room := func() bool { return int64(res.published)-taken.Load() < int64(2*len(replicas)*concurrency) }
 	publishTo := func(target int) {
 		for _, to := range []int{min(restartAt, target), target} {
-			p, r := demo.PublishMix(ctx, publisher, busCfg.Subjects, mix, to-sent(), cfg.Rate, room)
+			p, r := PublishMix(ctx, publisher, busCfg.Subjects, mix, to-sent(), cfg.Rate, room)
 			res.published, res.refused = res.published+p, res.refused+r
 			if to == restartAt && sent() == restartAt && res.restartedAt == 0 {
 				restart()
 			}
 		}
 	}
+	var version int64 // the operator's view: each edit is made against the version it last saw
 	set := func(ctx context.Context, paused bool) (int64, string, error) {
-		r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused)
+		r, err := mgmt.SetPaused(ctx, operator, mgmtCfg, paused, version)
+		if err == nil {
+			version = r.Version
+		}
 		return r.Version, r.Replica, err
 	}
 	publishTo(count(cfg.PauseAt))
-	res.pauseLog = append(res.pauseLog, demo.ChangePause(ctx, start, true, set, a.pause, b.pause))
+	res.pauseLog = append(res.pauseLog, ChangePause(ctx, start, true, set, a.pause, b.pause))
 	pausedAt := time.Now()
 	before := sent()
 	publishTo(before + max(count(cfg.PauseFor), 1))
 	res.pausedMsgs = sent() - before
-	for deadline := time.Now().Add(demo.SeenWithin); (res.rows.Row(worker.RowPaused).N == 0 || time.Since(pausedAt) < cfg.PauseFor) &&
+	for deadline := time.Now().Add(SeenWithin); (res.rows.Row(worker.RowPaused).N == 0 || time.Since(pausedAt) < cfg.PauseFor) &&
 		time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(5 * time.Millisecond)
 	}
-	res.pauseLog = append(res.pauseLog, demo.ChangePause(ctx, start, false, set, a.pause, b.pause))
+	res.pauseLog = append(res.pauseLog, ChangePause(ctx, start, false, set, a.pause, b.pause))
 	publishTo(max(count(cfg.Duration), sent()))
 	if res.restartedAt == 0 { // RestartAt past the mix: at its end
 		restart()
@@ -370,7 +367,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 
 // handler wraps a worker's handler so that every message's Valkey commands
 // are counted into its path's row.
-func (res *demoResult) handler(w *worker.Worker, lane limits.Lane) bus.Handler {
+func (res *Result) handler(w *worker.Worker, lane limits.Lane) bus.Handler {
 	return func(ctx context.Context, m *bus.Message) error {
 		var t counting.Tally
 		path, err := w.Process(counting.WithTally(ctx, &t), lane, m)

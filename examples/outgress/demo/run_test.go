@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -13,8 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // TestDemo runs a short demo on the in-process miniredis (what a fresh
@@ -26,7 +24,7 @@ func TestDemo(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			addr := ""
 			if mode == "valkey" {
-				addr = testserver.Shared(t).Addr
+				addr = testenv.Shared(t).Addr
 			}
 			t.Setenv("VALKEY_ADDR", addr)
 			// 240 messages, the pause after 80 of them, 80 more published
@@ -35,14 +33,14 @@ func TestDemo(t *testing.T) {
 			// drain's bound is generous: it ends once every message is
 			// finished, at most 5 s (their lifetime) after the last is
 			// taken, which a loaded machine delays.
-			cfg := demoConfig{
+			cfg := Config{
 				Duration: 600 * time.Millisecond, Rate: 400, Channels: 20,
 				PauseAt: 200 * time.Millisecond, PauseFor: 200 * time.Millisecond,
 				Drain: 30 * time.Second, Seed: 3, RestartAt: 400 * time.Millisecond,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			res, err := runDemo(ctx, cfg)
+			res, err := Run(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,7 +56,7 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-func checkDemo(t *testing.T, res *demoResult) {
+func checkDemo(t *testing.T, res *Result) {
 	t.Helper()
 	want := map[worker.Row]int64{
 		worker.RowStdWarm: 1, worker.RowStdCold: 2, worker.RowPremWarm: 1, worker.RowPremCold: 2,
@@ -80,11 +78,12 @@ func checkDemo(t *testing.T, res *demoResult) {
 			t.Errorf("old shape, %s: %d commands over %d messages, want %d over 1", worker.RowNames[row], s.Commands, s.N, n)
 		}
 	}
-	if c := res.contract; len(c) != 3 || c[0].LimiterCalls != 2 || !c[0].Admitted || c[0].Err != nil || c[0].Charged != 1 ||
-		c[1].LimiterCalls != 2 || !c[1].Admitted || c[1].Err != nil || c[1].Charged != 1 ||
-		c[2].LimiterCalls != 2 || !errors.Is(c[2].Err, admit.ErrOutcomeUnknown) || c[2].Charged != 1 {
-		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown repeated once and admitted, "+
-			"lost twice an ErrOutcomeUnknown; each charged one token", c)
+	if c := res.contract; len(c) != 4 || c[0].LimiterCalls != 2 || !c[0].Admitted || c[0].Err != nil || c[0].Charged != 1 ||
+		c[1].LimiterCalls != 1 || c[1].Admitted || !errors.Is(c[1].Err, admit.ErrOutcomeUnknown) || c[1].Charged != 1 ||
+		c[2].LimiterCalls != 2 || !c[2].Admitted || c[2].Err != nil || c[2].Charged != 1 ||
+		c[3].LimiterCalls != 2 || !errors.Is(c[3].Err, admit.ErrOutcomeUnknown) || c[3].Charged != 1 {
+		t.Errorf("error contract: %+v; want not-executed retried then admitted, outcome-unknown not repeated by default, "+
+			"repeated once and admitted with RetryOutcomeUnknown, lost twice an ErrOutcomeUnknown; each charged one token", c)
 	}
 	if len(res.pauseLog) != 2 {
 		t.Fatalf("%d pause changes, want 2", len(res.pauseLog))
@@ -147,7 +146,6 @@ func checkDemo(t *testing.T, res *demoResult) {
 // the last test.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testserver.StopShared()
-	testenv.StopNATS()
+	testenv.Stop()
 	os.Exit(code)
 }

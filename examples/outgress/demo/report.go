@@ -1,8 +1,8 @@
-package main
+package demo
 
 import (
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
 	"github.com/admitkit/admit/examples/outgress/metrics"
@@ -29,16 +29,16 @@ type replicaReport struct {
 	mgmt  mgmt.Stats
 }
 
-// demoResult is everything a run measured.
-type demoResult struct {
-	cfg            demoConfig
+// Result is everything a run measured.
+type Result struct {
+	cfg            Config
 	where          string
 	helixURL       string
 	warmupCommands int64
 	rows           *worker.PathTable
 	oldShape       worker.PathTable
 	metrics        *metrics.Metrics
-	pauseLog       []demo.PauseChange
+	pauseLog       []PauseChange
 	status         mgmt.Status // the status request after the run
 	statusErr      error
 	natsWhere      string
@@ -49,7 +49,7 @@ type demoResult struct {
 	restartErr     error
 	restartedAt    time.Duration // when B's restart began, from the start
 	pausedMsgs     int           // the paused batch: published while every replica was paused
-	contract       []demo.ContractCase
+	contract       []ContractCase
 	elapsed        time.Duration
 	bus            bus.Stats // summed over every replica's connections
 	reported       int64
@@ -66,9 +66,9 @@ type demoResult struct {
 }
 
 // Print writes the report for a newcomer.
-func (r *demoResult) Print(out io.Writer) {
+func (r *Result) Print(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", laneWorkers[limits.LaneStandard], laneWorkers[limits.LanePremium], laneWorkers[limits.LaneSystem])
+	workers := fmt.Sprintf("%d standard, %d premium and %d system workers", fleetenv.LaneWorkers[limits.LaneStandard], fleetenv.LaneWorkers[limits.LanePremium], fleetenv.LaneWorkers[limits.LaneSystem])
 	fmt.Fprintf(out, "outgress: an egress worker's hot path on admit\n")
 	fmt.Fprintf(out, "  Valkey  %s\n", r.where)
 	fmt.Fprintf(out, "  NATS    %s\n", r.natsWhere)
@@ -126,7 +126,7 @@ func (r *demoResult) Print(out io.Writer) {
 		for i, d := range ev.Seen {
 			name := r.replicas[i].name
 			if d < 0 {
-				seen = append(seen, name+" not within "+demo.SeenWithin.String())
+				seen = append(seen, name+" not within "+SeenWithin.String())
 			} else {
 				how := "NATS event"
 				if name == ev.By {
@@ -164,10 +164,12 @@ func (r *demoResult) Print(out io.Writer) {
 	for _, line := range r.premiumSentence() {
 		fmt.Fprintln(out, "   "+line)
 	}
-	fmt.Fprintln(out, "   admit's error contract, on three premium messages whose script calls fail:")
+	fmt.Fprintln(out, "   admit's error contract, on four premium messages whose script calls fail:")
 	for _, c := range r.contract {
 		outcome := "admitted"
 		switch {
+		case errors.Is(c.Err, admit.ErrOutcomeUnknown) && c.LimiterCalls == 1:
+			outcome = "ErrOutcomeUnknown, not repeated: the error nacks the message"
 		case errors.Is(c.Err, admit.ErrOutcomeUnknown):
 			outcome = "ErrOutcomeUnknown again: the error nacks the message"
 		case c.Err != nil:
@@ -175,10 +177,15 @@ func (r *demoResult) Print(out io.Writer) {
 		case !c.Admitted:
 			outcome = "denied"
 		}
-		fmt.Fprintf(out, "     %s: %d limiter call(s), %s, %d token(s) charged\n", c.Fault, c.LimiterCalls, outcome, c.Charged)
+		mode := "default"
+		if c.RetryUnknown {
+			mode = "RetryOutcomeUnknown"
+		}
+		fmt.Fprintf(out, "     %s (%s): %d limiter call(s), %s, %d token(s) charged\n", c.Fault, mode, c.LimiterCalls, outcome, c.Charged)
 	}
-	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: repeated once under the")
-	fmt.Fprintln(out, "   message's id; the server returns the Decision it recorded if the first call ran, and takes nothing.)")
+	fmt.Fprintln(out, "   (ErrNotExecuted: nothing ran, retried up to 3 calls. ErrOutcomeUnknown: not repeated, as the plan")
+	fmt.Fprintln(out, "   says of its script; with the opt-in RetryOutcomeUnknown, repeated once under the message's id, and the")
+	fmt.Fprintln(out, "   server returns the Decision it recorded if the first call ran, and takes nothing.)")
 	fmt.Fprintln(out)
 
 	b := r.bus
@@ -204,7 +211,8 @@ func (r *demoResult) Print(out io.Writer) {
 	if r.restartErr != nil {
 		fmt.Fprintf(out, "   Replica B's restart failed: %v\n", r.restartErr)
 	}
-	fmt.Fprintln(out, "   A delay past the message's remaining life drops it at once (Term, no_time_<cause>: limited, paused, throttled or error).")
+	fmt.Fprintln(out, "   A refusal by a limit is redelivered after the error delay (DelayUntilToken off, the default); a delay past")
+	fmt.Fprintln(out, "   the message's remaining life drops it at once (Term, no_time_<cause>: limited, paused, throttled or error).")
 	fmt.Fprintln(out)
 
 	fmt.Fprintln(out, "5. Latency by stage, both replicas (upper bounds of Prometheus histogram buckets, about 42% wide)")
@@ -304,7 +312,7 @@ func round(d time.Duration) time.Duration {
 // premiumSentence says what the run measured of the premium reserve: the
 // chat tokens the standard lane took from the shared limit against its
 // share's, and premium chat's admissions and refusals by the shared limit.
-func (r *demoResult) premiumSentence() []string {
+func (r *Result) premiumSentence() []string {
 	m := r.metrics
 	stdShare, stdShared := m.Tokens(limits.LaneStandard, limits.ClassStandard), m.Tokens(limits.LaneStandard, limits.ClassShared)
 	refused := m.Denied(limits.LanePremium, limits.ClassShared)

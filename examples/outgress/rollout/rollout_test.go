@@ -1,4 +1,4 @@
-package main
+package rollout
 
 import (
 	"context"
@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/canary"
-	"github.com/admitkit/admit/examples/outgress/demo"
+	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
-	"github.com/admitkit/admit/internal/testserver"
 )
 
 // TestRolloutDemo runs the rollout on the real server: a baseline with
@@ -35,11 +34,11 @@ import (
 // window waits for both replicas to measure its last one) and snapshot age
 // readings.
 func TestRolloutDemo(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", testserver.Shared(t).Addr)
+	t.Setenv("VALKEY_ADDR", testenv.Shared(t).Addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*windowLimit) // a bound per window; each takes seconds
 	defer cancel()
 	var out strings.Builder
-	res, err := runRollout(ctx, 300, 300, &out)
+	res, err := Run(ctx, 300, 300, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -83,13 +82,8 @@ func TestRolloutDemo(t *testing.T) {
 // lost event's reconcile coming at least 3.2 s after it, which load only
 // delays further.
 func TestCanaryGatesFail(t *testing.T) {
-	srv := testserver.Shared(t)
-	t.Setenv("VALKEY_ADDR", srv.Addr)
-	dial, _, stop, err := demo.Valkey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	srv := testenv.Shared(t)
+	dial := fleetenv.DialAddr(srv.Addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*windowLimit) // six windows, each bounded
 	defer cancel()
 	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: testenv.NATSURL(t),
@@ -105,7 +99,7 @@ func TestCanaryGatesFail(t *testing.T) {
 	if err := f.deploy(f.baseline, 0, worker.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	srvCount := valkeyServer(f.admin)
+	srvCount := canary.ValkeyScriptRuns(f.admin)
 	seed := uint64(100)
 	// Each window is 300 messages, and more until each replica has
 	// admitted 40 warm messages on each of the standard and premium lanes:
@@ -117,7 +111,7 @@ func TestCanaryGatesFail(t *testing.T) {
 		t.Helper()
 		seed++
 		wc.Rate, wc.Messages, wc.MinWarm, wc.Seed, wc.Server = 300, 300, 40, seed, srvCount
-		wc.Bounds.InFlight, wc.Bounds.MaxAge = 2*fleetWorkers(), 10*time.Second // the canary fails closed at 10 s
+		wc.Bounds.InFlight, wc.Bounds.MaxAge = 2*fleetenv.Workers(), 10*time.Second // the canary fails closed at 10 s
 		res, err := f.window(ctx, wc)
 		if err != nil {
 			t.Fatal(err)
@@ -205,4 +199,12 @@ func TestCanaryGatesFail(t *testing.T) {
 		gate(t, rep, canary.GatePropagation, false)
 		measured(rep)
 	})
+}
+
+// TestMain stops the shared test server and the embedded NATS server after
+// the last test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Stop()
+	os.Exit(code)
 }
