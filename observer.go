@@ -75,11 +75,12 @@ func (l *Limiter) observeStart() time.Time {
 	return time.Now()
 }
 
-// observed reports c's outcome, d and err, when something observes, and
-// returns them. cached is set when the denial cache answered.
-func (l *Limiter) observed(c *call, d Decision, cached bool, err error) (Decision, error) {
+// observed reports the outcome, d and err, of a call of op on firstKey
+// that started at start, when something observes, and returns them.
+// cached is set when the denial cache answered.
+func (l *Limiter) observed(op Op, firstKey string, start time.Time, d Decision, cached bool, err error) (Decision, error) {
 	if l != nil && l.observe != nil {
-		l.observe(Observation{Op: c.op, FirstKey: c.first.Key, Decision: d, Err: err, Duration: time.Since(c.start), Cached: cached})
+		l.observe(Observation{Op: op, FirstKey: firstKey, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
 	}
 	return d, err
 }
