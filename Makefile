@@ -5,10 +5,10 @@
 #                              the real-server tests that ran and skipped (scripts/test.sh)
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
 #                              in every module; fails on any finding
-# make integration             the root package's real-server tests alone (files
-#                              *_integration_test.go, the conformance suite, the
-#                              property tests' real tier), with a missing server a
-#                              failure: VALKEY_SERVER=path, or valkey-server on PATH
+# make integration             the real-server tests alone (./integration, and in the
+#                              root the property tests' real tier and the key-slot
+#                              check), with a missing server a failure:
+#                              VALKEY_SERVER=path, or valkey-server on PATH
 #
 # Benchmarks against a real server, in the benchmarks module (benchmarks/):
 # see BENCHMARKS.md.
@@ -40,8 +40,12 @@ MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 test:
 	@bash scripts/test.sh
 
-# Real-server tests are named TestIntegration* or TestConformance*, one switch.
+# Real-server tests live in ./integration (and the few that need the
+# package's insides, named TestIntegration*, beside them in the root), behind
+# one switch: internal/testserver, which ADMIT_REQUIRE_SERVER=1 makes fail
+# without a server.
 integration:
+	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 ./integration
 	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/
 
 lint:

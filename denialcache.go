@@ -47,8 +47,22 @@ func newDenialCache(size int) *denialCache {
 	}
 }
 
+// A nil *denialCache is a Limiter without one: it holds nothing and reads
+// no clock.
+
+// clock reads the cache's clock: the zero Time without a cache.
+func (c *denialCache) clock() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.now()
+}
+
 // lookup returns the cached denial of r, if one is still in force.
 func (c *denialCache) lookup(r Request) (Decision, bool) {
+	if c == nil {
+		return Decision{}, false
+	}
 	now := c.now()
 	c.mu.Lock()
 	i, ok := c.index[r.Key]
@@ -77,6 +91,9 @@ func (c *denialCache) lookup(r Request) (Decision, bool) {
 // a full cache takes the slot of the oldest entry. The denial of a request
 // sent no later than the last invalidate is not recorded.
 func (c *denialCache) add(r Request, sent time.Time, d Decision) {
+	if c == nil {
+		return
+	}
 	e := denial{spec: r.Spec, cost: r.cost(), until: sent.Add(d.RetryAfter), remaining: d.Remaining[0]}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -120,6 +137,9 @@ func (c *denialCache) invalidate(key string) {
 // tokens back to. A denial is cached under the first key of its call,
 // which may be either key of the refund.
 func (c *denialCache) refunded(first Request, second *Request) {
+	if c == nil {
+		return
+	}
 	c.invalidate(first.Key)
 	if second != nil {
 		c.invalidate(second.Key)

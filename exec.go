@@ -1,39 +1,56 @@
 package admit
 
-// Sending a script and classing its failure: what each error proves about
-// what happened on the wire (errors.go holds the classes themselves).
+// Sending the script and reading its reply: a call, encoded once from its
+// requests (Limiter.newCall), goes out as one EVALSHA and comes back as a
+// Decision or an error classed by classify (errors.go).
 
 import (
 	"context"
 	"errors"
-	"net"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
 )
 
-// preExecCodes are server error codes given before a script starts: the
-// command was refused whole, so nothing ran. MOVED, ASK and NOSCRIPT are
-// normally resolved inside valkey-go; should one reach us, nothing ran either.
-// OOM, READONLY, MISCONF and NOREPLICAS can also refuse the script's first
-// write, before anything is written (the script writes only after every
-// read). A permission refused inside a running script is not NOPERM but
-// "ERR ACL failure in script" (Valkey 8) or "ERR The user executing the
-// script can't run this command" (Redis 7.0): outcome unknown.
-var preExecCodes = map[string]bool{
-	"TRYAGAIN": true, "CLUSTERDOWN": true, "LOADING": true, "READONLY": true,
-	"OOM": true, "NOPERM": true, "BUSY": true,
-	"MASTERDOWN": true, "MISCONF": true, "NOREPLICAS": true, "CROSSSLOT": true,
-	"MOVED": true, "ASK": true, "NOSCRIPT": true,
+// A call is one script run: the requests it was made for, as the caller
+// gave them, and the script's keys and arguments, encoded once.
+type call struct {
+	op      Op
+	start   time.Time // for the observer: the zero Time when none observes
+	mode    string
+	first   Request
+	second  *Request
+	buckets uint8
+	nk, na  int // keys in buf[:nk], arguments in buf[3:3+na]
+	buf     [11]string
 }
 
-// noScriptingEngine is how Valkey 9.1 refuses EVAL and EVAL_RO (and
-// SCRIPT LOAD) when its Lua engine module is not loaded ("ERR Could not find
-// scripting engine 'lua'", 9.1.2): the engine is looked up before anything
-// runs. EVALSHA gets NOSCRIPT there (unloading the engine empties the
-// script cache), and valkey-go's EVAL fallback gets this.
-const noScriptingEngine = "Could not find scripting engine"
+func (c *call) keys() []string { return c.buf[:c.nk] }
+func (c *call) args() []string { return c.buf[3 : 3+c.na] }
+
+// send runs c's script and decodes its reply. A call whose context is
+// already done is not sent.
+func (l *Limiter) send(ctx context.Context, c *call) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, notSent(err)
+	}
+	script := l.script
+	if c.mode == modePeek && !l.peekRW.Load() {
+		script = l.readOnly
+	}
+	d, err := decode(execScript(ctx, script, l.client, c.keys(), c.args()), c.buckets)
+	if err != nil && script == l.readOnly && l.readOnlyRefused(err) {
+		// Nothing ran: the same script in the same read-only mode,
+		// read-write (readonly.go).
+		d, err = decode(execScript(ctx, l.script, l.client, c.keys(), c.args()), c.buckets)
+	}
+	if d.replayed && c.mode != modeOnce {
+		return Decision{}, badReply("a replayed decision from a call that names no once-record")
+	}
+	return d, err
+}
 
 // execScript runs script on client. When valkey-go fails the call with a
 // context error although this call's own context is live (see
@@ -96,114 +113,87 @@ type foreignContextError struct {
 func (e *foreignContextError) Error() string { return e.err.Error() }
 func (e *foreignContextError) Unwrap() error { return e.err }
 
-// classify turns the error of a script call into a callError. Only what is
-// proven not to have run is ErrNotExecuted; everything else, including a
-// context that ended while the command may have been in flight, is
-// ErrOutcomeUnknown. The proofs rest on valkey-go v1.0.79's source, cited
-// in each case.
-func classify(err error) error {
-	notExecuted := func(msg string) error {
-		return &callError{msg: "admit: not executed: " + msg, class: ErrNotExecuted, cause: err}
+// decode reads the script's reply. An admission that records nothing (a
+// take or a peek) replies with an integer, which the server formats itself
+// and valkey-go decodes without allocating: the tokens left, and for two
+// buckets, when both counts are below 2^26, rem1 * 2^26 + rem2. Every
+// other reply is one string, "denied retry_us rem1 rem2", so that
+// valkey-go allocates one small buffer for it and decoding allocates
+// nothing more. A replay (AllowOrderedOnce's recorded decision) is the
+// string prefixed with "R ". Anything else is ErrBadReply, but for a
+// malformed replay, which ran nothing: ErrCorruptState.
+func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
+	if m, err := resp.ToMessage(); err == nil && m.IsInt64() {
+		n, _ := m.ToInt64()
+		return decodeAdmitted(n, buckets)
 	}
-	unknown := func(msg string) error {
-		return &callError{msg: "admit: outcome unknown: " + msg, class: ErrOutcomeUnknown, cause: err}
+	s, err := resp.ToString()
+	if valkey.IsParseErr(err) {
+		return Decision{}, badReply(err.Error())
 	}
-	if valkey.IsValkeyNil(err) {
-		return badReply("nil instead of \"denied retry_us rem1 rem2\"")
+	if err != nil {
+		return Decision{}, classify(err)
 	}
-	if verr, ok := valkey.IsValkeyErr(err); ok {
-		msg := verr.Error()
-		code, _, _ := strings.Cut(msg, " ")
-		switch {
-		case code == "WRONGTYPE":
-			return &callError{msg: "admit: " + strings.TrimPrefix(msg, "WRONGTYPE admit: "), reason: ErrWrongType, class: ErrNotExecuted}
-		case code == "ADMITCORRUPT":
-			detail, what := strings.TrimPrefix(msg, "ADMITCORRUPT admit: "), "admit: corrupt bucket state: "
-			if strings.HasPrefix(detail, "the once-record") {
-				what = "admit: corrupt once-record: "
+	replayed := strings.HasPrefix(s, "R ")
+	if replayed {
+		s = s[2:]
+	}
+	d, err := decodeFields(s, buckets)
+	if err != nil && replayed {
+		return Decision{}, corruptReplay(err)
+	}
+	d.replayed = replayed
+	return d, err
+}
+
+// decodeFields reads "denied retry_us rem1 rem2".
+func decodeFields(s string, buckets uint8) (Decision, error) {
+	var f [4]int64
+	rest := s
+	for i := range f {
+		field := rest
+		if i < len(f)-1 {
+			sp := strings.IndexByte(rest, ' ')
+			if sp < 0 {
+				return Decision{}, badReply("want 4 fields, got " + strconv.Quote(s))
 			}
-			return &callError{msg: what + detail + "; nothing was written", reason: ErrCorruptState, class: ErrNotExecuted}
-		case code == "ADMITREUSE":
-			return &callError{msg: "admit: invalid request: AllowOrderedOnce: this id was recorded within OnceWindow for a different request " +
-				"(another bucket count, second key, Spec or Cost); nothing was taken; give each unit of work its own id",
-				reason: ErrOnceIDReused, class: ErrNotExecuted}
-		case code == "ADMITPARTIAL":
-			// Only WithoutACLPrecheck's script replies so: a write on
-			// bucket 2's key refused after bucket 1's, which stays.
-			return unknown(strings.TrimPrefix(msg, "ADMITPARTIAL admit: ") +
-				"; grant the permission, or build the Limiter without WithoutACLPrecheck")
-		case code == "ADMITARGS":
-			// admit never sends such arguments: a direct EVALSHA, or a
-			// script of another release under a colliding call.
-			return &callError{msg: "admit: invalid request: the script refused its arguments before reading or writing anything: " +
-				strings.TrimPrefix(msg, "ADMITARGS admit: "), reason: ErrInvalidRequest, class: ErrNotExecuted}
-		case code == "WRONGPASS":
-			// Only AUTH and HELLO ... AUTH get WRONGPASS. admit sends
-			// neither; valkey-go sends them in the setup of a new
-			// connection, and returns their error before sending any
-			// command on it (pipe.go _newPipe, mux.go _pipe).
-			return notExecuted("the server refused the client's credentials when it opened a new connection " +
-				"(password changed, or user disabled or deleted); nothing was sent; " +
-				"give the client valid credentials (ClientOption Username and Password, or AuthCredentialsFn)")
-		case code == "NOAUTH":
-			// A reply to the connection setup's HELLO, or to the script
-			// command itself on an unauthenticated connection: either
-			// way the server ran nothing.
-			return notExecuted("the server requires authentication and the client's connection has none; " +
-				"nothing ran; give the client credentials (ClientOption Username and Password)")
-		case strings.Contains(msg, noScriptingEngine):
-			return notExecuted("the server has no Lua scripting engine, which admit needs; nothing ran; Valkey 9.1+ " +
-				"runs Lua as a module, here unloaded (MODULE UNLOAD lua) or never loaded: restart the server, which loads " +
-				"its built-in Lua engine at start, or load the engine's module (loadmodule in its configuration)")
-		case preExecCodes[code]:
-			return notExecuted("the server refused the command before running it; nothing was written; " +
-				"a retry is safe once the condition in the server's reply clears")
+			field, rest = rest[:sp], rest[sp+1:]
 		}
-		return unknown("the server failed the script; tokens may have been consumed")
-	}
-	if errors.Is(err, valkey.ErrNoSlot) {
-		// Returned by the cluster client's pick when its slot map has
-		// no node for the slot, before any connection is used
-		// (cluster.go pick, pickMulti).
-		return notExecuted("the cluster client has no node for the key's hash slot, as during a failover " +
-			"or a resharding; nothing was sent; retry once the slot has a primary")
-	}
-	if errors.Is(err, valkey.ErrNoCache) {
-		// Returned only by the setup of a new connection, when a CLIENT
-		// command of it (CLIENT TRACKING for client-side caching, among
-		// others) is refused, or the server lacks RESP3 (pipe.go
-		// _newPipe); the connection is dropped unused.
-		return notExecuted("a new connection's setup was refused (a CLIENT command such as CLIENT TRACKING, " +
-			"which valkey-go's client-side cache needs); nothing was sent; grant the user that command " +
-			"(for example +client|tracking), or build the client with DisableCache: true")
-	}
-	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Op == "dial" {
-		// Dial errors come only from opening a connection (mux.go
-		// wireFn), never from one that carried the command.
-		return notExecuted("could not connect to the server; nothing was sent; a retry is safe")
-	}
-	var foreign *foreignContextError
-	if errors.As(err, &foreign) {
-		if !foreign.proven {
-			return unknown("valkey-go reported a context error although this call's context is live, from somewhere " +
-				"admit cannot place; the command may have been in flight; tokens may have been consumed")
+		v, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return Decision{}, badReply("field " + strconv.Itoa(i+1) + " of " + strconv.Quote(s) + " is not an integer")
 		}
-		return notExecuted("this call's context is live, but valkey-go failed it with another call's context error " +
-			"before sending it: valkey-go opens a connection once for all the calls waiting for it, with the context " +
-			"of the call that started the attempt, and gives that attempt's error to each of them (a closed client " +
-			"repeats the last one); nothing was sent; a retry is safe")
+		f[i] = v
 	}
-	if errors.Is(err, valkey.ErrClosing) {
-		// A call made on a closed client sends nothing; but valkey-go
-		// also fails a call whose command is in flight with ErrClosing
-		// when Close does not see its reply within a second (pipe.go
-		// Close, _background), so ErrClosing proves nothing.
-		return unknown("the valkey client was closed; a call made after Close sends nothing, but one in flight " +
-			"when Close ran gets the same error, so tokens may have been consumed; do not use a Limiter after closing its client")
+	denied, retry, rem1, rem2 := f[0], f[1], f[2], f[3]
+	switch {
+	case denied < 0 || denied > int64(buckets):
+		return Decision{}, badReply("denied " + strconv.FormatInt(denied, 10) + " out of range")
+	case (denied == 0) != (retry == 0) || retry < 0:
+		return Decision{}, badReply("retry " + strconv.FormatInt(retry, 10) + "µs inconsistent with denied " + strconv.FormatInt(denied, 10))
+	case rem1 < 0 || rem2 < -1 || (rem2 == -1) != (buckets == 1 || denied == 1):
+		return Decision{}, badReply("remaining " + strconv.FormatInt(rem1, 10) + ", " + strconv.FormatInt(rem2, 10) +
+			" inconsistent with " + strconv.Itoa(int(buckets)) + " buckets and denied " + strconv.FormatInt(denied, 10))
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return unknown("this call's context ended while the command may have been in flight; tokens may have been consumed")
+	return Decision{
+		Denied:     uint8(denied),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		Remaining:  [2]int{int(rem1), int(rem2)},
+		decided:    true,
+	}, nil
+}
+
+// packShift is the bits of rem2 in a two-bucket admission's integer reply.
+const packShift = 26
+
+// decodeAdmitted reads an admission's integer reply (see decode).
+func decodeAdmitted(n int64, buckets uint8) (Decision, error) {
+	rem := [2]int{int(n), -1}
+	if buckets == 2 {
+		rem = [2]int{int(n >> packShift), int(n & (1<<packShift - 1))}
 	}
-	return unknown("the connection failed while the command may have been in flight; tokens may have been consumed; admit does not retry")
+	if n < 0 || n >= 1<<53 {
+		return Decision{}, badReply("admission count " + strconv.FormatInt(n, 10) + " out of range")
+	}
+	return Decision{Remaining: rem, decided: true}, nil
 }

@@ -13,12 +13,8 @@ var ScriptSource = scriptSource
 // shipped script, as New runs it: through EVALSHA for take and refund, and
 // read-only through EVALSHA_RO for peek.
 func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
-	return &Limiter{client: c, script: valkey.NewLuaScript(src), peek: valkey.NewLuaScriptReadOnly(src)}
+	return &Limiter{client: c, script: valkey.NewLuaScript(src), readOnly: valkey.NewLuaScriptReadOnly(src)}
 }
-
-// LeastPrivilegeACL is docs/acl.md's least-privilege ACL rules for admit's
-// user, without the key pattern.
-const LeastPrivilegeACL = leastPrivilege
 
 // OnceKey is onceKey: the name of the record of (key, id), or the refusal
 // of the pair.
@@ -33,7 +29,7 @@ const RaceEnabled = raceEnabled
 // newLimiter returns a Limiter that runs script for every mode, peek
 // included (through EVALSHA, not EVALSHA_RO).
 func newLimiter(client valkey.Client, script *valkey.Lua) *Limiter {
-	return &Limiter{client: client, script: script, peek: script}
+	return &Limiter{client: client, script: script, readOnly: script}
 }
 
 // len is the number of Wait lines a Limiter holds.

@@ -49,7 +49,6 @@ package admit
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -147,11 +146,11 @@ func (d Decision) String() string {
 // processes, share the buckets of the keys they name. A Limiter is safe for
 // simultaneous use by multiple goroutines.
 type Limiter struct {
-	client valkey.Client
-	script *valkey.Lua // EVALSHA: take and refund
-	peek   *valkey.Lua // EVALSHA_RO: the same script, read-only
+	client   valkey.Client
+	script   *valkey.Lua // EVALSHA: take and refund
+	readOnly *valkey.Lua // EVALSHA_RO: the same script, read-only
 	// peekRW is set once the server refused TIME in a read-only script
-	// (miniredis does): peeks then run through script, in mode p.
+	// (miniredis does): peeks then run through script (readonly.go).
 	peekRW  atomic.Bool
 	denials *denialCache      // nil unless WithDenialCache
 	observe func(Observation) // nil unless WithObserver
@@ -169,7 +168,7 @@ type Limiter struct {
 // connection expires, whatever its retry flag, so a script could run twice.
 func New(client valkey.Client, opts ...Option) *Limiter {
 	s := scripts()
-	l := &Limiter{client: client, script: s.take, peek: s.peek}
+	l := &Limiter{client: client, script: s.take, readOnly: s.peek}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(l)
@@ -221,31 +220,232 @@ func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) 
 	return l.take(ctx, OpAll, mode, first, second)
 }
 
+// AllowOrderedOnce is AllowOrdered made retry-safe by id. A call decides
+// and, when its decision charged something (an admission, or a denial by
+// the second bucket, which charged the first), records it in the same
+// script run and round trip; a later call with the same id and the same
+// request within [OnceWindow] returns the recorded Decision (Remaining and
+// RetryAfter as they were then) with [Decision.Replayed] true, and takes
+// nothing. A denial by the first bucket charged nothing and is not
+// recorded: it writes nothing, and the same id simply decides again. So
+// after ErrOutcomeUnknown, call again with the same id: if the first call
+// ran, its Decision comes back and nothing is charged twice; if it did
+// not, this call decides. Settle a reservation (Refund the unused part)
+// only for a Decision that is not Replayed. Use an id that names the unit
+// of work, such as a message id, never reused for other work within the
+// window.
+//
+// The record is one string key in the first bucket's cluster slot, named
+// by [OnceRecordKey]; it expires after OnceWindow and holds the decision
+// and the request it was made for. The same id with another request
+// (bucket count, second key, Spec or Cost) is refused with
+// [ErrOnceIDReused]; a record holding a value admit did not write is
+// [ErrCorruptState]; both are not executed and write nothing. An empty id,
+// an id over MaxOnceIDLen bytes, and a first key without a hash tag that
+// holds a "}" (its record could not share its slot) are refused with
+// ErrInvalidRequest before sending. The local denial cache
+// ([WithDenialCache]) is not used: every call goes to the server.
+//
+// The ACL user needs +get and +set beside what AllowOrdered needs.
+func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
+	return l.once(ctx, id, first, second)
+}
+
+// Peek returns the Decision that AllowOrdered would return now for the same
+// requests, Remaining included, and takes nothing: it writes no key and
+// refreshes no expiry. It runs the same script read-only (EVALSHA_RO), so it
+// works for an ACL user without write permissions and may be served by a
+// replica (valkey-go's ClientOption.SendToReplicas), where the answer is as
+// fresh as the replica.
+//
+// A Peek is advice, not a reservation: another caller may take the tokens
+// before a following AllowOrdered. Since a Peek writes nothing, every error
+// it returns is [ErrNotExecuted], even one whose reason is a lost reply or
+// [ErrBadReply]: nothing was taken, and a retry is safe.
+//
+// On a server that refuses TIME in a read-only script (miniredis, the
+// embedded server of unit tests), Peek runs the same script through
+// EVALSHA instead, in the same read-only mode, which writes nothing; the
+// Limiter remembers that and goes straight there afterwards.
+func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
+	return l.peek(ctx, first, second)
+}
+
+// Refund gives each Request's Cost back to its bucket, capped at the
+// Spec's burst: a refund never creates a token above it, and a bucket
+// whose key has expired (a full bucket) is left alone. Refund with a nil
+// second gives back to first only.
+//
+// It is meant for reserve-then-settle: take an estimate with AllowOrdered,
+// do the work, then Refund the unused part with Cost set to it. Refund only
+// what was charged: after a Decision with Denied 2 only the first bucket
+// was charged, so refund first alone; after Denied 1 nothing was charged.
+// After ErrOutcomeUnknown from AllowOrdered, the charge may or may not have
+// happened: refunding could hand out tokens that were never taken, so do
+// not refund (let the bucket refill on its own). Refund is not idempotent:
+// after ErrOutcomeUnknown from Refund itself, do not repeat it.
+//
+// With [WithDenialCache], once the refund has returned, whatever its outcome
+// (one whose outcome is unknown may have run), the Limiter holds no cached
+// denial of either key, and does not cache the denial of a call sent before
+// that: the next call on either key goes to the server.
+func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
+	return l.refund(ctx, first, second)
+}
+
+// Wait blocks until AllowOrdered admits the requests, and returns that
+// Decision. Between attempts it sleeps the denial's RetryAfter plus up to
+// 10% of jitter, so that waiters in other processes do not wake in
+// lockstep; with a deadline, the jitter takes at most a quarter of the time
+// between the token and the deadline, so a token that comes before the
+// deadline is tried for.
+//
+// The Waits of one Limiter on the same keys (first and second Key) form a
+// line: only the Wait at its head sends attempts, and the others queue
+// behind it, in about the order they came, each sending nothing until it
+// is the head. So with any number of waiters on one bucket a Limiter sends
+// about two scripts per admission (the new head's first attempt, denied,
+// and the one after its sleep), three when the second bucket refuses (the
+// refund too). Waits with different Specs or Costs on the same keys share
+// the line. Waits of different Limiters, or of other processes, do not:
+// only the jitter spreads them.
+//
+// It honours ctx: it returns ctx's error when ctx is done while it sleeps
+// or is queued, and, like golang.org/x/time/rate, it returns at once,
+// without sleeping, when the refusing bucket cannot hold the Cost before
+// ctx's deadline. A queued Wait knows this from the last denial the head of
+// its line got for the same requests, and returns at once, having sent
+// nothing, when its deadline comes before that denial's token. Those errors
+// wrap ErrNotExecuted and context.DeadlineExceeded (or ctx's error) and
+// come with the denial: nothing was taken.
+//
+// An attempt that the second bucket refuses has charged the first bucket
+// (the ordered transitions); Wait refunds that charge (one more round trip)
+// before it sleeps or gives up, so only the admitted attempt costs
+// anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
+// refund's error: the first bucket may stay charged. When it succeeds and
+// Wait then gives up (the deadline, ctx ended, or a later attempt did not
+// run), the error is still ErrNotExecuted, because no token stays taken and
+// a retry is safe, but it is not proof that nothing was written: each such
+// attempt and its refund ran two scripts, which wrote the first bucket's
+// key (its tokens back, capped at its burst, and its expiry), and the
+// error's text says so. The Decision that comes with a deadline error is
+// the last attempt's, whose Remaining for the first bucket is from before
+// the refund.
+//
+// An attempt that fails is never repeated: Wait returns its error as
+// AllowOrdered gave it (a not-executed one after refunded attempts says
+// what those wrote, as above), so an attempt whose outcome is unknown
+// (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
+// long as the buckets keep refusing.
+func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
+	return l.wait(ctx, first, second)
+}
+
+// The decisions, one function a mode. Each checks and encodes its
+// requests once, as a call (newCall), and from there works on the call
+// alone: the denial cache, the server (send) and the observer see the
+// same call.
+
 // take is AllowOrdered (mode modeTake) or AllowAll (modeAll), observed as
 // op (OpTake, OpAll, or OpWaitAttempt for Wait). A first-bucket denial is
-// the same in both modes, so the denial cache serves both.
+// the same in both modes, so the denial cache serves both. Bad input is
+// refused whether a denial is cached or not.
 func (l *Limiter) take(ctx context.Context, op Op, mode string, first Request, second *Request) (Decision, error) {
-	start := l.observeStart()
-	if l == nil || l.denials == nil {
-		d, err := l.run(ctx, mode, first, second)
-		l.observed(op, first, start, false, d, err)
-		return d, err
+	c, err := l.newCall(ctx, op, mode, first, second, "")
+	if err != nil {
+		return l.observed(c.op, c.first.Key, c.start, Decision{}, false, err)
 	}
-	if d, ok := l.denials.lookup(first); ok {
-		if err := l.check(ctx, first, second); err != nil { // bad input is refused, cached or not
-			l.observed(op, first, start, false, Decision{}, err)
-			return Decision{}, err
-		}
-		l.observed(op, first, start, true, d, nil)
-		return d, nil
+	if d, ok := l.denials.lookup(c.first); ok {
+		return l.observed(c.op, c.first.Key, c.start, d, true, nil)
 	}
-	sent := l.denials.now()
-	d, err := l.run(ctx, mode, first, second)
+	sent := l.denials.clock()
+	d, err := l.send(ctx, &c)
 	if err == nil && d.Denied == 1 {
-		l.denials.add(first, sent, d)
+		l.denials.add(c.first, sent, d)
 	}
-	l.observed(op, first, start, false, d, err)
-	return d, err
+	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+}
+
+// once is AllowOrderedOnce: a take recorded under id, never served from
+// the denial cache.
+func (l *Limiter) once(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
+	record, bad := onceKey(first.Key, id)
+	c, err := l.newCall(ctx, OpOnce, modeOnce, first, second, record)
+	if bad != nil { // the id's refusal comes first
+		err = bad
+	}
+	d := Decision{}
+	if err == nil {
+		d, err = l.send(ctx, &c)
+	}
+	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+}
+
+// peek is Peek: the script read-only, its failures reclassed (peekFailed).
+func (l *Limiter) peek(ctx context.Context, first Request, second *Request) (Decision, error) {
+	c, err := l.newCall(ctx, OpPeek, modePeek, first, second, "")
+	d := Decision{}
+	if err == nil {
+		d, err = l.send(ctx, &c)
+	}
+	if err != nil {
+		d, err = Decision{}, peekFailed(err)
+	}
+	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+}
+
+// refund is Refund: it drops the cached denials of both keys once the
+// reply is in, whatever it says (a denial sent meanwhile may predate the
+// refund).
+func (l *Limiter) refund(ctx context.Context, first Request, second *Request) error {
+	c, err := l.newCall(ctx, OpRefund, modeRefund, first, second, "")
+	if err == nil {
+		_, err = l.send(ctx, &c)
+	}
+	if l != nil {
+		l.denials.refunded(c.first, c.second)
+	}
+	_, err = l.observed(c.op, c.first.Key, c.start, Decision{}, false, err)
+	return err
+}
+
+// newCall encodes first and second as the script's keys and arguments for
+// op in mode (with record, the key of AllowOrderedOnce's record, for
+// modeOnce), and checks them: what can be known client-side is refused
+// before anything is sent. The call it returns names first even with an
+// error, for the observer.
+func (l *Limiter) newCall(ctx context.Context, op Op, mode string, first Request, second *Request, record string) (call, error) {
+	c := call{op: op, start: l.observeStart(), mode: mode, first: first, second: second, buckets: 1}
+	// Keys and arguments share one backing array: up to 3 keys (the
+	// buckets, then a record), then 3 arguments a bucket, the mode (none
+	// for a take) and, for AllowOrderedOnce, the record's window.
+	c.buf[0] = first.Key
+	c.buf[3], c.buf[4], c.buf[5] = first.Spec.intervalArg, first.Spec.burstArg, costArg(first.Cost)
+	c.nk, c.na = 1, 3
+	if second != nil {
+		c.buf[1] = second.Key
+		c.buf[6], c.buf[7], c.buf[8] = second.Spec.intervalArg, second.Spec.burstArg, costArg(second.Cost)
+		c.nk, c.na, c.buckets = 2, 6, 2
+	}
+	if mode != modeTake {
+		c.buf[3+c.na] = mode
+		c.na++
+	}
+	if record != "" {
+		c.buf[c.nk], c.buf[3+c.na] = record, onceWindowArg
+		c.nk, c.na = c.nk+1, c.na+1
+	}
+	return c, l.check(ctx, first, second)
+}
+
+// costArg encodes a Request's Cost, 0 meaning 1; strconv.Itoa does not
+// allocate below 100.
+func costArg(cost int) string {
+	if cost == 0 || cost == 1 {
+		return "1"
+	}
+	return strconv.Itoa(cost)
 }
 
 // check refuses what can be known client-side, before anything is sent.
@@ -265,72 +465,8 @@ func (l *Limiter) check(ctx context.Context, first Request, second *Request) err
 	return nil
 }
 
-// run checks the call, sends the script in mode and decodes its reply.
-func (l *Limiter) run(ctx context.Context, mode string, first Request, second *Request) (Decision, error) {
-	return l.runRecorded(ctx, mode, first, second, "")
-}
-
-// runRecorded is run with, for AllowOrderedOnce, the key of the record
-// that makes the decision once: the last key, with the window the last
-// argument.
-func (l *Limiter) runRecorded(ctx context.Context, mode string, first Request, second *Request, record string) (Decision, error) {
-	if err := l.check(ctx, first, second); err != nil {
-		return Decision{}, err
-	}
-	// Keys and arguments share one backing array: up to 3 keys (the
-	// buckets, then a record), then 3 arguments a bucket, the mode (none
-	// for a take) and, for AllowOrderedOnce, the record's window.
-	var buf [11]string
-	buf[0] = first.Key
-	buf[3], buf[4], buf[5] = first.Spec.intervalArg, first.Spec.burstArg, costArg(first.cost())
-	nk, na := 1, 3
-	if second != nil {
-		buf[1] = second.Key
-		buf[6], buf[7], buf[8] = second.Spec.intervalArg, second.Spec.burstArg, costArg(second.cost())
-		nk, na = 2, 6
-	}
-	buckets := uint8(nk)
-	if mode != modeTake {
-		buf[3+na] = mode
-		na++
-	}
-	if record != "" {
-		buf[nk], buf[3+na] = record, onceWindowArg
-		nk, na = nk+1, na+1
-	}
-	keys, args := buf[0:nk], buf[3:3+na]
-	if err := ctx.Err(); err != nil {
-		return Decision{}, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
-	}
-	script := l.script
-	if mode == modePeek && !l.peekRW.Load() {
-		script = l.peek
-	}
-	d, err := decode(execScript(ctx, script, l.client, keys, args), buckets)
-	if mode == modePeek && script == l.peek && err != nil && strings.Contains(err.Error(), readOnlyTimeRefused) {
-		// Nothing ran: the server refused the script's first command.
-		l.peekRW.Store(true)
-		d, err = decode(execScript(ctx, l.script, l.client, keys, args), buckets)
-	}
-	if d.replayed && record == "" {
-		return Decision{}, badReply("a replayed decision from a call that names no once-record")
-	}
-	return d, err
-}
-
-// readOnlyTimeRefused is what miniredis answers when a read-only script
-// calls TIME, which it does not count as a read-only command. Real
-// servers run TIME in read-only scripts.
-const readOnlyTimeRefused = "Write commands are not allowed in read-only scripts"
-
-// costArg encodes a cost; strconv.Itoa does not allocate below 100.
-func costArg(cost int) string {
-	if cost == 1 {
-		return "1"
-	}
-	return strconv.Itoa(cost)
-}
-
+// checkRequest refuses a Request that can never be sent: which names it
+// ("first" or "second") in the error.
 func checkRequest(which string, r Request) error {
 	switch {
 	case r.Key == "":
@@ -358,12 +494,9 @@ func (l *Limiter) checkPair(first, second Request) error {
 	}
 	if l.client.Mode() == valkey.ClientModeCluster {
 		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
-			return &callError{
-				msg: "admit: invalid request: keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
-					") and " + strconv.Quote(second.Key) + " (slot " + strconv.Itoa(int(s2)) +
-					") are in different cluster hash slots; give them a common hash tag such as {chan:42}",
-				reason: ErrCrossSlot, class: ErrNotExecuted,
-			}
+			return crossSlot("keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
+				") and " + strconv.Quote(second.Key) + " (slot " + strconv.Itoa(int(s2)) +
+				") are in different cluster hash slots; give them a common hash tag such as {chan:42}")
 		}
 	}
 	return nil

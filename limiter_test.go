@@ -5,7 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
-	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,56 +108,6 @@ func TestRefillNoDrift(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestServerClockSteppingBack: a server clock that steps back grants no
-// token and never moves a bucket's timestamp backwards, but it freezes a
-// bucket for at most one full refill.
-func TestServerClockSteppingBack(t *testing.T) {
-	t.Run("back less than a full refill: frozen until the clock catches up", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "back", Spec: MustSpec(Every(time.Second), 20)} // full refill 20 s
-		start := strconv.FormatInt(e.micros(), 10)
-		steps := []step{{rule: "fresh"}, {rule: "clock 10 s back: tokens still counted", advance: -10 * time.Second}}
-		for range 18 {
-			steps = append(steps, step{rule: "draining"})
-		}
-		steps = append(steps, step{rule: "empty: wait counts from the stored time", want: denied(1, 11*time.Second)})
-		runSteps(t, e, r, Request{}, steps)
-		if tk, ts := e.state(r.Key); tk != "0" || ts != start {
-			t.Errorf("after stepping back: tokens %q ts %q, want 0 and %s (unchanged)", tk, ts, start)
-		}
-		if got, want := e.srv.TTL(r.Key), r.Spec.TTL()+10*time.Second; got != want {
-			t.Errorf("after stepping back 10 s: TTL %v, want %v (refill time + the step)", got, want)
-		}
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "back to the start: still nothing earned", advance: 10 * time.Second, want: denied(1, time.Second)},
-			{rule: "one interval later: one token", advance: time.Second},
-			{rule: "and only one", want: denied(1, time.Second)},
-		})
-	})
-	t.Run("back more than a full refill: frozen for one full refill at most", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "far-back", Spec: perSecond3} // full refill 3 s
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "fresh"}, {rule: "two"}, {rule: "three"},
-			{rule: "clock 24 h back: the wait is one full refill, not 24 h", advance: -24 * time.Hour, want: denied(1, 3*time.Second)},
-		})
-		if got, want := e.srv.TTL(r.Key), perSecond3.TTL()+2*time.Second; got != want {
-			t.Errorf("TTL %v, want %v (refill time + what is left of the freeze)", got, want)
-		}
-		runSteps(t, e, r, Request{}, []step{
-			{rule: "still nothing for the gap", advance: 3*time.Second - time.Microsecond, want: denied(1, time.Microsecond)},
-			{rule: "one full refill later: one token", advance: time.Microsecond},
-			{rule: "and only one", want: denied(1, time.Second)},
-		})
-	})
-	t.Run("a ts at the top of the schema's range", func(t *testing.T) {
-		e := newUnitEnv(t)
-		r := Request{Key: "far-future", Spec: perSecond3}
-		e.srv.HSet(r.Key, "tokens", "0", "ts", "9007199254740991") // 2^53-1 µs: year 2255
-		runSteps(t, e, r, Request{}, []step{{rule: "frozen for one full refill, not 224 years", want: denied(1, 3*time.Second)}})
-	})
 }
 
 func TestBadInputRefusedBeforeSending(t *testing.T) {
@@ -359,5 +309,72 @@ func TestNewCallsNothingOnTheClient(t *testing.T) {
 	_, err := New(nothingClient{}).AllowOrdered(context.Background(), Request{}, nil)
 	if !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("err = %v, want ErrInvalidRequest", err)
+	}
+}
+
+// TestCostBoundsRefusedBeforeSending: a negative Cost, or one above the
+// Spec's burst, is ErrInvalidRequest and nothing reaches the server; 0
+// means 1 and the burst itself is accepted.
+func TestCostBoundsRefusedBeforeSending(t *testing.T) {
+	e := newUnitEnv(t)
+	spec := MustSpec(Every(time.Second), 5)
+	for _, tc := range []struct {
+		name          string
+		first, second Request
+		ok            bool
+	}{
+		{"first cost -1", Request{Key: "a", Spec: spec, Cost: -1}, Request{}, false},
+		{"first cost burst+1", Request{Key: "a", Spec: spec, Cost: 6}, Request{}, false},
+		{"second cost -1", Request{Key: "a", Spec: spec}, Request{Key: "b", Spec: spec, Cost: -1}, false},
+		{"second cost burst+1", Request{Key: "a", Spec: spec}, Request{Key: "b", Spec: spec, Cost: 6}, false},
+		{"cost 0 means 1", Request{Key: "z", Spec: spec}, Request{}, true},
+		{"cost burst", Request{Key: "y", Spec: spec, Cost: 5}, Request{}, true},
+	} {
+		var second *Request
+		if tc.second.Key != "" {
+			second = &tc.second
+		}
+		for _, call := range []struct {
+			name string
+			do   func() (Decision, error)
+		}{
+			{"AllowOrdered", func() (Decision, error) { return e.l.AllowOrdered(context.Background(), tc.first, second) }},
+			{"Peek", func() (Decision, error) { return e.l.Peek(context.Background(), tc.first, second) }},
+			{"Refund", func() (Decision, error) { return Decision{}, e.l.Refund(context.Background(), tc.first, second) }},
+		} {
+			before := e.srv.CommandCount()
+			d, err := call.do()
+			sent := e.srv.CommandCount() - before
+			switch {
+			case tc.ok && err != nil:
+				t.Errorf("%s, %s: %v", tc.name, call.name, err)
+			case !tc.ok && (!errors.Is(err, ErrInvalidRequest) || !errors.Is(err, ErrNotExecuted) || sent != 0 || d.Allowed()):
+				t.Errorf("%s, %s: got %v, %v with %d commands sent; want ErrInvalidRequest and nothing sent", tc.name, call.name, d, err, sent)
+			}
+		}
+	}
+	d, err := e.l.AllowOrdered(context.Background(), Request{Key: "x", Spec: spec}, nil)
+	if err != nil || d.Remaining[0] != 4 {
+		t.Errorf("cost 0: %+v, %v; want one token taken, 4 left", d, err)
+	}
+}
+
+// TestPeekErrorsAreNotExecuted: a Peek writes nothing, so whatever happens
+// on the wire its failure is ErrNotExecuted, never "tokens may have been
+// consumed". Here the client is closed: for AllowOrdered that is outcome
+// unknown.
+func TestPeekErrorsAreNotExecuted(t *testing.T) {
+	e := newUnitEnv(t)
+	r := Request{Key: "pk", Spec: perSecond3}
+	e.c.Close()
+	if _, err := e.l.AllowOrdered(context.Background(), r, nil); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("AllowOrdered on a closed client: %v; the control expects ErrOutcomeUnknown", err)
+	}
+	d, err := e.l.Peek(context.Background(), r, nil)
+	if !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || d.Allowed() || strings.Contains(err.Error(), "consumed") {
+		t.Errorf("Peek on a closed client: %v, %v; want ErrNotExecuted, saying nothing was taken", d, err)
+	}
+	if !errors.Is(err, valkey.ErrClosing) {
+		t.Errorf("Peek on a closed client: %v; want valkey.ErrClosing kept in the chain", err)
 	}
 }

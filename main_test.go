@@ -2,37 +2,20 @@ package admit
 
 import (
 	"context"
-	_ "embed"
-	"errors"
-	"os"
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
-// TestMain stops the shared test server after the last test. Under
-// ADMIT_TEST_SCRIPT=path (set only by TestTrustMutants for a child test
-// binary) every Limiter runs the script at path instead of script.lua.
-func TestMain(m *testing.M) {
-	if path := os.Getenv("ADMIT_TEST_SCRIPT"); path != "" {
-		src, err := os.ReadFile(path)
-		if err != nil {
-			panic(err)
-		}
-		scriptSource = string(src)
-	}
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+// TestMain stops the shared test server after the last test.
+func TestMain(m *testing.M) { testserver.Main(m) }
 
-// unitEpoch is the miniredis server clock at the start of every unit test:
-// years away from the host clock, so a test that used the host clock would
-// fail loudly.
-var unitEpoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
+// unitEpoch is the miniredis server clock at the start of every unit test.
+var unitEpoch = minitest.Epoch
 
 // unitEnv is an in-process miniredis whose clock only moves when the test
 // moves it, with a Limiter on it running the script as shipped.
@@ -50,16 +33,7 @@ func newUnitEnv(tb testing.TB) *unitEnv {
 
 func newUnitEnvScript(tb testing.TB, src string) *unitEnv {
 	tb.Helper()
-	srv := miniredis.RunT(tb)
-	srv.SetTime(unitEpoch)
-	srv.ClockTTL(true)
-	// miniredis answers CLUSTER SLOTS, so without ForceSingleClient valkey-go
-	// would build a cluster client for it.
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatalf("dial miniredis: %v", err)
-	}
-	tb.Cleanup(c.Close)
+	srv, c := minitest.Start(tb)
 	return &unitEnv{srv: srv, c: c, l: newLimiter(c, valkey.NewLuaScript(src)), now: unitEpoch}
 }
 
@@ -89,55 +63,3 @@ func (e *unitEnv) state(key string) (tokens, ts string) {
 
 // micros is the server clock in microseconds, as the script stores it.
 func (e *unitEnv) micros() int64 { return e.now.UnixMicro() }
-
-// baselineScript is script.lua as of commit 0b7bc55, the script before the
-// denial stopped writing its bucket.
-//
-//go:embed testdata/script_0b7bc55.lua
-var baselineScript string
-
-// previousScript is script.lua as of commit 5550b58, the previous release:
-// it takes the same arguments as the shipped script on a take.
-//
-//go:embed testdata/script_5550b58.lua
-var previousScript string
-
-// scriptPath is one path through the script: the Specs of its buckets
-// and the Decision.Denied it must give.
-type scriptPath struct {
-	name   string
-	first  Spec
-	second *Spec
-	want   uint8
-}
-
-// scriptPaths are the five paths through the script, with a bucket that
-// never runs dry and one that denies once drained.
-func scriptPaths() []scriptPath {
-	open := MustSpec(MaxLimit, 1_000_000) // never runs dry within a test; below 2^26, as decode packs
-	shut := MustSpec(Every(time.Hour), 1)
-	return []scriptPath{
-		{"one-bucket-allowed", open, nil, 0},
-		{"one-bucket-denied", shut, nil, 1},
-		{"allowed", open, &open, 0},
-		{"denied-by-first", shut, &open, 1},
-		{"denied-by-second", open, &shut, 2},
-	}
-}
-
-// replyDenied reads Decision.Denied from a reply of the shipped script, or
-// of 5550b58's: an integer is an admission (decode), a string starts with
-// denied.
-func replyDenied(r valkey.ValkeyResult) (int64, error) {
-	if m, err := r.ToMessage(); err == nil && m.IsInt64() {
-		return 0, nil
-	}
-	s, err := r.ToString() // "denied retry rem1 rem2"
-	if err != nil {
-		return 0, err
-	}
-	if s == "" {
-		return 0, errors.New("empty reply")
-	}
-	return int64(s[0] - '0'), nil
-}

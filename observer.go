@@ -75,10 +75,12 @@ func (l *Limiter) observeStart() time.Time {
 	return time.Now()
 }
 
-// observed reports a call that started at start, when something observes.
-func (l *Limiter) observed(op Op, first Request, start time.Time, cached bool, d Decision, err error) {
-	if l == nil || l.observe == nil {
-		return
+// observed reports the outcome, d and err, of a call of op on firstKey
+// that started at start, when something observes, and returns them.
+// cached is set when the denial cache answered.
+func (l *Limiter) observed(op Op, firstKey string, start time.Time, d Decision, cached bool, err error) (Decision, error) {
+	if l != nil && l.observe != nil {
+		l.observe(Observation{Op: op, FirstKey: firstKey, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
 	}
-	l.observe(Observation{Op: op, FirstKey: first.Key, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
+	return d, err
 }

@@ -1,7 +1,6 @@
 package admit
 
 import (
-	"context"
 	"strconv"
 	"strings"
 	"time"
@@ -19,44 +18,6 @@ const OnceWindow = 2 * time.Minute
 const MaxOnceIDLen = 256
 
 var onceWindowArg = strconv.FormatInt(OnceWindow.Milliseconds(), 10)
-
-// AllowOrderedOnce is AllowOrdered made retry-safe by id. A call decides
-// and, when its decision charged something (an admission, or a denial by
-// the second bucket, which charged the first), records it in the same
-// script run and round trip; a later call with the same id and the same
-// request within [OnceWindow] returns the recorded Decision (Remaining and
-// RetryAfter as they were then) with [Decision.Replayed] true, and takes
-// nothing. A denial by the first bucket charged nothing and is not
-// recorded: it writes nothing, and the same id simply decides again. So
-// after ErrOutcomeUnknown, call again with the same id: if the first call
-// ran, its Decision comes back and nothing is charged twice; if it did
-// not, this call decides. Settle a reservation (Refund the unused part)
-// only for a Decision that is not Replayed. Use an id that names the unit
-// of work, such as a message id, never reused for other work within the
-// window.
-//
-// The record is one string key in the first bucket's cluster slot, named
-// by [OnceRecordKey]; it expires after OnceWindow and holds the decision
-// and the request it was made for. The same id with another request
-// (bucket count, second key, Spec or Cost) is refused with
-// [ErrOnceIDReused]; a record holding a value admit did not write is
-// [ErrCorruptState]; both are not executed and write nothing. An empty id,
-// an id over MaxOnceIDLen bytes, and a first key without a hash tag that
-// holds a "}" (its record could not share its slot) are refused with
-// ErrInvalidRequest before sending. The local denial cache
-// ([WithDenialCache]) is not used: every call goes to the server.
-//
-// The ACL user needs +get and +set beside what AllowOrdered needs.
-func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
-	start := l.observeStart()
-	record, err := onceKey(first.Key, id)
-	d := Decision{}
-	if err == nil {
-		d, err = l.runRecorded(ctx, modeOnce, first, second, record)
-	}
-	l.observed(OpOnce, first, start, false, d, err)
-	return d, err
-}
 
 // OnceRecordKey returns the key of the record that AllowOrderedOnce keeps
 // for id under the first key firstKey, or the ErrInvalidRequest

@@ -93,34 +93,6 @@ func (e *unitEnv) snapshot() string {
 	return b.String()
 }
 
-// TestOnceRecordsNeverShareAKey: two distinct (first key, id) pairs never
-// read each other's record. Before the fix the record was
-// "{<key>}:once:<id>" for an untagged key and "<key>:once:<id>" for a
-// tagged one, so key "k" and key "{k}" with id "x" shared "{k}:once:x",
-// and key "a{t}" with id "x:once:y" shared "a{t}:once:x:once:y" with key
-// "a{t}:once:x" and id "y": the second caller got the first's admission
-// and its bucket was never charged.
-func TestOnceRecordsNeverShareAKey(t *testing.T) {
-	ctx := context.Background()
-	spec := MustSpec(Every(time.Hour), 3)
-	for _, pair := range [][2]struct{ key, id string }{
-		{{"k", "x"}, {"{k}", "x"}},
-		{{"a{t}", "x:once:y"}, {"a{t}:once:x", "y"}},
-		{{"{k}:once:x", "y"}, {"{k}", "x:once:y"}},
-	} {
-		e := newUnitEnv(t)
-		for i, call := range pair {
-			d, err := e.l.AllowOrderedOnce(ctx, call.id, Request{Key: call.key, Spec: spec}, nil)
-			if err != nil || !d.Allowed() || d.Replayed() || d.Remaining[0] != 2 {
-				t.Errorf("call %d, key %q id %q: %v %v replayed %v, %v; want a fresh admission with 2 left", i+1, call.key, call.id, d, d.Remaining, d.Replayed(), err)
-			}
-			if tk, _ := e.state(call.key); tk != "2" {
-				t.Errorf("call %d: bucket %q holds %q tokens, want 2: charged", i+1, call.key, tk)
-			}
-		}
-	}
-}
-
 // TestReplayShapes: a reply marked as a replay is a replay only from
 // AllowOrderedOnce (another script under the same SHA could send one to
 // AllowOrdered: ErrBadReply, outcome unknown), and a malformed replay ran
@@ -188,8 +160,9 @@ func TestOnceKeySlot(t *testing.T) {
 
 // FuzzOnceKey: two distinct (key, id) pairs that onceKey accepts never get
 // the same record, and every record hashes to its key's cluster slot. The
-// seeds are the collisions of the encoding before the fix ("k" and "{k}"
-// with one id; "a{t}" with id "x:once:y" and "a{t}:once:x" with id "y").
+// seeds are the pairs that share a record when it is named without its
+// key's length ("k" and "{k}" with one id; "a{t}" with id "x:once:y" and
+// "a{t}:once:x" with id "y"); go test runs them every time.
 // Run with: go test -run '^$' -fuzz FuzzOnceKey
 func FuzzOnceKey(f *testing.F) {
 	for _, s := range [][4]string{

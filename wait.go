@@ -6,57 +6,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
 
-// Wait blocks until AllowOrdered admits the requests, and returns that
-// Decision. Between attempts it sleeps the denial's RetryAfter plus up to
-// 10% of jitter, so that waiters in other processes do not wake in
-// lockstep; with a deadline, the jitter takes at most a quarter of the time
-// between the token and the deadline, so a token that comes before the
-// deadline is tried for.
-//
-// The Waits of one Limiter on the same keys (first and second Key) form a
-// line: only the Wait at its head sends attempts, and the others queue
-// behind it, in about the order they came, each sending nothing until it
-// is the head. So with any number of waiters on one bucket a Limiter sends
-// about two scripts per admission (the new head's first attempt, denied,
-// and the one after its sleep), three when the second bucket refuses (the
-// refund too). Waits with different Specs or Costs on the same keys share
-// the line. Waits of different Limiters, or of other processes, do not:
-// only the jitter spreads them.
-//
-// It honours ctx: it returns ctx's error when ctx is done while it sleeps
-// or is queued, and, like golang.org/x/time/rate, it returns at once,
-// without sleeping, when the refusing bucket cannot hold the Cost before
-// ctx's deadline. A queued Wait knows this from the last denial the head of
-// its line got for the same requests, and returns at once, having sent
-// nothing, when its deadline comes before that denial's token. Those errors
-// wrap ErrNotExecuted and context.DeadlineExceeded (or ctx's error) and
-// come with the denial: nothing was taken.
-//
-// An attempt that the second bucket refuses has charged the first bucket
-// (the ordered transitions); Wait refunds that charge (one more round trip)
-// before it sleeps or gives up, so only the admitted attempt costs
-// anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
-// refund's error: the first bucket may stay charged. When it succeeds and
-// Wait then gives up (the deadline, ctx ended, or a later attempt did not
-// run), the error is still ErrNotExecuted, because no token stays taken and
-// a retry is safe, but it is not proof that nothing was written: each such
-// attempt and its refund ran two scripts, which wrote the first bucket's
-// key (its tokens back, capped at its burst, and its expiry), and the
-// error's text says so. The Decision that comes with a deadline error is
-// the last attempt's, whose Remaining for the first bucket is from before
-// the refund.
-//
-// An attempt that fails is never repeated: Wait returns its error as
-// AllowOrdered gave it (a not-executed one after refunded attempts says
-// what those wrote, as above), so an attempt whose outcome is unknown
-// (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
-// long as the buckets keep refusing.
-func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
+// wait is Wait: it queues in the line of its keys, then, at the head of
+// the line, sends attempts (take, observed as OpWaitAttempt) until one is
+// admitted, refunding each charge that the second bucket's refusal left.
+func (l *Limiter) wait(ctx context.Context, first Request, second *Request) (Decision, error) {
 	// Bad input is refused before queuing, not after the Waits ahead.
 	if err := l.check(ctx, first, second); err != nil {
 		return Decision{}, err
@@ -86,7 +43,7 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 			l.waits.forget(line)
 			if err != nil && refunds > 0 && errors.Is(err, ErrNotExecuted) {
 				// This attempt did not run, but earlier ones wrote.
-				err = &callError{msg: "admit: Wait: an attempt did not run" + refunded(refunds, true), class: ErrNotExecuted, cause: err}
+				err = waitGaveUp("an attempt did not run", refunds, true, err)
 			}
 			return d, err
 		}
@@ -102,11 +59,9 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		l.waits.record(line, first, second, d, sent.Add(d.RetryAfter))
 		left := untilDeadline(ctx)
 		if left < d.RetryAfter {
-			return d, &callError{
-				msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
-					d.RetryAfter.String() + ", after the context's deadline (in " + left.Round(time.Microsecond).String() + ")" + refunded(refunds, false),
-				class: ErrNotExecuted, cause: context.DeadlineExceeded,
-			}
+			return d, waitGaveUp("bucket "+strconv.Itoa(int(d.Denied))+" holds the request's Cost only in "+
+				d.RetryAfter.String()+", after the context's deadline (in "+left.Round(time.Microsecond).String()+")",
+				refunds, false, context.DeadlineExceeded)
 		}
 		sleep := waitSleep(d.RetryAfter, left, rand.N[time.Duration])
 		if timer == nil {
@@ -116,29 +71,10 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 		}
 		select {
 		case <-ctx.Done():
-			return Decision{}, &callError{msg: "admit: Wait: the context ended while waiting for a token" + refunded(refunds, false), class: ErrNotExecuted, cause: ctx.Err()}
+			return Decision{}, waitGaveUp("the context ended while waiting for a token", refunds, false, ctx.Err())
 		case <-timer.C:
 		}
 	}
-}
-
-// refunded is what Wait's error adds after n attempts that the second
-// bucket refused, each of which charged the first bucket and was refunded:
-// nothing when n is 0. earlier is set when the error is another attempt's,
-// made after them.
-func refunded(n int, earlier bool) string {
-	const back = " gave it back, capped at the first bucket's burst; the first bucket's key was written, but no token stays taken, so a retry is safe"
-	ran, the := "; 2 scripts ran", "the"
-	if earlier {
-		ran, the = "; before it, 2 scripts ran", "an"
-	}
-	switch n {
-	case 0:
-		return ""
-	case 1:
-		return ran + ": " + the + " attempt charged the first bucket its Cost before the second bucket refused, and a refund" + back
-	}
-	return ran + " for each of the " + strconv.Itoa(n) + " attempts the second bucket refused: each charged the first bucket its Cost, and a refund" + back
 }
 
 // noDeadline is untilDeadline's answer for a context without a deadline.
@@ -261,22 +197,18 @@ func (w *waitLines) queue(ctx context.Context, line *waitLine, first Request, se
 				now := time.Now()
 				d := dn.d
 				d.RetryAfter = (dn.until.Sub(now) + time.Microsecond - 1).Truncate(time.Microsecond) // whole µs, never short
-				return d, &callError{
-					msg: "admit: Wait: bucket " + strconv.Itoa(int(d.Denied)) + " holds the request's Cost only in " +
-						d.RetryAfter.String() + ", after the context's deadline (in " + deadline.Sub(now).Round(time.Microsecond).String() +
-						"), as the last denial of the Wait ahead of this one in its Limiter's line for these keys says; this Wait sent nothing",
-					class: ErrNotExecuted, cause: context.DeadlineExceeded,
-				}
+				return d, waitGaveUp("bucket "+strconv.Itoa(int(d.Denied))+" holds the request's Cost only in "+
+					d.RetryAfter.String()+", after the context's deadline (in "+deadline.Sub(now).Round(time.Microsecond).String()+
+					"), as the last denial of the Wait ahead of this one in its Limiter's line for these keys says; this Wait sent nothing",
+					0, false, context.DeadlineExceeded)
 			}
 		}
 		select {
 		case line.head <- struct{}{}:
 			return Decision{}, nil
 		case <-ctx.Done():
-			return Decision{}, &callError{
-				msg:   "admit: Wait: the context ended while queued behind another Wait of this Limiter on the same keys; this Wait sent nothing",
-				class: ErrNotExecuted, cause: ctx.Err(),
-			}
+			return Decision{}, waitGaveUp("the context ended while queued behind another Wait of this Limiter on the same keys; this Wait sent nothing",
+				0, false, ctx.Err())
 		case <-changed:
 		}
 	}
@@ -304,28 +236,4 @@ func (w *waitLines) forget(line *waitLine) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	line.denial = lineDenial{}
-}
-
-// refundFailed is Wait's error when the refund of an attempt the second
-// bucket refused failed: the attempt charged the first bucket, so a token
-// was taken, and ErrOutcomeUnknown is the class, with the refund's own
-// cause (a context or transport error) but not its class: a refund that
-// did not run (its context ended first, say) leaves the charge for
-// certain, which is no proof that nothing ran.
-func refundFailed(err error) error {
-	msg := "admit: Wait: the second bucket refused after the first bucket was charged its Cost, and the refund of that charge "
-	cause, reason := err, error(nil)
-	var ce *callError
-	if errors.As(err, &ce) {
-		cause, reason = ce.cause, ce.reason
-	}
-	if errors.Is(err, ErrNotExecuted) {
-		msg += "did not run, so the first bucket stays charged: " + err.Error()
-	} else {
-		msg += "may not have run, so the first bucket may stay charged: " + err.Error()
-	}
-	if ce != nil && ce.cause != nil { // the cause is in the chain: say it once
-		msg = strings.TrimSuffix(msg, ": "+ce.cause.Error())
-	}
-	return &callError{msg: msg, reason: reason, class: ErrOutcomeUnknown, cause: cause}
 }

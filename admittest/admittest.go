@@ -92,7 +92,7 @@ func Run(t *testing.T, client valkey.Client, opts ...Option) {
 				t.Skip(reason)
 			}
 			if err != nil {
-				t.Errorf("rule %s broken on %s:\n%v", r.Name, d.target(), err)
+				t.Errorf("rule %s (%s) broken on %s:\n%v", r.Name, r.Explanation, d.target(), err)
 			}
 		})
 	}
@@ -105,6 +105,8 @@ type Rule struct {
 	// Name is the rule's name, the name of its subtest under Run
 	// ("transitions", "wrong-type-writes-nothing", ...). It never changes.
 	Name string
+	// Explanation says in one line what the rule holds the Limiter to.
+	Explanation string
 	// Run checks the rule. It returns nil when the deployment and the
 	// Limiter obey it; an error for which [IsSkip] reports true when the
 	// rule cannot be checked on this deployment (the cluster rules on a
@@ -140,7 +142,7 @@ func bind(t *testing.T, client valkey.Client, newLimiter func(valkey.Client) *ad
 	e.l = newLimiter(d.client)
 	out := make([]Rule, 0, len(rules))
 	for _, r := range rules {
-		out = append(out, Rule{Name: r.name, Run: func(ctx context.Context) error { return r.run(ctx, e) }})
+		out = append(out, Rule{Name: r.name, Explanation: r.explanation, Run: func(ctx context.Context) error { return r.run(ctx, e) }})
 	}
 	return d, out
 }

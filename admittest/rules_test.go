@@ -77,3 +77,13 @@ func TestRuleNames(t *testing.T) {
 		}
 	}
 }
+
+// TestRulesExplained: every rule says in one line what it holds the
+// Limiter to, as testing/slogtest's cases do.
+func TestRulesExplained(t *testing.T) {
+	for _, r := range rules {
+		if r.explanation == "" || strings.Contains(r.explanation, "\n") {
+			t.Errorf("rule %s: explanation %q, want one line", r.name, r.explanation)
+		}
+	}
+}

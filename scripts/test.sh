@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make test: go test -race -count=1 ./... in every module of the repository
 # (the root and each nested go.mod, which the root's ./... does not reach).
+# The root's ./... holds its unit tests and ./integration, its real-server
+# tests, which start their server through internal/testserver.
 # Every module runs even when one fails; the failures are listed at the
 # end. After each module it prints how many real-server tests ran and how
 # many skipped for want of a server (go test alone prints "ok" either way).

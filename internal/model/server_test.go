@@ -10,7 +10,7 @@ import (
 
 var epoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC).UnixMicro()
 
-// TestOnce: the model's once-records as issue 17 defines them.
+// TestOnce: the model's once-records, as AllowOrderedOnce's doc defines them.
 func TestOnce(t *testing.T) {
 	s := NewServer(epoch, Countdown)
 	spec := admit.MustSpec(admit.Every(time.Hour), 9)

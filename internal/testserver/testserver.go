@@ -391,6 +391,14 @@ func Prefix(tb testing.TB, c valkey.Client) string {
 // node of c, and nothing else. prefix must hold no glob characters.
 func DeleteWithPrefix(c valkey.Client, prefix string) { serverinfo.DeleteWithPrefix(c, prefix) }
 
+// Main runs a test binary's tests and stops the shared servers after the
+// last: a package's TestMain is testserver.Main(m).
+func Main(m *testing.M) {
+	code := m.Run()
+	StopShared()
+	os.Exit(code)
+}
+
 // StopShared stops the shared server and cluster, if this test binary
 // started them.
 func StopShared() {

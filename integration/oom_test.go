@@ -1,8 +1,9 @@
-package admit
+package integration
 
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit"
 	"strings"
 	"testing"
 	"time"
@@ -19,13 +20,13 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 	srv := testserver.Own(t)
 	c := testserver.NewClient(t, srv)
 	ctx := context.Background()
-	l := New(c)
-	spec := MustSpec(Every(time.Hour), 5)
-	first, second := Request{Key: "oom:{x}:1", Spec: spec}, Request{Key: "oom:{x}:2", Spec: spec}
+	l := admit.New(c)
+	spec := admit.MustSpec(admit.Every(time.Hour), 5)
+	first, second := admit.Request{Key: "oom:{x}:1", Spec: spec}, admit.Request{Key: "oom:{x}:2", Spec: spec}
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil {
 		t.Fatal(err)
 	}
-	fresh := Request{Key: "oom:{x}:fresh", Spec: spec}
+	fresh := admit.Request{Key: "oom:{x}:fresh", Spec: spec}
 	read := func() []string {
 		var out []string
 		for _, k := range []string{first.Key, second.Key, fresh.Key} {
@@ -42,11 +43,11 @@ func TestIntegrationOOMWritesNothing(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		first  Request
-		second *Request
+		first  admit.Request
+		second *admit.Request
 	}{{"existing buckets", first, &second}, {"fresh bucket", fresh, nil}} {
 		_, err := l.AllowOrdered(ctx, tc.first, tc.second)
-		if !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) {
+		if !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) {
 			t.Errorf("%s: err = %v; want ErrNotExecuted (OOM refused before any write)", tc.name, err)
 		}
 		if err == nil || !strings.Contains(err.Error(), "OOM") {
@@ -75,10 +76,10 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 	srv := testserver.Own(t)
 	c := testserver.NewClient(t, srv)
 	ctx := context.Background()
-	l := New(c)
-	drained := Request{Key: "oomdeny:{x}:drained", Spec: MustSpec(Every(time.Hour), 1)}
-	open := Request{Key: "oomdeny:{x}:open", Spec: MustSpec(Every(time.Hour), 5)}
-	for _, r := range []Request{drained, open} {
+	l := admit.New(c)
+	drained := admit.Request{Key: "oomdeny:{x}:drained", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
+	open := admit.Request{Key: "oomdeny:{x}:open", Spec: admit.MustSpec(admit.Every(time.Hour), 5)}
+	for _, r := range []admit.Request{drained, open} {
 		if d, err := l.AllowOrdered(ctx, r, nil); err != nil || !d.Allowed() {
 			t.Fatalf("AllowOrdered %s: %+v, %v; want allowed", r.Key, d, err)
 		}
@@ -87,7 +88,7 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 	if err != nil || !peek.Allowed() {
 		t.Fatalf("Peek before OOM: %+v, %v; want allowed", peek, err)
 	}
-	record, err := OnceRecordKey(drained.Key, "id-1")
+	record, err := admit.OnceRecordKey(drained.Key, "id-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 	before := read()
 	restore := overMaxmemory(t, c)
 
-	denied := func(name string, d Decision, err error) {
+	denied := func(name string, d admit.Decision, err error) {
 		t.Helper()
 		if err != nil || d.Denied != 1 || d.RetryAfter <= 0 || d.RetryAfter > time.Hour || d.Remaining != [2]int{0, -1} {
 			t.Errorf("%s under OOM: %+v, %v; want denied by bucket 1, RetryAfter in (0, 1h], Remaining [0 -1]", name, d, err)
@@ -118,7 +119,7 @@ func TestIntegrationOOMStillDenies(t *testing.T) {
 		t.Errorf("Peek under OOM: %+v, %v; want %+v, as before", d, err, peek)
 	}
 	_, err = l.AllowOrdered(ctx, open, &drained)
-	if !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || !strings.Contains(err.Error(), "OOM") {
+	if !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "OOM") {
 		t.Errorf("second-bucket denial under OOM: err = %v; want ErrNotExecuted with the server's OOM refusal", err)
 	}
 	restore()

@@ -1,6 +1,6 @@
-package admit
+package integration
 
-// Error classes on a real server (issue 8, item 5): each failure mode is
+// Error classes on a real server: each failure mode is
 // driven on a server the test starts, and a counter proves the class. The
 // server's command statistics (calls and rejected calls of EVALSHA and
 // EVAL) show whether the script command reached it, and the buckets are
@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit"
 	"io"
 	"net"
 	"strconv"
@@ -61,9 +62,9 @@ func ecRawKey(tb testing.TB, c valkey.Client, key string) string {
 // fragment and none of the forbidden ones.
 func ecWantClass(tb testing.TB, err, want, cause error, fragments, forbidden []string) {
 	tb.Helper()
-	other := ErrOutcomeUnknown
-	if want == ErrOutcomeUnknown {
-		other = ErrNotExecuted
+	other := admit.ErrOutcomeUnknown
+	if want == admit.ErrOutcomeUnknown {
+		other = admit.ErrNotExecuted
 	}
 	if !errors.Is(err, want) || errors.Is(err, other) {
 		tb.Errorf("err = %v; want %v only", err, want)
@@ -169,8 +170,8 @@ func TestIntegrationErrClassCredentialsRefused(t *testing.T) {
 			// that wait for the reconnection use the script's connection.
 			c := ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: tc.user, Password: tc.password,
 				DisableCache: true, ForceSingleClient: true, PipelineMultiplex: -1})
-			l := New(c)
-			r := Request{Key: "errclass:{auth}:" + strings.ReplaceAll(tc.name, " ", "-"), Spec: errclassSpec}
+			l := admit.New(c)
+			r := admit.Request{Key: "errclass:{auth}:" + strings.ReplaceAll(tc.name, " ", "-"), Spec: errclassSpec}
 			if _, err := l.AllowOrdered(ctx, r, nil); err != nil {
 				t.Fatalf("first call: %v", err)
 			}
@@ -187,7 +188,7 @@ func TestIntegrationErrClassCredentialsRefused(t *testing.T) {
 
 			_, err := l.AllowOrdered(ctx, r, nil)
 			t.Logf("error: %v", err)
-			ecWantClass(t, err, ErrNotExecuted, nil, tc.says, []string{"in flight"})
+			ecWantClass(t, err, admit.ErrNotExecuted, nil, tc.says, []string{"in flight"})
 			if err == nil || !strings.Contains(err.Error(), tc.code) {
 				t.Errorf("err = %v; want the server's %s in it", err, tc.code)
 			}
@@ -226,8 +227,8 @@ func TestIntegrationErrClassTrackingRefused(t *testing.T) {
 	}
 	admin := ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: "admin", Password: "adminpw", DisableCache: true, ForceSingleClient: true})
 	c := ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: "svc", Password: "pw", ForceSingleClient: true, PipelineMultiplex: -1})
-	l := New(c)
-	r := Request{Key: "errclass:{tracking}:r", Spec: errclassSpec}
+	l := admit.New(c)
+	r := admit.Request{Key: "errclass:{tracking}:r", Spec: errclassSpec}
 	if _, err := l.AllowOrdered(ctx, r, nil); err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -242,7 +243,7 @@ func TestIntegrationErrClassTrackingRefused(t *testing.T) {
 
 	_, err := l.AllowOrdered(ctx, r, nil)
 	t.Logf("error: %v", err)
-	ecWantClass(t, err, ErrNotExecuted, valkey.ErrNoCache, []string{"not executed", "CLIENT TRACKING", "DisableCache"}, []string{"in flight"})
+	ecWantClass(t, err, admit.ErrNotExecuted, valkey.ErrNoCache, []string{"not executed", "CLIENT TRACKING", "DisableCache"}, []string{"in flight"})
 	if n := ecScriptsSeen(t, admin) - calls; n != 0 {
 		t.Errorf("the server saw %d script commands; want 0", n)
 	}
@@ -276,14 +277,18 @@ func TestIntegrationErrClassNoSlot(t *testing.T) {
 	if c.Mode() != valkey.ClientModeCluster {
 		t.Fatalf("client mode %v, want cluster", c.Mode())
 	}
-	l := New(c)
-	var served, unserved Request
+	l := admit.New(c)
+	var served, unserved admit.Request
 	for i := 0; served.Key == "" || unserved.Key == ""; i++ {
 		key := "errclass:{slot" + strconv.Itoa(i) + "}:r"
-		if keySlot(key) < 8192 {
-			served = Request{Key: key, Spec: errclassSpec}
+		slot, err := node.Do(ctx, node.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot < 8192 {
+			served = admit.Request{Key: key, Spec: errclassSpec}
 		} else {
-			unserved = Request{Key: key, Spec: errclassSpec}
+			unserved = admit.Request{Key: key, Spec: errclassSpec}
 		}
 	}
 	// The control: a key in a served slot is decided, and counted.
@@ -298,7 +303,7 @@ func TestIntegrationErrClassNoSlot(t *testing.T) {
 	calls = ecScriptsSeen(t, node)
 	_, err := l.AllowOrdered(ctx, unserved, nil)
 	t.Logf("error: %v", err)
-	ecWantClass(t, err, ErrNotExecuted, valkey.ErrNoSlot, []string{"not executed", "slot", "nothing was sent"}, []string{"in flight"})
+	ecWantClass(t, err, admit.ErrNotExecuted, valkey.ErrNoSlot, []string{"not executed", "slot", "nothing was sent"}, []string{"in flight"})
 	if n := ecScriptsSeen(t, node) - calls; n != 0 {
 		t.Errorf("the server saw %d script commands; want 0", n)
 	}
@@ -326,7 +331,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 	admin := ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true})
 	ctx := context.Background()
 	// Load the script, so every decided call is exactly one EVALSHA.
-	if _, err := New(admin).AllowOrdered(ctx, Request{Key: "errclass:{dial}:warm", Spec: errclassSpec}, nil); err != nil {
+	if _, err := admit.New(admin).AllowOrdered(ctx, admit.Request{Key: "errclass:{dial}:warm", Spec: errclassSpec}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -352,7 +357,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 		if c == nil {
 			t.Fatal("no client")
 		}
-		l := New(c)
+		l := admit.New(c)
 		prefix := "errclass:{dial" + strconv.Itoa(round) + "}:"
 		calls := ecScriptsSeen(t, admin)
 
@@ -360,7 +365,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 		go func() {
 			ictx, cancel := context.WithTimeout(ctx, time.Millisecond)
 			defer cancel()
-			_, err := l.AllowOrdered(ictx, Request{Key: prefix + "impatient", Spec: errclassSpec}, nil)
+			_, err := l.AllowOrdered(ictx, admit.Request{Key: prefix + "impatient", Spec: errclassSpec}, nil)
 			impatient <- err
 		}()
 		select {
@@ -374,7 +379,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 			wg.Go(func() {
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
-				_, errs[i] = l.AllowOrdered(pctx, Request{Key: prefix + strconv.Itoa(i), Spec: errclassSpec}, nil)
+				_, errs[i] = l.AllowOrdered(pctx, admit.Request{Key: prefix + strconv.Itoa(i), Spec: errclassSpec}, nil)
 			})
 		}
 		wg.Wait()
@@ -392,7 +397,7 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 			if failedHealthy <= 3 {
 				t.Logf("round %d, caller %d (own deadline 5s, not passed): %v", round, i, err)
 			}
-			ecWantClass(t, err, ErrNotExecuted, nil, []string{"not executed"}, []string{"in flight", "the context ended"})
+			ecWantClass(t, err, admit.ErrNotExecuted, nil, []string{"not executed"}, []string{"in flight", "the context ended"})
 			if got := ecRawKey(t, admin, prefix+strconv.Itoa(i)); got != "absent" {
 				t.Errorf("round %d, caller %d: not executed, yet its bucket exists: %s", round, i, got)
 			}
@@ -409,18 +414,18 @@ func TestIntegrationErrClassSharedDial(t *testing.T) {
 		// context error is not executed, ErrClosing outcome unknown.
 		c.Close()
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, cerr := l.AllowOrdered(pctx, Request{Key: prefix + "closed", Spec: errclassSpec}, nil)
+		_, cerr := l.AllowOrdered(pctx, admit.Request{Key: prefix + "closed", Spec: errclassSpec}, nil)
 		cancel()
 		if round == 0 {
 			t.Logf("called after Close: %v", cerr)
 		}
 		switch {
 		case errors.Is(cerr, valkey.ErrClosing):
-			ecWantClass(t, cerr, ErrOutcomeUnknown, nil, []string{"closed"}, nil)
+			ecWantClass(t, cerr, admit.ErrOutcomeUnknown, nil, []string{"closed"}, nil)
 		case ecIsDial(cerr):
-			ecWantClass(t, cerr, ErrNotExecuted, nil, []string{"could not connect"}, []string{"in flight"})
+			ecWantClass(t, cerr, admit.ErrNotExecuted, nil, []string{"could not connect"}, []string{"in flight"})
 		case errors.Is(cerr, context.DeadlineExceeded):
-			ecWantClass(t, cerr, ErrNotExecuted, nil, []string{"another call's context"}, []string{"in flight"})
+			ecWantClass(t, cerr, admit.ErrNotExecuted, nil, []string{"another call's context"}, []string{"in flight"})
 		default:
 			t.Errorf("called after Close: %v; want ErrClosing or a failed connection attempt's error", cerr)
 		}
@@ -526,8 +531,8 @@ func TestIntegrationErrClassClosing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l := New(c)
-	r := Request{Key: "errclass:{closing}:r", Spec: errclassSpec}
+	l := admit.New(c)
+	r := admit.Request{Key: "errclass:{closing}:r", Spec: errclassSpec}
 	if _, err := l.AllowOrdered(ctx, r, nil); err != nil { // loads the script
 		t.Fatal(err)
 	}
@@ -560,30 +565,19 @@ func TestIntegrationErrClassClosing(t *testing.T) {
 	if after := ecRawKey(t, admin, r.Key); after == before {
 		t.Errorf("the bucket did not change, so this run does not show a script that ran")
 	}
-	ecWantClass(t, inFlight, ErrOutcomeUnknown, valkey.ErrClosing, []string{"outcome unknown", "closed"}, nil)
+	ecWantClass(t, inFlight, admit.ErrOutcomeUnknown, valkey.ErrClosing, []string{"outcome unknown", "closed"}, nil)
 
 	calls = ecScriptsSeen(t, admin)
 	before = ecRawKey(t, admin, r.Key)
 	_, afterClose := l.AllowOrdered(ctx, r, nil)
 	t.Logf("called after Close: %v", afterClose)
-	ecWantClass(t, afterClose, ErrOutcomeUnknown, valkey.ErrClosing, []string{"outcome unknown", "closed"}, nil)
+	ecWantClass(t, afterClose, admit.ErrOutcomeUnknown, valkey.ErrClosing, []string{"outcome unknown", "closed"}, nil)
 	if n := ecScriptsSeen(t, admin) - calls; n != 0 {
 		t.Errorf("the server saw %d script commands after Close; want 0", n)
 	}
 	if after := ecRawKey(t, admin, r.Key); after != before {
 		t.Errorf("bucket changed after Close: %s -> %s", before, after)
 	}
-}
-
-// TestIntegrationErrClassNilReply: a script (under admit's SHA, say) that
-// returns nil is a bad reply, outcome unknown; not a connection failure.
-func TestIntegrationErrClassNilReply(t *testing.T) {
-	srv := ecServer(t)
-	c := testserver.NewClient(t, srv)
-	l := newLimiter(c, valkey.NewLuaScript("return nil"))
-	_, err := l.AllowOrdered(context.Background(), Request{Key: "errclass:{nil}:r", Spec: errclassSpec}, nil)
-	t.Logf("error: %v", err)
-	ecWantClass(t, err, ErrOutcomeUnknown, ErrBadReply, []string{"nil"}, []string{"connection"})
 }
 
 // TestIntegrationErrClassNoScriptingEngine: a server without the Lua
@@ -606,16 +600,16 @@ func TestIntegrationErrClassNoScriptingEngine(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(modules), "lua") {
 		t.Skipf("%s has no Lua engine module to unload (MODULE LIST: %v): Lua is linked into the server", srv.Version, modules)
 	}
-	l := New(ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true}))
-	first := Request{Key: "errclass:{nolua}:first", Spec: errclassSpec}
-	second := Request{Key: "errclass:{nolua}:second", Spec: errclassSpec}
+	l := admit.New(ecDial(t, valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true}))
+	first := admit.Request{Key: "errclass:{nolua}:first", Spec: errclassSpec}
+	second := admit.Request{Key: "errclass:{nolua}:second", Spec: errclassSpec}
 	if d, err := l.AllowOrdered(ctx, first, &second); err != nil || !d.Allowed() {
 		t.Fatalf("before the unload: %v, %v; want allowed", d, err)
 	}
 	if err := admin.Do(ctx, admin.B().ModuleUnload().Name("lua").Build()).Error(); err != nil {
 		t.Fatalf("MODULE UNLOAD lua: %v", err)
 	}
-	record, err := onceKey(first.Key, "nolua-id")
+	record, err := admit.OnceRecordKey(first.Key, "nolua-id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,7 +635,7 @@ func TestIntegrationErrClassNoScriptingEngine(t *testing.T) {
 		t.Run(call.name, func(t *testing.T) {
 			err := call.do()
 			t.Logf("error: %v", err)
-			ecWantClass(t, err, ErrNotExecuted, nil,
+			ecWantClass(t, err, admit.ErrNotExecuted, nil,
 				[]string{"not executed", "no Lua scripting engine", "nothing ran", "Could not find scripting engine 'lua'"},
 				[]string{"may have been consumed"})
 			if after := state(); after != before {

@@ -1,8 +1,9 @@
-package admit
+package integration
 
 import (
 	"context"
 	"fmt"
+	"github.com/admitkit/admit"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +22,18 @@ import (
 func TestIntegrationClockStepBounded(t *testing.T) {
 	srv, clock := testserver.StartClockShifted(t)
 	c := testserver.NewClient(t, srv)
-	l := New(c)
+	l := admit.New(c)
 	ctx := context.Background()
-	spec := MustSpec(Every(time.Hour), 3) // full refill 3 h; real time in this test earns nothing
+	spec := admit.MustSpec(admit.Every(time.Hour), 3) // full refill 3 h; real time in this test earns nothing
 	p := testserver.Prefix(t, c)
 	for _, bucket := range []int{1, 2} {
 		t.Run(fmt.Sprintf("bucket %d", bucket), func(t *testing.T) {
 			// The first bucket of a bucket-2 call: a burst no test here drains.
-			open := Request{Key: p + "open", Spec: MustSpec(Every(time.Second), 1_000_000)}
-			drain := func(r Request) (admitted int, last Decision) {
+			open := admit.Request{Key: p + "open", Spec: admit.MustSpec(admit.Every(time.Second), 1_000_000)}
+			drain := func(r admit.Request) (admitted int, last admit.Decision) {
 				t.Helper()
 				for range spec.Burst() + 1 { // bounded: a bucket holds at most Burst
-					var d Decision
+					var d admit.Decision
 					var err error
 					if bucket == 1 {
 						d, err = l.AllowOrdered(ctx, r, nil)
@@ -54,7 +55,7 @@ func TestIntegrationClockStepBounded(t *testing.T) {
 				return
 			}
 
-			r := Request{Key: fmt.Sprintf("%sstep:%d", p, bucket), Spec: spec}
+			r := admit.Request{Key: fmt.Sprintf("%sstep:%d", p, bucket), Spec: spec}
 			clock.Set(t, 24*time.Hour)
 			drain(r)
 			clock.Set(t, 0)
@@ -74,7 +75,7 @@ func TestIntegrationClockStepBounded(t *testing.T) {
 				{2 * time.Hour, 3 + 2},         // (burst-1) intervals: the same as an unbounded freeze
 			} {
 				clock.Set(t, 0)
-				r := Request{Key: fmt.Sprintf("%sflap:%d:%v", p, bucket, tc.delta), Spec: spec}
+				r := admit.Request{Key: fmt.Sprintf("%sflap:%d:%v", p, bucket, tc.delta), Spec: spec}
 				total, _ := drain(r)
 				for range cycles {
 					clock.Set(t, tc.delta)

@@ -1,9 +1,10 @@
-package admit
+package integration
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func TestIntegrationACL(t *testing.T) {
 	admin := testserver.NewClient(t, srv)
 	ctx := context.Background()
 	p := "rl:{acl}:"
-	std, shared := Request{Key: p + "std", Spec: MustSpec(Every(time.Hour), 5)}, Request{Key: p + "shared", Spec: MustSpec(Every(time.Hour), 5)}
+	std, shared := admit.Request{Key: p + "std", Spec: admit.MustSpec(admit.Every(time.Hour), 5)}, admit.Request{Key: p + "shared", Spec: admit.MustSpec(admit.Every(time.Hour), 5)}
 
 	client := func(name, rules string, selectors ...string) valkey.Client {
 		t.Helper()
@@ -47,13 +48,13 @@ func TestIntegrationACL(t *testing.T) {
 		t.Cleanup(c.Close)
 		return c
 	}
-	user := func(name, rules string, selectors ...string) *Limiter {
+	user := func(name, rules string, selectors ...string) *admit.Limiter {
 		t.Helper()
-		return New(client(name, rules, selectors...))
+		return admit.New(client(name, rules, selectors...))
 	}
 
 	good := user("admit", leastPrivilege+" ~"+p+"*")
-	drained := Request{Key: p + "drained", Spec: MustSpec(Every(time.Hour), 1)}
+	drained := admit.Request{Key: p + "drained", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
 	if d, err := good.AllowOrdered(ctx, drained, nil); err != nil || !d.Allowed() {
 		t.Fatalf("drain: %v, %v", d, err)
 	}
@@ -68,7 +69,7 @@ func TestIntegrationACL(t *testing.T) {
 		l := user("no-pexpireat-denial", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*")
 		before := keysState(t, admin, drained.Key)
 		d, err := l.AllowOrdered(ctx, drained, nil)
-		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT") || d.Allowed() {
+		if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT") || d.Allowed() {
 			t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT, not executed", d, err)
 		}
 		if after := keysState(t, admin, drained.Key); after != before {
@@ -81,7 +82,7 @@ func TestIntegrationACL(t *testing.T) {
 		l := user("no-hset-one", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*")
 		before := keysState(t, admin, std.Key)
 		d, err := l.AllowOrdered(ctx, std, nil)
-		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET") || d.Allowed() {
+		if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET") || d.Allowed() {
 			t.Errorf("got %v, %v; want NOPERM naming HSET, not executed", d, err)
 		}
 		if after := keysState(t, admin, std.Key); after != before {
@@ -97,7 +98,7 @@ func TestIntegrationACL(t *testing.T) {
 		l := user("hset-std-only", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+std.Key+")")
 		before := keysState(t, admin, std.Key, shared.Key)
 		d, err := l.AllowOrdered(ctx, std, &shared)
-		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 2") || d.Allowed() {
+		if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 2") || d.Allowed() {
 			t.Errorf("got %v, %v; want NOPERM naming HSET on bucket 2, not executed", d, err)
 		}
 		if after := keysState(t, admin, std.Key, shared.Key); after != before {
@@ -108,7 +109,7 @@ func TestIntegrationACL(t *testing.T) {
 		l := user("hset-shared-only", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+shared.Key+")")
 		before := keysState(t, admin, std.Key, shared.Key)
 		d, err := l.AllowOrdered(ctx, std, &shared)
-		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 1") || d.Allowed() {
+		if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "HSET on bucket 1") || d.Allowed() {
 			t.Errorf("got %v, %v; want NOPERM naming HSET on bucket 1, not executed", d, err)
 		}
 		if after := keysState(t, admin, std.Key, shared.Key); after != before {
@@ -124,7 +125,7 @@ func TestIntegrationACL(t *testing.T) {
 		l := user("no-pexpireat-one", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*")
 		before := keysState(t, admin, std.Key)
 		d, err := l.AllowOrdered(ctx, std, nil)
-		if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 1") || d.Allowed() {
+		if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 1") || d.Allowed() {
 			t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT on bucket 1, not executed", d, err)
 		}
 		if after := keysState(t, admin, std.Key); after != before {
@@ -132,15 +133,15 @@ func TestIntegrationACL(t *testing.T) {
 		}
 	})
 	stdOnly := user("pexpireat-std-only", strings.Replace(leastPrivilege, "+pexpireat", "", 1)+" ~"+p+"*", "(+pexpireat ~"+std.Key+")")
-	drained2 := Request{Key: p + "drained2", Spec: MustSpec(Every(time.Hour), 1)}
+	drained2 := admit.Request{Key: p + "drained2", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
 	if d, err := good.AllowOrdered(ctx, drained2, nil); err != nil || !d.Allowed() {
 		t.Fatalf("drain: %v, %v", d, err)
 	}
-	for _, second := range []Request{shared, drained2} {
+	for _, second := range []admit.Request{shared, drained2} {
 		t.Run("pexpireat on the standard bucket only, second bucket "+strings.TrimPrefix(second.Key, p), func(t *testing.T) {
 			before := keysState(t, admin, std.Key, second.Key)
 			d, err := stdOnly.AllowOrdered(ctx, std, &second)
-			if !errors.Is(err, ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 2") || d.Allowed() {
+			if !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(fmt.Sprint(err), "PEXPIREAT on bucket 2") || d.Allowed() {
 				t.Errorf("got %v, %v; want NOPERM naming PEXPIREAT on bucket 2, not executed", d, err)
 			}
 			if after := keysState(t, admin, std.Key, second.Key); after != before {
@@ -155,7 +156,7 @@ func TestIntegrationACL(t *testing.T) {
 		c := client("hset-std-only-refund", strings.Replace(leastPrivilege, "+hset", "", 1)+" ~"+p+"*", "(+hset ~"+p+"absent)")
 		keys := []string{p + "absent", shared.Key}
 		before := keysState(t, admin, keys...)
-		err := valkey.NewLuaScript(scriptSource).Exec(ctx, c, keys, append(takeArgs(std.Spec, shared.Spec), modeRefund)).Error()
+		err := valkey.NewLuaScript(shipped).Exec(ctx, c, keys, append(takeArgs(std.Spec, shared.Spec), modeRefund)).Error()
 		if err == nil || !strings.Contains(err.Error(), "NOPERM admit: the ACL user may not run HSET on bucket 2") {
 			t.Errorf("got %v; want NOPERM naming HSET on bucket 2", err)
 		}
@@ -179,13 +180,13 @@ func TestIntegrationACL(t *testing.T) {
 			if tc.want == "EXISTS" {
 				keys = []string{p + "fresh-std", p + "fresh-shared"} // EXISTS runs for a key with no bucket fields
 			}
-			first, second := Request{Key: keys[0], Spec: std.Spec}, Request{Key: keys[1], Spec: shared.Spec}
+			first, second := admit.Request{Key: keys[0], Spec: std.Spec}, admit.Request{Key: keys[1], Spec: shared.Spec}
 			before := keysState(t, admin, keys...)
 			d, err := l.AllowOrdered(ctx, first, &second)
-			if err == nil || !errors.Is(err, ErrNotExecuted) || errors.Is(err, ErrOutcomeUnknown) || d.Allowed() {
+			if err == nil || !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) || d.Allowed() {
 				t.Fatalf("got %v, %v; want an error classed not executed", d, err)
 			}
-			if errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), tc.want) {
+			if errors.Is(err, admit.ErrWrongType) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not name the missing permission %q", err, tc.want)
 			}
 			if after := keysState(t, admin, keys...); after != before {

@@ -1,11 +1,11 @@
-package admit_test
+package integration
 
 // This repository's runners of the conformance suite (package admittest):
 // every rule of the design, on miniredis in-process (the fast tier, which
 // needs no server) and on a real server, standalone or cluster. Run it
 // against your own deployment with
 //
-//	VALKEY_ADDR=host:port go test github.com/admitkit/admit -run Conformance -v
+//	VALKEY_ADDR=host:port go test github.com/admitkit/admit/integration -run Conformance -v
 //
 // (see internal/testserver for the other ways to name a server), or call
 // admittest.Run from your own tests with your own client.
@@ -15,16 +15,13 @@ import (
 	"crypto/x509"
 	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/alicebob/miniredis/v2"
-	"github.com/alicebob/miniredis/v2/server"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admittest"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
+	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -137,7 +134,7 @@ func TestConformanceTLS(t *testing.T) {
 // aclRules are the least-privilege rules of a Limiter's ACL user (docs/acl.md,
 // "Least-privilege ACL"): the script and the commands it calls, on the
 // keys under one prefix.
-const aclRules = admit.LeastPrivilegeACL
+const aclRules = leastPrivilege
 
 // TestConformanceACL runs the suite with a Limiter client logged in as a
 // user that may run only what admit needs, on the suite's key prefix (the
@@ -186,46 +183,30 @@ func TestConformanceACL(t *testing.T) {
 // arithmetic there, and a real server's atomicity only under TestConformance.
 func TestConformanceMiniredis(t *testing.T) {
 	srv := miniredis.RunT(t)
-	runningClock(srv, time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC))
-	opt := valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true}
-	c, err := valkey.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	admittest.Run(t, c, admittest.WithClientOption(opt), admittest.Owned())
+	minitest.Run(srv)
+	c := minitest.Client(t, srv.Addr())
+	admittest.Run(t, c, admittest.WithClientOption(minitest.Option(srv.Addr())), admittest.Owned())
 }
 
-// runningClock gives srv a clock that starts at epoch, years from the
-// host's, and runs at the host's rate, set before each command a client
-// sends: every command, a script with its TIME included, sees one instant,
-// as on a real server, and TTLs count down with it (ClockTTL). Left alone,
-// miniredis reads the host's clock anew at each step of a command, so the
-// PEXPIRETIME of an untouched key would drift by a millisecond now and then.
-func runningClock(srv *miniredis.Miniredis, epoch time.Time) {
-	start := time.Now()
-	var (
-		mu      sync.Mutex // guards clients
-		clients = map[*server.Peer]bool{}
-		setting sync.Mutex // keeps the clock monotonic
-	)
-	srv.SetTime(epoch)
-	srv.ClockTTL(true)
-	srv.Server().SetPreHook(func(c *server.Peer, _ string, _ ...string) bool {
-		// A client's connection has no context before its first command; a
-		// command that a script calls has one, and runs while the script
-		// holds the server's lock, which SetTime takes.
-		mu.Lock()
-		if c.Ctx == nil {
-			clients[c] = true
-		}
-		client := clients[c]
-		mu.Unlock()
-		if client {
-			setting.Lock()
-			srv.SetTime(epoch.Add(time.Since(start)))
-			setting.Unlock()
-		}
-		return false
-	})
+// TestConformanceWithoutACLPrecheck runs every conformance rule against
+// Limiters built with WithoutACLPrecheck, on the deployment TestConformance
+// uses, whose user may run every command: there the option changes no
+// rule's verdict. (The one rule with an ACL user of its own,
+// peek-read-only-user, only peeks, which the option leaves alone.)
+func TestConformanceWithoutACLPrecheck(t *testing.T) {
+	c, opts := openTarget(t)
+	newLimiter := func(c valkey.Client) *admit.Limiter { return admit.New(c, admit.WithoutACLPrecheck()) }
+	for _, r := range admittest.Rules(t, c, newLimiter, opts...) {
+		t.Run(r.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), ruleTimeout)
+			defer cancel()
+			err := r.Run(ctx)
+			if reason, ok := admittest.IsSkip(err); ok {
+				t.Skip(reason)
+			}
+			if err != nil {
+				t.Errorf("rule %s broken with WithoutACLPrecheck:\n%v", r.Name, err)
+			}
+		})
+	}
 }

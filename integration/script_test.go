@@ -1,7 +1,8 @@
-package admit
+package integration
 
 import (
 	"context"
+	"github.com/admitkit/admit"
 	"os"
 	"os/exec"
 	"strconv"
@@ -11,15 +12,14 @@ import (
 
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/google/go-cmp/cmp"
+	"github.com/valkey-io/valkey-go"
 )
 
 // TestIntegrationScriptRefusesBadArgv: a direct call with arguments admit
 // never sends is refused before the first write, on a real server (whose
 // Lua converts "nan", "inf" and "0x10" as numbers, unlike miniredis's).
 func TestIntegrationScriptRefusesBadArgv(t *testing.T) {
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, c)
+	c, prefix := keyspace(t)
 	ctx := context.Background()
 	snap := func() string {
 		var b strings.Builder
@@ -36,30 +36,42 @@ func TestIntegrationScriptRefusesBadArgv(t *testing.T) {
 // TestIntegrationScriptCommands counts, on a real server, the commands the
 // script runs inside each decision on buckets that exist: TIME once, one
 // HMGET a bucket read, HSET and PEXPIREAT for a bucket charged, PEXPIREAT
-// (GT) alone for a bucket denied, EXISTS never. These are the 0b7bc55
-// script's commands, less its HSET on a denied bucket: the floor under the
+// (GT) alone for a bucket denied, EXISTS never. These are the fewest
+// commands a decision can run, with no write on a denied bucket: the floor under the
 // server time BENCHMARKS.md measures, and what a change to the script must
 // not quietly add to. A new bucket costs one EXISTS more.
 func TestIntegrationScriptCommands(t *testing.T) {
 	srv := testserver.Own(t)
 	c := testserver.NewClient(t, srv)
 	ctx := context.Background()
-	l := New(c)
+	l := admit.New(c)
 	const calls = 10
 	type counts map[string]int64
-	for _, p := range scriptPaths() {
+	open, shut := admit.MustSpec(admit.MaxLimit, 1_000_000), admit.MustSpec(admit.Every(time.Hour), 1)
+	for _, p := range []struct {
+		name   string
+		first  admit.Spec
+		second *admit.Spec
+		denied uint8
+	}{
+		{"one-bucket-allowed", open, nil, 0},
+		{"one-bucket-denied", shut, nil, 1},
+		{"allowed", open, &open, 0},
+		{"denied-by-first", shut, &open, 1},
+		{"denied-by-second", open, &shut, 2},
+	} {
 		t.Run(p.name, func(t *testing.T) {
 			prefix := testserver.Prefix(t, c)
-			first := Request{Key: prefix + "first", Spec: p.first}
-			var second *Request
+			first := admit.Request{Key: prefix + "first", Spec: p.first}
+			var second *admit.Request
 			if p.second != nil {
-				second = &Request{Key: prefix + "second", Spec: *p.second}
+				second = &admit.Request{Key: prefix + "second", Spec: *p.second}
 			}
 			decide := func() {
 				t.Helper()
 				d, err := l.AllowOrdered(ctx, first, second)
-				if err != nil || d.Denied != p.want {
-					t.Fatalf("%v, %v; want denied %d", d, err, p.want)
+				if err != nil || d.Denied != p.denied {
+					t.Fatalf("%v, %v; want denied %d", d, err, p.denied)
 				}
 			}
 			reset := func() {
@@ -98,7 +110,7 @@ func TestIntegrationScriptCommands(t *testing.T) {
 			}
 			want := counts{"time": calls, "hmget": calls * buckets}
 			charged, denied := int64(0), int64(0) // buckets a call charges, and denies
-			switch p.want {
+			switch p.denied {
 			case 0:
 				charged = buckets
 			case 1:
@@ -117,39 +129,45 @@ func TestIntegrationScriptCommands(t *testing.T) {
 	}
 }
 
-// TestFIPSOnly runs this test binary again under GODEBUG=fips140=only, where
-// SHA-1 panics: importing admit must not kill the program, and decisions
-// must work, with valkey-go loading the script's SHA-1 from the server.
-// (Before the fix the child died at package init, before any test ran.)
-func TestFIPSOnly(t *testing.T) {
+// TestIntegrationFIPSOnly runs this test binary again under
+// GODEBUG=fips140=only, where SHA-1 panics: importing admit must not kill
+// the program, and decisions must work, with valkey-go loading the
+// script's SHA-1 from the server (SCRIPT LOAD), for the shipped script and
+// for WithoutACLPrecheck's.
+func TestIntegrationFIPSOnly(t *testing.T) {
 	if os.Getenv("ADMIT_FIPS_CHILD") == "1" {
 		fipsChild(t)
 		return
 	}
 	srv := testserver.Shared(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFIPSOnly$", "-test.v", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIntegrationFIPSOnly$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), "GODEBUG=fips140=only", "ADMIT_FIPS_CHILD=1", "VALKEY_ADDR="+srv.Addr)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "fips-only decisions: allowed, allowed, denied by bucket 1") {
-		t.Fatalf("child under GODEBUG=fips140=only: %v\n%s", err, out)
+	for _, want := range []string{"fips-only decisions: allowed, allowed, denied by bucket 1", "fips-only decisions without the ACL precheck: allowed, allowed, denied by bucket 1"} {
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Fatalf("child under GODEBUG=fips140=only: %v; want %q in\n%s", err, want, out)
+		}
 	}
 }
 
 func fipsChild(t *testing.T) {
-	spec := MustSpec(Every(time.Hour), 2)
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	l := New(c)
-	key := testserver.Prefix(t, c) + "fips"
-	var got []string
-	for range 3 {
-		d, err := l.AllowOrdered(context.Background(), Request{Key: key, Spec: spec}, nil)
-		if err != nil {
-			t.Fatalf("decision under fips140=only: %v", err)
+	spec := admit.MustSpec(admit.Every(time.Hour), 2)
+	c, p := keyspace(t)
+	for _, l := range []struct {
+		name string
+		opts []admit.Option
+	}{{"", nil}, {" without the ACL precheck", []admit.Option{admit.WithoutACLPrecheck()}}} {
+		lim := admit.New(c, l.opts...)
+		var got []string
+		for range 3 {
+			d, err := lim.AllowOrdered(context.Background(), admit.Request{Key: p + "fips" + l.name, Spec: spec}, nil)
+			if err != nil {
+				t.Fatalf("decision under fips140=only: %v", err)
+			}
+			got = append(got, d.String())
 		}
-		got = append(got, d.String())
+		t.Logf("fips-only decisions%s: %s", l.name, strings.Join(got, ", "))
 	}
-	t.Logf("fips-only decisions: %s", strings.Join(got, ", "))
 }
 
 // TestIntegrationAdmissionReplyPacking: an untracked admission's reply is
@@ -158,11 +176,9 @@ func fipsChild(t *testing.T) {
 // and AllowOrdered reads the same Remaining either way, at the bounds of
 // the packing.
 func TestIntegrationAdmissionReplyPacking(t *testing.T) {
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	prefix := testserver.Prefix(t, c)
+	c, prefix := keyspace(t)
 	ctx := context.Background()
-	l := New(c)
+	l := admit.New(c)
 	const bound = 1 << 26
 	for i, tc := range []struct {
 		bursts  []int64 // a fresh bucket is full: an admission leaves burst - 1
@@ -179,21 +195,21 @@ func TestIntegrationAdmissionReplyPacking(t *testing.T) {
 		{[]int64{7, 1000}, true},
 		{[]int64{bound, 2}, true},
 	} {
-		var specs []Spec
-		var reqs []Request
+		var specs []admit.Spec
+		var reqs []admit.Request
 		for j, burst := range tc.bursts {
-			s, err := NewSpec(MaxLimit, int(burst))
+			s, err := admit.NewSpec(admit.MaxLimit, int(burst))
 			if err != nil {
 				t.Fatal(err)
 			}
 			specs = append(specs, s)
-			reqs = append(reqs, Request{Key: prefix + "{p}" + strconv.Itoa(i) + ":" + strconv.Itoa(j), Spec: s})
+			reqs = append(reqs, admit.Request{Key: prefix + "{p}" + strconv.Itoa(i) + ":" + strconv.Itoa(j), Spec: s})
 		}
 		keys := []string{reqs[0].Key}
 		if len(reqs) == 2 {
 			keys = append(keys, reqs[1].Key)
 		}
-		raw, err := scripts().peek.Exec(ctx, c, keys, append(takeArgs(specs...), modePeek)).ToMessage()
+		raw, err := valkey.NewLuaScriptReadOnly(shipped).Exec(ctx, c, keys, append(takeArgs(specs...), modePeek)).ToMessage()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +217,7 @@ func TestIntegrationAdmissionReplyPacking(t *testing.T) {
 			t.Errorf("bursts %v: peek replied %v, want an integer: %v", tc.bursts, raw, tc.integer)
 		}
 		want := [2]int{int(tc.bursts[0] - 1), -1}
-		var second *Request
+		var second *admit.Request
 		if len(reqs) == 2 {
 			want[1], second = int(tc.bursts[1]-1), &reqs[1]
 		}

@@ -1,8 +1,9 @@
-package admit
+package integration
 
 import (
 	"context"
 	"fmt"
+	"github.com/admitkit/admit"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,10 +17,9 @@ import (
 
 // TestIntegrationDenialWritesNothing counts, on a real primary with a
 // replica attached, the dataset changes (rdb_changes_since_last_save) and
-// replication bytes (master_repl_offset) of denials, on every denial path,
-// for the shipped script and for the baseline (0b7bc55) that rewrote every
-// denied bucket. (Before the change, each denied bucket cost 3 dataset
-// changes: HSET of two fields and PEXPIRE.)
+// replication bytes (master_repl_offset) of denials, on every denial path:
+// none, where a script that rewrote every denied bucket would cost 3
+// dataset changes (HSET of two fields and PEXPIRE) a bucket.
 func TestIntegrationDenialWritesNothing(t *testing.T) {
 	primary := testserver.Own(t, "--repl-diskless-sync-delay", "0")
 	pc := testserver.NewClient(t, primary)
@@ -53,58 +53,44 @@ func TestIntegrationDenialWritesNothing(t *testing.T) {
 	if err := pc.Do(ctx, pc.B().ConfigSet().ParameterValue().ParameterValue("repl-ping-replica-period", "3600").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	open := MustSpec(MaxLimit, 1<<30)
-	shut := MustSpec(Every(time.Hour), 1)
+	open := admit.MustSpec(admit.MaxLimit, 1<<30)
+	shut := admit.MustSpec(admit.Every(time.Hour), 1)
 	const calls = 100
-	for _, script := range []struct {
-		name string
-		exec func(keys []string, specs ...Spec) (string, error)
-	}{
-		{"current", func(keys []string, specs ...Spec) (string, error) {
-			denied, err := replyDenied(scripts().take.Exec(ctx, pc, keys, takeArgs(specs...)))
-			return strconv.FormatInt(denied, 10), err
-		}},
-		{"baseline-0b7bc55", func(keys []string, specs ...Spec) (string, error) {
-			arr, err := valkey.NewLuaScript(baselineScript).Exec(ctx, pc, keys, baselineArgs(specs...)).AsIntSlice()
-			if err != nil || len(arr) != 2 {
-				return "", err
-			}
-			return strconv.FormatInt(arr[0], 10), nil
-		}},
-	} {
+	take := valkey.NewLuaScript(shipped)
+	exec := func(keys []string, specs ...admit.Spec) (string, error) {
+		return replyOf(take.Exec(ctx, pc, keys, takeArgs(specs...)), len(specs))
+	}
+	{
 		for _, path := range []struct {
 			name        string
-			specs       []Spec
+			specs       []admit.Spec
 			denied      string
-			wantChanges int64 // per call, for the current script
+			wantChanges int64 // per call
 		}{
-			{"one bucket denied", []Spec{shut}, "1", 0},
-			{"first denied", []Spec{shut, open}, "1", 0},
-			{"second denied", []Spec{open, shut}, "2", 3}, // the first bucket is charged: HSET of two fields + PEXPIRE
+			{"one bucket denied", []admit.Spec{shut}, "1", 0},
+			{"first denied", []admit.Spec{shut, open}, "1", 0},
+			{"second denied", []admit.Spec{open, shut}, "2", 3}, // the first bucket is charged: HSET of two fields + PEXPIRE
 		} {
 			p := testserver.Prefix(t, pc)
 			keys := []string{p + "a", p + "b"}[:len(path.specs)]
 			for range 2 { // drain the shut bucket
-				if _, err := script.exec(keys, path.specs...); err != nil {
+				if _, err := exec(keys, path.specs...); err != nil {
 					t.Fatal(err)
 				}
 			}
 			changes, offset := info(pc, "persistence", "rdb_changes_since_last_save"), info(pc, "replication", "master_repl_offset")
 			for range calls {
-				reply, err := script.exec(keys, path.specs...)
+				reply, err := exec(keys, path.specs...)
 				if err != nil || !strings.HasPrefix(reply, path.denied) {
-					t.Fatalf("%s, %s: reply %q, %v; want denied by %s", script.name, path.name, reply, err, path.denied)
+					t.Fatalf("%s: reply %q, %v; want denied by %s", path.name, reply, err, path.denied)
 				}
 			}
 			dChanges, dOffset := info(pc, "persistence", "rdb_changes_since_last_save")-changes, info(pc, "replication", "master_repl_offset")-offset
-			t.Logf("%-16s %-17s: %.1f dataset changes and %.1f replication bytes per call", script.name, path.name, float64(dChanges)/calls, float64(dOffset)/calls)
-			if script.name == "current" {
-				if dChanges != path.wantChanges*calls {
-					t.Errorf("%s: %d dataset changes in %d calls, want %d per call", path.name, dChanges, calls, path.wantChanges)
-				}
-				if path.wantChanges == 0 && dOffset != 0 {
-					t.Errorf("%s: %d replication bytes in %d denials, want 0", path.name, dOffset, calls)
-				}
+			if dChanges != path.wantChanges*calls {
+				t.Errorf("%s: %d dataset changes in %d calls, want %d per call", path.name, dChanges, calls, path.wantChanges)
+			}
+			if path.wantChanges == 0 && dOffset != 0 {
+				t.Errorf("%s: %d replication bytes in %d denials, want 0", path.name, dOffset, calls)
 			}
 		}
 	}
@@ -116,26 +102,24 @@ func TestIntegrationDenialWritesNothing(t *testing.T) {
 // come back as a full bucket; for a bucket alone and for the second bucket
 // of a call (the script writes each bucket in lines of its own).
 func TestIntegrationDenialKeepsSlowerSpecAlive(t *testing.T) {
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	l := New(c)
+	c, p := keyspace(t)
+	l := admit.New(c)
 	ctx := context.Background()
-	p := testserver.Prefix(t, c)
-	open := Request{Key: p + "open", Spec: MustSpec(Every(time.Second), 1000)}
+	open := admit.Request{Key: p + "open", Spec: admit.MustSpec(admit.Every(time.Second), 1000)}
 	for _, bucket := range []uint8{1, 2} {
-		allow := func(r Request) (Decision, error) {
+		allow := func(r admit.Request) (admit.Decision, error) {
 			if bucket == 1 {
 				return l.AllowOrdered(ctx, r, nil)
 			}
 			return l.AllowOrdered(ctx, open, &r)
 		}
-		r := Request{Key: fmt.Sprintf("%sslower:%d", p, bucket), Spec: MustSpec(Every(time.Second), 2)}
+		r := admit.Request{Key: fmt.Sprintf("%sslower:%d", p, bucket), Spec: admit.MustSpec(admit.Every(time.Second), 2)}
 		for range 2 {
 			if d, err := allow(r); err != nil || !d.Allowed() {
 				t.Fatalf("bucket %d: drain: %v, %v", bucket, d, err)
 			}
 		}
-		r.Spec = MustSpec(Every(time.Hour), 2) // full again only in about 2 h now
+		r.Spec = admit.MustSpec(admit.Every(time.Hour), 2) // full again only in about 2 h now
 		if d, err := allow(r); err != nil || d.Denied != bucket {
 			t.Fatalf("bucket %d: after the change: %v, %v; want denied by it", bucket, d, err)
 		}
@@ -152,9 +136,9 @@ func TestIntegrationDenialKeepsSlowerSpecAlive(t *testing.T) {
 func TestIntegrationDenialCacheFlood(t *testing.T) {
 	srv := testserver.Own(t)
 	c := testserver.NewClient(t, srv)
-	l := New(c, WithDenialCache(16))
+	l := admit.New(c, admit.WithDenialCache(16))
 	ctx := context.Background()
-	std, shared := Request{Key: "rl:{flood}:std", Spec: MustSpec(Every(time.Hour), 1)}, Request{Key: "rl:{flood}:shared", Spec: MustSpec(Every(time.Second), 20)} // the shared key lives 20 s: long enough to read back
+	std, shared := admit.Request{Key: "rl:{flood}:std", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}, admit.Request{Key: "rl:{flood}:shared", Spec: admit.MustSpec(admit.Every(time.Second), 20)} // the shared key lives 20 s: long enough to read back
 	if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || !d.Allowed() {
 		t.Fatalf("drain: %v, %v", d, err)
 	}

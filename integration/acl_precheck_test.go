@@ -1,12 +1,11 @@
-package admit
+package integration
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,10 +30,8 @@ import (
 // sets (HMGET, in place of TIME, the one change made to either), a day
 // ahead of the server's, so that every expiry written lies in the future.
 func TestIntegrationWithoutACLPrecheckSameAsShipped(t *testing.T) {
-	srv := testserver.Shared(t)
-	admin := testserver.NewClient(t, srv)
+	admin, p := keyspace(t)
 	ctx := context.Background()
-	p := testserver.Prefix(t, admin)
 	clockKey := p + "clock"
 	fixed := func(src string) *valkey.Lua {
 		t.Helper()
@@ -43,7 +40,7 @@ func TestIntegrationWithoutACLPrecheckSameAsShipped(t *testing.T) {
 		}
 		return valkey.NewLuaScript(strings.Replace(src, "redis.pcall('TIME')", "redis.pcall('HMGET', '"+clockKey+"', 's', 'us')", 1))
 	}
-	shipped, variant := fixed(scriptSource), fixed(withoutACLPrecheck(scriptSource))
+	shipped, variant := fixed(shipped), fixed(withoutACLPrecheck(shipped))
 
 	tm, err := admin.Do(ctx, admin.B().Time().Build()).AsStrSlice()
 	if err != nil {
@@ -128,14 +125,14 @@ func TestIntegrationWithoutACLPrecheckSameAsShipped(t *testing.T) {
 		return reply
 	}
 
-	specs := []Spec{
-		MustSpec(Every(time.Millisecond), 3),
-		MustSpec(Every(250*time.Millisecond), 20),
-		MustSpec(Every(time.Second), 5),
-		MustSpec(Every(time.Hour), 2),
+	specs := []admit.Spec{
+		admit.MustSpec(admit.Every(time.Millisecond), 3),
+		admit.MustSpec(admit.Every(250*time.Millisecond), 20),
+		admit.MustSpec(admit.Every(time.Second), 5),
+		admit.MustSpec(admit.Every(time.Hour), 2),
 	}
 	rng := rand.New(rand.NewPCG(22, 75))
-	keySpec := map[string]Spec{}
+	keySpec := map[string]admit.Spec{}
 	for _, k := range buckets {
 		keySpec[k] = specs[rng.IntN(len(specs))]
 	}
@@ -182,9 +179,10 @@ func TestIntegrationWithoutACLPrecheckSameAsShipped(t *testing.T) {
 			}
 			s, cost := keySpec[k], 1
 			if rng.IntN(3) == 0 {
-				cost = 1 + rng.IntN(int(s.burst))
+				cost = 1 + rng.IntN(s.Burst())
 			}
-			args = append(args, s.intervalArg, s.burstArg, costArg(cost))
+			per, burst := specArgs(s)
+			args = append(args, per, burst, costArg(cost))
 		}
 		kind := ""
 		switch r := rng.IntN(20); {
@@ -327,17 +325,17 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 			t.Errorf("%d of %q exist (%v); want none", n, keys, err)
 		}
 	}
-	refused := func(t *testing.T, d Decision, err error, want string) {
+	refused := func(t *testing.T, d admit.Decision, err error, want string) {
 		t.Helper()
-		if d != (Decision{}) || !errors.Is(err, ErrNotExecuted) || err == nil || !strings.Contains(err.Error(), want) {
+		if d != (admit.Decision{}) || !errors.Is(err, admit.ErrNotExecuted) || err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, %v; want the zero Decision and an error classed not executed, naming %q", d, err, want)
 		}
 	}
 	// unknown checks for an error classed outcome unknown: admit's, naming
 	// want, or with want "" the server's own failure of the script.
-	unknown := func(t *testing.T, d Decision, err error, want string) {
+	unknown := func(t *testing.T, d admit.Decision, err error, want string) {
 		t.Helper()
-		ok := d == (Decision{}) && errors.Is(err, ErrOutcomeUnknown) && !errors.Is(err, ErrNotExecuted)
+		ok := d == (admit.Decision{}) && errors.Is(err, admit.ErrOutcomeUnknown) && !errors.Is(err, admit.ErrNotExecuted)
 		if want == "" {
 			ok = ok && strings.Contains(err.Error(), "admit: outcome unknown: the server failed the script") && !strings.Contains(err.Error(), "NOPERM")
 		} else {
@@ -350,17 +348,17 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	// The script's ADMITPARTIAL: a write on bucket 2's key refused after
 	// bucket 1's.
 	const bucket2 = "admit: outcome unknown: the server refused"
-	spec := MustSpec(Every(time.Second), 5)
+	spec := admit.MustSpec(admit.Every(time.Second), 5)
 
 	t.Run("no pexpireat, one bucket", func(t *testing.T) {
 		c := user(t, "no-pexpireat", "+@all", "-pexpireat", "~*")
-		a := Request{Key: "{np}a", Spec: spec}
-		d, err := New(c).AllowOrdered(ctx, a, nil)
+		a := admit.Request{Key: "{np}a", Spec: spec}
+		d, err := admit.New(c).AllowOrdered(ctx, a, nil)
 		refused(t, d, err, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 1's key")
 		absent(t, a.Key)
 
 		from := serverNow(t)
-		d, err = New(c, WithoutACLPrecheck()).AllowOrdered(ctx, a, nil)
+		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, nil)
 		to := serverNow(t)
 		unknown(t, d, err, "")
 		charged(t, a.Key, "4", from, to, -1) // charged, and never expires
@@ -368,13 +366,13 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	})
 	t.Run("pexpireat on bucket 1's key only, two buckets", func(t *testing.T) {
 		c := user(t, "pexpireat-a-only", "+@all", "-pexpireat", "~*", "(+pexpireat ~{sel}a)")
-		a, b := Request{Key: "{sel}a", Spec: spec}, Request{Key: "{sel}b", Spec: spec}
-		d, err := New(c).AllowOrdered(ctx, a, &b)
+		a, b := admit.Request{Key: "{sel}a", Spec: spec}, admit.Request{Key: "{sel}b", Spec: spec}
+		d, err := admit.New(c).AllowOrdered(ctx, a, &b)
 		refused(t, d, err, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 2's key")
 		absent(t, a.Key, b.Key)
 
 		from := serverNow(t)
-		d, err = New(c, WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
+		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
 		to := serverNow(t)
 		unknown(t, d, err, "")
 		charged(t, a.Key, "4", from, to, spec.TTL())
@@ -382,13 +380,13 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	})
 	t.Run("hset on bucket 1's key only, two buckets", func(t *testing.T) {
 		c := user(t, "hset-a-only", "+@all", "-hset", "~*", "(+hset ~{selh}a)")
-		a, b := Request{Key: "{selh}a", Spec: spec}, Request{Key: "{selh}b", Spec: spec}
-		d, err := New(c).AllowOrdered(ctx, a, &b)
+		a, b := admit.Request{Key: "{selh}a", Spec: spec}, admit.Request{Key: "{selh}b", Spec: spec}
+		d, err := admit.New(c).AllowOrdered(ctx, a, &b)
 		refused(t, d, err, "NOPERM admit: the ACL user may not run HSET on bucket 2's key")
 		absent(t, a.Key, b.Key)
 
 		from := serverNow(t)
-		d, err = New(c, WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
+		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
 		to := serverNow(t)
 		unknown(t, d, err, bucket2)
 		charged(t, a.Key, "4", from, to, spec.TTL())
@@ -399,12 +397,12 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	// NOPERM, but after bucket 1's write, so outcome unknown.
 	t.Run("pexpireat on bucket 1's key only, second-bucket denial", func(t *testing.T) {
 		c := user(t, "pexpireat-c-only", "+@all", "-pexpireat", "~*", "(+pexpireat ~{seld}a)")
-		a, b := Request{Key: "{seld}a", Spec: spec}, Request{Key: "{seld}b", Spec: MustSpec(Every(time.Hour), 1)}
-		if d, err := New(admin).AllowOrdered(ctx, b, nil); err != nil || !d.Allowed() {
+		a, b := admit.Request{Key: "{seld}a", Spec: spec}, admit.Request{Key: "{seld}b", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
+		if d, err := admit.New(admin).AllowOrdered(ctx, b, nil); err != nil || !d.Allowed() {
 			t.Fatalf("drain %s: %v, %v", b.Key, d, err)
 		}
 		drained := keysState(t, admin, b.Key)
-		d, err := New(c).AllowOrdered(ctx, a, &b)
+		d, err := admit.New(c).AllowOrdered(ctx, a, &b)
 		refused(t, d, err, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 2's key")
 		absent(t, a.Key)
 		if got := keysState(t, admin, b.Key); got != drained {
@@ -412,7 +410,7 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 		}
 
 		from := serverNow(t)
-		d, err = New(c, WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
+		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
 		to := serverNow(t)
 		unknown(t, d, err, bucket2)
 		charged(t, a.Key, "4", from, to, spec.TTL())
@@ -424,41 +422,41 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	// under pcall): refused, bucket 1's refund stays.
 	t.Run("hset on bucket 1's key only, refund", func(t *testing.T) {
 		c := user(t, "hset-r-only", "+@all", "-hset", "~*", "(+hset ~{selr}a)")
-		a, b := Request{Key: "{selr}a", Spec: spec}, Request{Key: "{selr}b", Spec: spec}
+		a, b := admit.Request{Key: "{selr}a", Spec: spec}, admit.Request{Key: "{selr}b", Spec: spec}
 		from := serverNow(t)
 		for range 2 {
-			if d, err := New(admin).AllowOrdered(ctx, a, &b); err != nil || !d.Allowed() {
+			if d, err := admit.New(admin).AllowOrdered(ctx, a, &b); err != nil || !d.Allowed() {
 				t.Fatalf("charge: %v, %v", d, err)
 			}
 		}
 		to := serverNow(t)
 		before := keysState(t, admin, a.Key, b.Key)
-		err := New(c).Refund(ctx, a, &b)
-		refused(t, Decision{}, err, "NOPERM admit: the ACL user may not run HSET on bucket 2's key")
+		err := admit.New(c).Refund(ctx, a, &b)
+		refused(t, admit.Decision{}, err, "NOPERM admit: the ACL user may not run HSET on bucket 2's key")
 		if got := keysState(t, admin, a.Key, b.Key); got != before {
 			t.Errorf("the buckets changed:\nbefore %s\nafter  %s", before, got)
 		}
 
-		err = New(c, WithoutACLPrecheck()).Refund(ctx, a, &b)
-		unknown(t, Decision{}, err, bucket2)
+		err = admit.New(c, admit.WithoutACLPrecheck()).Refund(ctx, a, &b)
+		unknown(t, admit.Decision{}, err, bucket2)
 		charged(t, a.Key, "4", from, to, spec.TTL()) // refunded: 3 + 1
 		charged(t, b.Key, "3", from, to, spec.TTL()) // as charged
 	})
 	t.Run("no set, once", func(t *testing.T) {
 		c := user(t, "no-set", "+@all", "-set", "~*")
-		a := Request{Key: "{ns}a", Spec: spec}
-		rec, err := onceKey(a.Key, "job-1")
+		a := admit.Request{Key: "{ns}a", Spec: spec}
+		rec, err := admit.OnceRecordKey(a.Key, "job-1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := New(c).AllowOrderedOnce(ctx, "job-1", a, nil)
+		d, err := admit.New(c).AllowOrderedOnce(ctx, "job-1", a, nil)
 		refused(t, d, err, "NOPERM admit: the ACL user may not run SET")
 		absent(t, a.Key, rec)
 
 		// Each retry of the same id charges the bucket again: no record.
 		// (Within a second no token comes back, so ts stays the first
 		// call's.)
-		l := New(c, WithoutACLPrecheck())
+		l := admit.New(c, admit.WithoutACLPrecheck())
 		from := serverNow(t)
 		for _, tokens := range []string{"4", "3"} {
 			d, err = l.AllowOrderedOnce(ctx, "job-1", a, nil)
@@ -472,43 +470,11 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	// not executed, with nothing written, option or not.
 	t.Run("no hset, one bucket", func(t *testing.T) {
 		c := user(t, "no-hset", "+@all", "-hset", "~*")
-		a := Request{Key: "{nh}a", Spec: spec}
-		for _, l := range []*Limiter{New(c), New(c, WithoutACLPrecheck())} {
+		a := admit.Request{Key: "{nh}a", Spec: spec}
+		for _, l := range []*admit.Limiter{admit.New(c), admit.New(c, admit.WithoutACLPrecheck())} {
 			d, err := l.AllowOrdered(ctx, a, nil)
 			refused(t, d, err, "NOPERM admit: the ACL user may not run HSET on bucket 1's key")
 			absent(t, a.Key)
 		}
 	})
-}
-
-// TestIntegrationWithoutACLPrecheckFIPSOnly runs this test binary again
-// under GODEBUG=fips140=only, where SHA-1 panics: a Limiter built with
-// WithoutACLPrecheck decides there too, valkey-go loading the variant's
-// SHA-1 from the server (SCRIPT LOAD), as for the shipped script
-// (TestFIPSOnly).
-func TestIntegrationWithoutACLPrecheckFIPSOnly(t *testing.T) {
-	if os.Getenv("ADMIT_FIPS_CHILD") == "1" {
-		spec := MustSpec(Every(time.Hour), 2)
-		srv := testserver.Shared(t)
-		c := testserver.NewClient(t, srv)
-		l := New(c, WithoutACLPrecheck())
-		key := testserver.Prefix(t, c) + "fips"
-		var got []string
-		for range 3 {
-			d, err := l.AllowOrdered(context.Background(), Request{Key: key, Spec: spec}, nil)
-			if err != nil {
-				t.Fatalf("decision under fips140=only: %v", err)
-			}
-			got = append(got, d.String())
-		}
-		t.Logf("fips-only decisions without the ACL precheck: %s", strings.Join(got, ", "))
-		return
-	}
-	srv := testserver.Shared(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIntegrationWithoutACLPrecheckFIPSOnly$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GODEBUG=fips140=only", "ADMIT_FIPS_CHILD=1", "VALKEY_ADDR="+srv.Addr)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "fips-only decisions without the ACL precheck: allowed, allowed, denied by bucket 1") {
-		t.Fatalf("child under GODEBUG=fips140=only: %v\n%s", err, out)
-	}
 }
