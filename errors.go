@@ -114,6 +114,17 @@ func crossSlot(msg string) error {
 	return &callError{msg: "admit: invalid request: " + msg, reason: ErrCrossSlot, class: ErrNotExecuted}
 }
 
+// invalidRequestCause is invalidRequest with the error that made it so.
+func invalidRequestCause(msg string, cause error) error {
+	return &callError{msg: "admit: invalid request: " + msg, reason: ErrInvalidRequest, class: ErrNotExecuted, cause: cause}
+}
+
+// notDecided is the error of a Local call whose context was done before
+// the decision.
+func notDecided(cause error) error {
+	return &callError{msg: "admit: not executed, the context was done before the decision", class: ErrNotExecuted, cause: cause}
+}
+
 // notSent is the error of a call whose context was done before sending.
 func notSent(cause error) error {
 	return &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: cause}

@@ -305,7 +305,7 @@ func (l *Limiter) Acquire(ctx context.Context, slot Slot, first, second *Request
 	buf[nk], buf[3+na], buf[4+na] = slot.Key, modeLeaseAcquire, slot.Spec.argPrefix+x.Name
 	keys, args := buf[0:nk+1], buf[3:3+na+2]
 	if err := ctx.Err(); err != nil {
-		return x, &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
+		return x, notSent(err)
 	}
 	sent := time.Since(monoBase)
 	x.sent = true
@@ -370,12 +370,9 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, slot Slot, firs
 		}
 		if l.client.Mode() == valkey.ClientModeCluster {
 			if s1, s2 := keySlot(slot.Key), keySlot(r.Key); s1 != s2 {
-				return &callError{
-					msg: "admit: invalid request: the Slot's key " + strconv.Quote(slot.Key) + " (slot " + strconv.Itoa(int(s1)) +
-						") and bucket key " + strconv.Quote(r.Key) + " (slot " + strconv.Itoa(int(s2)) +
-						") are in different cluster hash slots; give them a common hash tag such as {org:7}",
-					reason: ErrCrossSlot, class: ErrNotExecuted,
-				}
+				return crossSlot("the Slot's key " + strconv.Quote(slot.Key) + " (slot " + strconv.Itoa(int(s1)) +
+					") and bucket key " + strconv.Quote(r.Key) + " (slot " + strconv.Itoa(int(s2)) +
+					") are in different cluster hash slots; give them a common hash tag such as {org:7}")
 			}
 		}
 	}
@@ -526,7 +523,7 @@ func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 			" bytes; want 1 to MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
 	}
 	if err := ctx.Err(); err != nil {
-		return "", &callError{msg: "admit: not executed, the context was done before sending", class: ErrNotExecuted, cause: err}
+		return "", notSent(err)
 	}
 	keys := [1]string{x.Key}
 	args := [2]string{mode, x.spec.argPrefix + x.Name}

@@ -226,7 +226,7 @@ func (l *Local) check(ctx context.Context, first Request, second *Request) error
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return &callError{msg: "admit: not executed, the context was done before the decision", class: ErrNotExecuted, cause: err}
+		return notDecided(err)
 	}
 	return nil
 }
@@ -591,8 +591,7 @@ func (g *Degraded) scale(first Request, second *Request, buf *Request) (Request,
 		}
 		s, err := g.Scale(r.Spec)
 		if err != nil {
-			return Request{}, &callError{msg: "admit: invalid request: " + which + " request for key " + strconv.Quote(r.Key) +
-				": its Spec cannot be scaled", reason: ErrInvalidRequest, class: ErrNotExecuted, cause: err}
+			return Request{}, invalidRequestCause(which+" request for key "+strconv.Quote(r.Key)+": its Spec cannot be scaled", err)
 		}
 		if r.Cost > s.burst {
 			return Request{}, invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has Cost " + strconv.Itoa(r.Cost) +
