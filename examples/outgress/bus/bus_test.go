@@ -120,10 +120,7 @@ func (l *ledger) waitFinals(t *testing.T, n int64) {
 
 func setup(t *testing.T, url string, cfg Config) {
 	t.Helper()
-	b, err := Connect(ctxT(t), url, "setup", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := connect(t, url, "setup", cfg)
 	defer b.Close()
 	if err := Setup(ctxT(t), b.JetStream(), cfg); err != nil {
 		t.Fatal(err)
@@ -147,6 +144,16 @@ func mustConsume(t *testing.T, b *Bus, subject string, workers int, h Handler) {
 	if err := b.Consume(ctxT(t), subject, workers, h); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mustPublish publishes body on subject and returns its stream sequence.
+func mustPublish(t *testing.T, b *Bus, subject, body string) uint64 {
+	t.Helper()
+	seq, err := b.Publish(ctxT(t), subject, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
 }
 
 // streamMsgs is how many messages the stream still holds.
@@ -176,11 +183,7 @@ func TestContract(t *testing.T) {
 	var reported atomic.Int64
 	cfg.OnError = func(string, error) { reported.Add(1) }
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t, url, "A", cfg)
 
 	handler := func(_ context.Context, m *Message) error {
 		switch string(m.Data) {
@@ -212,10 +215,7 @@ func TestContract(t *testing.T) {
 	}
 
 	// Published before anyone consumes, and found past its lifetime.
-	stale, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("ack"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	stale := mustPublish(t, b, cfg.Subjects[0], "ack")
 	time.Sleep(cfg.Lifetime + 100*time.Millisecond)
 
 	type want []event
@@ -234,14 +234,10 @@ func TestContract(t *testing.T) {
 	}
 	seqs := make([]uint64, len(cases))
 	for i, c := range cases {
-		if seqs[i], err = b.Publish(ctxT(t), cfg.Subjects[i%2], []byte(c.body)); err != nil {
-			t.Fatal(err)
-		}
+		seqs[i] = mustPublish(t, b, cfg.Subjects[i%2], c.body)
 	}
 	for _, s := range cfg.Subjects {
-		if err := b.Consume(ctxT(t), s, 2, handler); err != nil {
-			t.Fatal(err)
-		}
+		mustConsume(t, b, s, 2, handler)
 	}
 	led.waitFinals(t, int64(len(cases)+1))
 
@@ -316,30 +312,17 @@ func TestReplicaRestartNoneLost(t *testing.T) {
 		t.Helper()
 		c := cfg
 		c.Observe = led.observe(name)
-		b, err := Connect(ctxT(t), url, name, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Consume(ctxT(t), cfg.Subjects[0], workers, handler(name)); err != nil {
-			t.Fatal(err)
-		}
+		b := connect(t, url, name, c)
+		mustConsume(t, b, cfg.Subjects[0], workers, handler(name))
 		return b
 	}
 	a, b := start("A"), start("B")
-	pub, err := Connect(ctxT(t), url, "publisher", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := connect(t, url, "publisher", cfg)
 
 	published := map[uint64]bool{}
 	publishOne := func() {
 		t.Helper()
-		seq, err := pub.Publish(ctxT(t), cfg.Subjects[0], []byte("m"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		published[seq] = true
+		published[mustPublish(t, pub, cfg.Subjects[0], "m")] = true
 	}
 	var stats []Stats
 	for i := range total {
@@ -365,8 +348,6 @@ func TestReplicaRestartNoneLost(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	defer a.Close()
-	defer b.Close()
 	led.waitFinal(t, published)
 
 	var nacked int
@@ -430,24 +411,16 @@ func TestCloseLetsRunningHandlersFinish(t *testing.T) {
 	led := newLedger()
 	cfg.Observe = led.observe("A")
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := connect(t, url, "A", cfg)
 	running, release := make(chan struct{}), make(chan struct{})
 	var ctxErr atomic.Value
-	if err := b.Consume(ctxT(t), cfg.Subjects[0], 1, func(ctx context.Context, m *Message) error {
+	mustConsume(t, b, cfg.Subjects[0], 1, func(ctx context.Context, m *Message) error {
 		close(running)
 		<-release
 		ctxErr.Store(fmt.Sprint(ctx.Err()))
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("m"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	seq := mustPublish(t, b, cfg.Subjects[0], "m")
 	select {
 	case <-running:
 	case <-time.After(10 * time.Second):
@@ -489,17 +462,13 @@ func TestAckPastAckWaitIsDeliveredTwice(t *testing.T) {
 	led := newLedger()
 	cfg.Observe = led.observe("A")
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t, url, "A", cfg)
 	cons, err := b.JetStream().Consumer(ctxT(t), cfg.Stream, consumerName(cfg.Subjects[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var waitErr atomic.Pointer[string]
-	if err := b.Consume(ctxT(t), cfg.Subjects[0], 2, func(ctx context.Context, m *Message) error {
+	mustConsume(t, b, cfg.Subjects[0], 2, func(ctx context.Context, m *Message) error {
 		if m.Attempt > 1 {
 			return nil
 		}
@@ -513,13 +482,8 @@ func TestAckPastAckWaitIsDeliveredTwice(t *testing.T) {
 		msg := "the server did not deliver the message again within 10 s"
 		waitErr.Store(&msg)
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("slow"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	seq := mustPublish(t, b, cfg.Subjects[0], "slow")
 	led.waitFinals(t, 2)
 	if e := waitErr.Load(); e != nil {
 		t.Fatal(*e)
@@ -671,7 +635,6 @@ func TestLoadOneMessagePerFreeWorker(t *testing.T) {
 	var running, maxRunning atomic.Int64
 	proxy := newStallProxy(t, strings.TrimPrefix(url, "nats://"))
 	b := connect(t, proxy.url(), "A", cfg)
-	defer b.Close()
 	cpuHogs(t, 2)
 	mustConsume(t, b, cfg.Subjects[0], workers, func(_ context.Context, m *Message) error {
 		n := running.Add(1)
@@ -688,7 +651,6 @@ func TestLoadOneMessagePerFreeWorker(t *testing.T) {
 	// The server's view, sampled until every message is final: messages
 	// delivered and not yet acked, pull requests waiting.
 	pub := connect(t, url, "publisher", cfg)
-	defer pub.Close()
 	cons, err := pub.JetStream().Consumer(ctxT(t), cfg.Stream, consumerName(cfg.Subjects[0]))
 	if err != nil {
 		t.Fatal(err)
