@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/internal/defaults"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -98,24 +99,12 @@ func (c *Config) defaults() {
 	if len(c.Subjects) == 0 {
 		c.Subjects = []string{"outgress.standard", "outgress.premium", "outgress.system"}
 	}
-	if c.Lifetime <= 0 {
-		c.Lifetime = 5 * time.Second
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = c.Lifetime + time.Second
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 20
-	}
-	if c.ErrorDelay <= 0 {
-		c.ErrorDelay = time.Second
-	}
-	if c.MaxAge <= 0 {
-		c.MaxAge = time.Minute
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	c.Lifetime = defaults.Positive(c.Lifetime, 5*time.Second)
+	c.AckWait = defaults.Positive(c.AckWait, c.Lifetime+time.Second)
+	c.MaxDeliver = defaults.Positive(c.MaxDeliver, 20)
+	c.ErrorDelay = defaults.Positive(c.ErrorDelay, time.Second)
+	c.MaxAge = defaults.Positive(c.MaxAge, time.Minute)
+	c.Now = defaults.Clock(c.Now)
 }
 
 // Setup creates the stream and one durable consumer per subject, or updates
