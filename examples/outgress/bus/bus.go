@@ -243,7 +243,7 @@ func (b *Bus) Publish(ctx context.Context, subject string, data []byte) (uint64,
 // request one second after its expiry, so a request that goes missing
 // (seen in the tests: the consumer showing messages pending and no waiting
 // request while a worker waited) stalls its worker for two seconds at most.
-// Close waits for the requests in flight, at most this long.
+// Close waits for the requests in flight to end.
 const pullExpiry = time.Second
 
 // pullErrorBackoff is the pause before a worker asks again after a pull
@@ -437,8 +437,8 @@ func (b *Bus) Stats() Stats {
 	return s
 }
 
-// Close stops pulling: each worker's pull request in flight ends (at most
-// pullExpiry), and a message it brings is handed back unhandled (Released:
+// Close stops pulling: each worker's pull request in flight ends (within
+// pullExpiry, two seconds for one gone missing), and a message it brings is handed back unhandled (Released:
 // another replica gets it at once). Close lets running handlers finish and
 // settle their messages, then closes the connection. A restart of the
 // replica is Close, then Connect and Consume again.
