@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -13,7 +14,7 @@ import (
 // admithttp's shadow rules do. The prefix holds no brace, so the key keeps
 // k's hash tag, and the interceptors refuse enforced keys that start with
 // it, so a shadow rule never reads or writes an enforced bucket.
-const ShadowPrefix = "admit-shadow:"
+const ShadowPrefix = edge.ShadowPrefix
 
 // A Shadow is a candidate rule: decided on every call, on keys of its own,
 // reported, and never enforced. Use it to try a new Spec on production
@@ -69,7 +70,7 @@ func WithShadow(s Shadow) Option {
 		case s.Report == nil:
 			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Report; a shadow that reports nowhere only costs decisions", s.Name)
 		}
-		if err := checkName(s.Name); err != nil {
+		if err := edge.CheckName("Name", s.Name, true); err != nil {
 			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
 		}
 		for _, o := range c.shadows {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -15,7 +16,7 @@ import (
 // shadow Rule stay in one cluster slot), and the middleware refuses
 // enforced keys that start with it, so a shadow rule never reads or writes
 // an enforced bucket.
-const ShadowPrefix = "admit-shadow:"
+const ShadowPrefix = edge.ShadowPrefix
 
 // A Shadow is a candidate rule: decided on every request, on keys of its
 // own, reported, and never enforced. The intended use is trying a new Spec
@@ -94,7 +95,7 @@ func WithShadow(s Shadow) Option {
 		case s.Report == nil:
 			return fmt.Errorf("admithttp: WithShadow(%q): nil Report; a shadow that reports nowhere only costs round trips", s.Name)
 		}
-		if err := checkName("Name", s.Name, true); err != nil {
+		if err := edge.CheckName("Name", s.Name, true); err != nil {
 			return fmt.Errorf("admithttp: WithShadow: %w", err)
 		}
 		for _, o := range c.shadows {
@@ -108,7 +109,7 @@ func WithShadow(s Shadow) Option {
 }
 
 // runShadows decides and reports every shadow rule for r.
-func (m *middleware) runShadows(r *http.Request, enforced Rule, res result) {
+func (m *middleware) runShadows(r *http.Request, enforced Rule, res edge.Result) {
 	for _, s := range m.shadows {
 		rule := s.Rule(r, enforced.clone())
 		rule = rule.clone()
@@ -122,11 +123,11 @@ func (m *middleware) runShadows(r *http.Request, enforced Rule, res result) {
 				b.Key = prefix + b.Key
 			}
 		}
-		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.d, EnforcedLease: res.lease}
+		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.Decision, EnforcedLease: res.Lease}
 		if rep.Err = checkShadowRule(rule); rep.Err == nil {
-			var res result
+			var res edge.Result
 			res, rep.Err = m.decide(r, rule)
-			rep.Decision = res.d
+			rep.Decision = res.Decision
 		}
 		s.Report(rep)
 		if rep.Err == nil && !rep.Decision.Allowed() && m.outcome != nil {
