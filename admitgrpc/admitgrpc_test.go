@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admitgrpc"
+	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -534,5 +537,719 @@ func TestClassifySeesTheCall(t *testing.T) {
 	defer mu.Unlock()
 	if want := `/grpc.health.v1.Health/Check 127.0.0.1 ["t1"] false`; seen[0] != want {
 		t.Fatalf("classify saw %q, want %q", seen[0], want)
+	}
+}
+
+// A Rule's concurrency part, on miniredis (minitest.Start), whose clock
+// the tests freeze so that no lease expires by itself: every slot that
+// comes back was released by the interceptors.
+
+// gauge counts the handlers in flight and the most seen at once.
+type gauge struct{ now, max atomic.Int64 }
+
+func (g *gauge) enter() {
+	n := g.now.Add(1)
+	for {
+		m := g.max.Load()
+		if n <= m || g.max.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (g *gauge) leave() { g.now.Add(-1) }
+
+// checker is a health service whose unary Check runs check (Watch is the
+// standard one's: it sends the status, then blocks until the stream ends).
+type checker struct {
+	*health.Server
+	check func(ctx context.Context) error
+}
+
+func (c checker) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if err := c.check(ctx); err != nil {
+		return nil, err
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// serveChecker starts a real gRPC server on 127.0.0.1 whose Check runs
+// check, with the interceptors chained after outer (if any), and returns a
+// client connected to it.
+func serveChecker(tb testing.TB, ic *admitgrpc.Interceptors, check func(context.Context) error,
+	outerUnary grpc.UnaryServerInterceptor, outerStream grpc.StreamServerInterceptor) healthpb.HealthClient {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	us := []grpc.UnaryServerInterceptor{ic.Unary()}
+	ss := []grpc.StreamServerInterceptor{ic.Stream()}
+	if outerUnary != nil {
+		us = append([]grpc.UnaryServerInterceptor{outerUnary}, us...)
+	}
+	if outerStream != nil {
+		ss = append([]grpc.StreamServerInterceptor{outerStream}, ss...)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(us...), grpc.ChainStreamInterceptor(ss...))
+	healthpb.RegisterHealthServer(srv, checker{Server: health.NewServer(), check: check})
+	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
+	tb.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return healthpb.NewHealthClient(conn)
+}
+
+// holders is the number of holders in the lease key (its sorted set).
+func holders(tb testing.TB, c valkey.Client, key string) int64 {
+	tb.Helper()
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(key).Build()).AsInt64()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// slotInfo reads a slot refusal: RetryInfo's delay, QuotaFailure's
+// violations as subject: description.
+func slotInfo(tb testing.TB, err error) (codes.Code, time.Duration, []string) {
+	tb.Helper()
+	st, _ := status.FromError(err)
+	delay := time.Duration(-1)
+	var vs []string
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.RetryInfo:
+			delay = d.GetRetryDelay().AsDuration()
+		case *errdetails.QuotaFailure:
+			for _, v := range d.GetViolations() {
+				vs = append(vs, v.GetSubject()+": "+v.GetDescription())
+			}
+		}
+	}
+	return st.Code(), delay, vs
+}
+
+var concSpec = admit.MustConcurrency(3, time.Minute)
+
+// TestConcurrentInFlight: 50 concurrent calls on a limit of 3. While the
+// first 3 hold their slots, the 47 others are refused with a RetryInfo of
+// the lease (the frozen clock's oldest lease expires a minute from now)
+// and a QuotaFailure naming the part; the outcome hook reports them
+// refused by the slot. Then 50 callers retry until each is served once
+// (at most 400 attempts each): never more than 3 handlers in flight,
+// counted inside the handler, and every slot released at the end.
+func TestConcurrentInFlight(t *testing.T) {
+	_, c := minitest.Start(t)
+	const n, callers = 3, 50
+	conc := &admitgrpc.Concurrent{Policy: "in-flight", Key: "conc:{org:7}", Spec: concSpec}
+	var g gauge
+	var refusedBySlot atomic.Int64
+	hold := make(chan struct{})
+	var holding atomic.Bool
+	holding.Store(true)
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
+		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+			if r.Outcome == admitgrpc.Refused && r.Lease != nil && r.Lease.Denied == admit.PartSlot && r.Lease.Holders == n {
+				refusedBySlot.Add(1)
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serveChecker(t, ic, func(ctx context.Context) error {
+		g.enter()
+		defer g.leave()
+		if holding.Load() {
+			select {
+			case <-hold:
+			case <-time.After(10 * time.Second):
+				return errors.New("test: never let go")
+			}
+		} else {
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	}, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Phase 1: 3 hold, 47 refused.
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Go(func() { errs <- check(ctx, client) })
+	}
+	var refusals []error
+	for range callers - n {
+		if err := <-errs; err != nil {
+			refusals = append(refusals, err)
+		} else {
+			t.Error("a call was served while 3 others held every slot")
+		}
+	}
+	close(hold)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a holder: %v", err)
+		}
+	}
+	if len(refusals) != callers-n {
+		t.Fatalf("%d refusals, want %d", len(refusals), callers-n)
+	}
+	for _, err := range refusals {
+		code, delay, vs := slotInfo(t, err)
+		want := []string{"in-flight: 3 calls in flight, limit 3"}
+		if code != codes.ResourceExhausted || delay != time.Minute || fmt.Sprint(vs) != fmt.Sprint(want) {
+			t.Fatalf("refusal %v: code %v, RetryInfo %v, violations %q; want ResourceExhausted, 1m0s, %q", err, code, delay, vs, want)
+		}
+	}
+	if got := refusedBySlot.Load(); got != callers-n {
+		t.Fatalf("outcome hook: %d refused by the slot with 3 holders, want %d", got, callers-n)
+	}
+	if g.max.Load() != n {
+		t.Fatalf("phase 1: %d in flight at most, want %d", g.max.Load(), n)
+	}
+
+	// Phase 2: everyone retries until served.
+	holding.Store(false)
+	var served atomic.Int64
+	for range callers {
+		wg.Go(func() {
+			for range 400 {
+				err := check(ctx, client)
+				if err == nil {
+					served.Add(1)
+					return
+				}
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Errorf("retry: %v", err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("limit %d, %d callers: at most %d handlers in flight; %d of %d served on retry", n, callers, g.max.Load(), served.Load(), callers)
+	if g.max.Load() > n {
+		t.Fatalf("%d handlers in flight at once, limit %d", g.max.Load(), n)
+	}
+	if served.Load() != callers {
+		t.Fatalf("%d of %d callers served within 400 attempts: slots not released?", served.Load(), callers)
+	}
+	if h := holders(t, c, conc.Key); h != 0 {
+		t.Fatalf("%d holders left after every call ended, want 0", h)
+	}
+}
+
+// TestConcurrentRefusalTakesNoTokens: with a bucket beside the slot, a
+// call refused by the slot takes no token, and the admitted ones one each.
+func TestConcurrentRefusalTakesNoTokens(t *testing.T) {
+	_, c := minitest.Start(t)
+	lim := admit.New(c)
+	bucket := admitgrpc.Bucket{Policy: "tpm", Key: "tpm:{org:7}", Spec: admit.MustSpec(admit.Every(time.Hour), 10)}
+	rule := admitgrpc.Rule{First: bucket, Concurrent: &admitgrpc.Concurrent{Policy: "in-flight", Key: "conc:{org:7}",
+		Spec: admit.MustConcurrency(1, time.Minute)}}
+	ic, err := admitgrpc.New(lim, func(*admitgrpc.Call) admitgrpc.Rule { return rule },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, hold := make(chan struct{}, 1), make(chan struct{})
+	client := serveChecker(t, ic, func(ctx context.Context) error {
+		entered <- struct{}{}
+		<-hold
+		return nil
+	}, nil, nil)
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- check(ctx, client) }()
+	<-entered
+	for i := range 5 {
+		code, _, vs := slotInfo(t, check(ctx, client))
+		if code != codes.ResourceExhausted || len(vs) != 1 || !strings.HasPrefix(vs[0], "in-flight:") {
+			t.Fatalf("call %d beside the holder: %v %q, want ResourceExhausted by the slot", i, code, vs)
+		}
+	}
+	close(hold)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.Peek(ctx, bucket.Request(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Peek's Remaining is what a take would leave: the bucket holds one more.
+	if d.Remaining[0]+1 != 9 {
+		t.Fatalf("bucket holds %d tokens after 1 admitted and 5 refused by the slot, want 9", d.Remaining[0]+1)
+	}
+}
+
+// TestConcurrentPanicReleases: a handler that panics frees its slot, and
+// its panic goes on up. grpc-go does not recover a handler's panic (the
+// process would crash), so the test chains a recovering interceptor
+// outside admitgrpc's, as a server that recovers does: it sees the panic
+// value, so admitgrpc re-panicked after releasing.
+func TestConcurrentPanicReleases(t *testing.T) {
+	_, c := minitest.Start(t)
+	conc := &admitgrpc.Concurrent{Policy: "in-flight", Key: "conc:{org:7}", Spec: admit.MustConcurrency(1, time.Minute)}
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recovered atomic.Int64
+	var seen atomic.Int64 // holders seen by the recovering interceptor
+	recoverer := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == "test: handler panic" {
+					recovered.Add(1)
+				}
+				seen.Store(holders(t, c, conc.Key))
+				err = status.Error(codes.Internal, "recovered")
+			}
+		}()
+		return h(ctx, req)
+	}
+	var calls atomic.Int64
+	client := serveChecker(t, ic, func(context.Context) error {
+		if calls.Add(1) <= 3 {
+			panic("test: handler panic")
+		}
+		return nil
+	}, recoverer, nil)
+	ctx := context.Background()
+	for i := range 3 {
+		if err := check(ctx, client); status.Code(err) != codes.Internal {
+			t.Fatalf("panicking call %d: %v, want the recoverer's Internal (a refusal means the slot was kept)", i, err)
+		}
+		if seen.Load() != 0 {
+			t.Fatalf("panicking call %d: %d holders when the panic reached the recoverer, want 0", i, seen.Load())
+		}
+	}
+	if err := check(ctx, client); err != nil {
+		t.Fatalf("after 3 panics on a limit of 1: %v", err)
+	}
+	if recovered.Load() != 3 {
+		t.Fatalf("the recoverer saw %d panics, want 3", recovered.Load())
+	}
+}
+
+// TestConcurrentStreamHoldsSlot: a stream holds its slot until it ends; a
+// stream started meanwhile is refused by the slot, and one started after
+// the first ended is admitted.
+func TestConcurrentStreamHoldsSlot(t *testing.T) {
+	_, c := minitest.Start(t)
+	conc := &admitgrpc.Concurrent{Policy: "streams", Key: "conc:{s}", Spec: admit.MustConcurrency(1, time.Minute)}
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serveChecker(t, ic, func(context.Context) error { return nil }, nil, nil)
+	open := func() (context.CancelFunc, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if err != nil {
+			cancel()
+		}
+		return cancel, err
+	}
+	end1, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		_, err := open()
+		if code, _, vs := slotInfo(t, err); code != codes.ResourceExhausted || len(vs) != 1 || vs[0] != "streams: 1 calls in flight, limit 1" {
+			t.Fatalf("stream beside the open one, %d: %v %q", i, err, vs)
+		}
+	}
+	if h := holders(t, c, conc.Key); h != 1 {
+		t.Fatalf("%d holders with one stream open, want 1", h)
+	}
+	end1()
+	// The server sees the cancel and the handler returns: wait for it,
+	// bounded.
+	deadline := time.Now().Add(5 * time.Second)
+	for holders(t, c, conc.Key) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the ended stream's slot was not released within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	end2, err := open()
+	if err != nil {
+		t.Fatalf("stream after the first ended: %v", err)
+	}
+	end2()
+}
+
+// TestConcurrentInvalidParts: an invalid concurrency part goes the invalid
+// Rule's way, never to the handler; a concurrency-only Rule is valid.
+func TestConcurrentInvalidParts(t *testing.T) {
+	_, c := minitest.Start(t)
+	spec := admit.MustConcurrency(2, time.Minute)
+	bucket := admitgrpc.Bucket{Policy: "tpm", Key: "tpm:{o}", Spec: admit.MustSpec(10, 10)}
+	for _, tc := range []struct {
+		name  string
+		rule  admitgrpc.Rule
+		local bool
+		want  codes.Code
+	}{
+		{"valid alone", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: spec}}, false, codes.OK},
+		{"valid with bucket", admitgrpc.Rule{First: bucket, Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: spec}}, false, codes.OK},
+		{"empty key", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Spec: spec}}, false, codes.InvalidArgument},
+		{"long key", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: spec}}, false, codes.InvalidArgument},
+		{"bucket's key", admitgrpc.Rule{First: bucket, Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: bucket.Key, Spec: spec}}, false, codes.InvalidArgument},
+		{"shadow key", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: admitgrpc.ShadowPrefix + "x", Spec: spec}}, false, codes.InvalidArgument},
+		{"empty policy", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Key: "c:{o}", Spec: spec}}, false, codes.Internal},
+		{"bad policy", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c\n", Key: "c:{o}", Spec: spec}}, false, codes.Internal},
+		{"zero spec", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}"}}, false, codes.Internal},
+		{"bucket's policy", admitgrpc.Rule{First: bucket, Concurrent: &admitgrpc.Concurrent{Policy: "tpm", Key: "c:{o}", Spec: spec}}, false, codes.Internal},
+		{"cross slot", admitgrpc.Rule{First: bucket, Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: "c:{other}", Spec: spec}}, false, codes.OK}, // standalone: one slot
+		{"on a Local", admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: spec}}, true, codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dec admit.Decider = admit.New(c)
+			if tc.local {
+				dec = mustLocal(t, newTestClock())
+			}
+			var outcome admitgrpc.Outcome
+			var ruleErr error
+			ic, err := admitgrpc.New(dec, func(*admitgrpc.Call) admitgrpc.Rule { return tc.rule },
+				admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
+				admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) { outcome, ruleErr = r.Outcome, r.Err }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ran atomic.Bool
+			client := serveChecker(t, ic, func(context.Context) error { ran.Store(true); return nil }, nil, nil)
+			err = check(context.Background(), client)
+			if status.Code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			if tc.want != codes.OK && (ran.Load() || outcome != admitgrpc.InvalidRule || !errors.Is(ruleErr, admit.ErrInvalidRequest)) {
+				t.Fatalf("handler ran %v, outcome %v, err %v; want no handler, invalid-rule, ErrInvalidRequest", ran.Load(), outcome, ruleErr)
+			}
+		})
+	}
+}
+
+// TestConcurrentReleaseError: a release that fails goes to the error hook;
+// the call's answer stands and nothing panics.
+func TestConcurrentReleaseError(t *testing.T) {
+	srv, c := minitest.Start(t)
+	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(2, time.Minute)}
+	var mu sync.Mutex
+	var errs []error
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe}, admitgrpc.WithTimeout(200*time.Millisecond),
+		admitgrpc.WithErrorFunc(func(_ *admitgrpc.Call, err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serveChecker(t, ic, func(context.Context) error { srv.Close(); return nil }, nil, nil)
+	if err := check(context.Background(), client); err != nil {
+		t.Fatalf("the call whose release failed: %v, want its handler's answer", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `releasing the slot of "c:{o}"`) {
+		t.Fatalf("error hook got %v, want one release error", errs)
+	}
+}
+
+// TestConcurrentDegrade: while degraded, a concurrency-only Rule is served
+// (the part is not enforced), and a Rule with a bucket is decided on the
+// Degraded's bucket alone.
+func TestConcurrentDegrade(t *testing.T) {
+	srv, c := minitest.Start(t)
+	srv.Close() // every decision fails: not executed
+	deg, err := admit.NewDegraded(0.5, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket := admitgrpc.Bucket{Policy: "tpm", Key: "tpm:{o}", Spec: admit.MustSpec(admit.Every(time.Hour), 4)}
+	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(1, time.Minute)}
+	var withBucket atomic.Bool
+	var outcomes sync.Map
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
+		if withBucket.Load() {
+			return admitgrpc.Rule{First: bucket, Concurrent: conc}
+		}
+		return admitgrpc.Rule{Concurrent: conc}
+	}, admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(deg), OutcomeUnknown: admitgrpc.Degrade(deg)}, admitgrpc.WithTimeout(200*time.Millisecond),
+		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+			n, _ := outcomes.LoadOrStore(r.Outcome, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serveChecker(t, ic, func(context.Context) error { return nil }, nil, nil)
+	for range 3 {
+		if err := check(context.Background(), client); err != nil {
+			t.Fatalf("concurrency alone, degraded: %v, want served", err)
+		}
+	}
+	withBucket.Store(true)
+	var ok, refused int
+	for range 4 {
+		switch err := check(context.Background(), client); status.Code(err) {
+		case codes.OK:
+			ok++
+		case codes.ResourceExhausted:
+			refused++
+			if _, _, vs := slotInfo(t, err); len(vs) != 1 || !strings.HasPrefix(vs[0], "tpm:") {
+				t.Fatalf("degraded refusal names %q, want the bucket", vs)
+			}
+		default:
+			t.Fatal(err)
+		}
+	}
+	if ok != 2 || refused != 2 { // half of a burst of 4
+		t.Fatalf("degraded: %d served, %d refused; want 2 and 2", ok, refused)
+	}
+	count := func(o admitgrpc.Outcome) int64 {
+		n, ok := outcomes.Load(o)
+		if !ok {
+			return 0
+		}
+		return n.(*atomic.Int64).Load()
+	}
+	if count(admitgrpc.OutageServed) != 3 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 {
+		t.Fatalf("outcomes: served %d, degraded-admitted %d, degraded-refused %d; want 3, 2, 2",
+			count(admitgrpc.OutageServed), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused))
+	}
+}
+
+// TestConcurrentLostAcquireReleased: an Acquire whose reply is lost
+// (outcome unknown) took a slot on the server; the interceptors release
+// it when the call ends, whatever the outage policy answered.
+func TestConcurrentLostAcquireReleased(t *testing.T) {
+	srv, direct := minitest.Start(t)
+	proxy, err := delayproxy.Start(srv.Addr(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	lim := admit.New(c)
+	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(2, time.Minute)}
+	// Load the script through the proxy, so that the next EVALSHA runs.
+	x, err := lim.Acquire(context.Background(), admit.Slot{Key: conc.Key, Spec: conc.Spec}, nil, nil)
+	if err != nil || !x.Granted() {
+		t.Fatalf("warm-up Acquire: %v %v", x, err)
+	}
+	if _, err := x.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		name   string
+		policy admitgrpc.OutagePolicy
+		code   codes.Code
+	}{{"serve", admitgrpc.Serve(), codes.OK}, {"unavailable", admitgrpc.Unavailable(time.Second), codes.Unavailable}} {
+		t.Run(p.name, func(t *testing.T) {
+			var outageErr error
+			ic, err := admitgrpc.New(lim, func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+				admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: p.policy},
+				admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) { outageErr = r.Err }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inHandler := int64(-1)
+			client := serveChecker(t, ic, func(context.Context) error { inHandler = holders(t, direct, conc.Key); return nil }, nil, nil)
+			lost := proxy.Lost()
+			proxy.LoseReply([]byte("EVALSHA"))
+			if err := check(context.Background(), client); status.Code(err) != p.code {
+				t.Fatalf("%v, want %v", err, p.code)
+			}
+			if proxy.Lost() != lost+1 || !errors.Is(outageErr, admit.ErrOutcomeUnknown) {
+				t.Fatalf("lost %d replies, outcome error %v; want one lost, ErrOutcomeUnknown", proxy.Lost()-lost, outageErr)
+			}
+			if p.code == codes.OK && inHandler != 1 {
+				t.Fatalf("%d holders while the handler ran, want 1: the lost Acquire's slot", inHandler)
+			}
+			if h := holders(t, direct, conc.Key); h != 0 {
+				t.Fatalf("%d holders after the call, want 0: the lost Acquire's slot was not released", h)
+			}
+		})
+	}
+}
+
+// TestConcurrentHostileMetadata: a lease key built carelessly from a
+// metadata value (as any string) never lifts the limit nor yields
+// Internal: with the key's one slot taken, every value is refused, by the
+// slot or as InvalidArgument (missing, empty, 1 MB).
+func TestConcurrentHostileMetadata(t *testing.T) {
+	_, c := minitest.Start(t)
+	lim := admit.New(c)
+	one := admit.MustConcurrency(1, time.Minute)
+	keyOf := func(md []string) string {
+		if len(md) == 0 {
+			return ""
+		}
+		return md[0]
+	}
+	ic, err := admitgrpc.New(lim, func(call *admitgrpc.Call) admitgrpc.Rule {
+		return admitgrpc.Rule{Concurrent: &admitgrpc.Concurrent{Policy: "c", Key: keyOf(call.Metadata.Get("x-org")), Spec: one}}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+	for _, v := range []*string{nil, new(""), new(strings.Repeat("x", 1<<20)), new("}{org}{"), new("\x00\xff\r\n:{"), new("admit-shadow:")} {
+		var md []string
+		name := "missing"
+		if v != nil {
+			md = []string{"x-org-bin", *v} // binary metadata carries any byte
+			name = fmt.Sprintf("%.20q", *v)
+		}
+		// gRPC reads x-org-bin, not x-org: the careless classify sees the
+		// value under x-org only in the text form, which cannot carry
+		// every byte; send both where the text form can.
+		if v != nil && printable(*v) && len(*v) < 1<<16 {
+			md = append(md, "x-org", *v)
+		}
+		key := ""
+		if v != nil && len(md) == 4 {
+			key = *v
+		}
+		var x *admit.Lease
+		if key != "" && len(key) <= admit.MaxKeyLen && !strings.HasPrefix(key, admitgrpc.ShadowPrefix) {
+			x, err = lim.Acquire(context.Background(), admit.Slot{Key: key, Spec: one}, nil, nil)
+			if err != nil || !x.Granted() {
+				t.Fatalf("%s: Acquire %v %v", name, x, err)
+			}
+		}
+		err := check(context.Background(), client, md...)
+		switch code := status.Code(err); {
+		case x != nil && code != codes.ResourceExhausted:
+			t.Errorf("%s: %v with the key's one slot taken; want ResourceExhausted", name, err)
+		case x == nil && code != codes.InvalidArgument:
+			t.Errorf("%s: %v; want InvalidArgument", name, err)
+		}
+		if x != nil {
+			if _, err := x.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ran.Load() != 0 {
+		t.Fatalf("the handler ran %d times", ran.Load())
+	}
+}
+
+// printable reports whether s is printable ASCII, as text metadata is.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// panicWatcher is a health service whose Watch panics.
+type panicWatcher struct{ *health.Server }
+
+func (panicWatcher) Watch(*healthpb.HealthCheckRequest, healthpb.Health_WatchServer) error {
+	panic("test: stream handler panic")
+}
+
+// TestConcurrentStreamPanicReleases: a stream handler that panics frees
+// its slot, and the panic goes on up to a recovering stream interceptor
+// chained outside admitgrpc's (grpc-go itself does not recover).
+func TestConcurrentStreamPanicReleases(t *testing.T) {
+	_, c := minitest.Start(t)
+	conc := &admitgrpc.Concurrent{Policy: "streams", Key: "conc:{s}", Spec: admit.MustConcurrency(1, time.Minute)}
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
+		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recovered, seen atomic.Int64
+	recoverer := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == "test: stream handler panic" {
+					recovered.Add(1)
+				}
+				seen.Store(holders(t, c, conc.Key))
+				err = status.Error(codes.Internal, "recovered")
+			}
+		}()
+		return h(srv, ss)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(recoverer, ic.Stream()))
+	healthpb.RegisterHealthServer(srv, panicWatcher{health.NewServer()})
+	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := healthpb.NewHealthClient(conn)
+	for i := range 3 {
+		w, err := client.Watch(context.Background(), &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if status.Code(err) != codes.Internal {
+			t.Fatalf("stream %d: %v, want the recoverer's Internal (a refusal means the slot was kept)", i, err)
+		}
+		if seen.Load() != 0 {
+			t.Fatalf("stream %d: %d holders when the panic reached the recoverer, want 0", i, seen.Load())
+		}
+	}
+	if recovered.Load() != 3 {
+		t.Fatalf("the recoverer saw %d panics, want 3", recovered.Load())
+	}
+}
+
+// TestRootModuleStaysFree: gRPC and x/time/rate (this module's benchmark)
+// are this module's dependencies, never the root module's, whose go.mod is
+// what every importer of admit pays for.
+func TestRootModuleStaysFree(t *testing.T) {
+	root, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(root), "module github.com/admitkit/admit\n") {
+		t.Fatalf("../go.mod is not admit's root module:\n%s", root)
+	}
+	for _, dep := range []string{"google.golang.org/grpc", "google.golang.org/genproto", "google.golang.org/protobuf", "golang.org/x/time"} {
+		if strings.Contains(string(root), dep) {
+			t.Errorf("the root go.mod names %s; it belongs in a nested module", dep)
+		}
+	}
+	own, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(own), "google.golang.org/grpc ") {
+		t.Fatal("this module's go.mod does not require google.golang.org/grpc: the check above would pass vacuously")
 	}
 }
