@@ -6,11 +6,9 @@
 package edge
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/admitkit/admit"
 )
@@ -19,20 +17,16 @@ import (
 // must not start with it.
 const ShadowPrefix = "admit-shadow:"
 
-// A Bucket is one token bucket of a Rule. admithttp.Bucket has the same
-// fields, so that it converts to a Bucket and back.
+// A Bucket is one token bucket of a Rule: Policy names it in refusals;
+// Key, Spec and Cost (0 meaning 1) make its [admit.Request]; Unit is what
+// it counts, for the HTTP header fields (empty for requests, and always on
+// the gRPC edge). admithttp.Bucket has the same fields, so that it
+// converts to a Bucket.
 type Bucket struct {
-	// Policy names the bucket in refusals.
-	Policy string
-	// Key is the bucket's key.
-	Key string
-	// Spec is the bucket's rate and burst.
-	Spec admit.Spec
-	// Cost is the tokens a request takes; 0 means 1.
-	Cost int
-	// Unit is what the bucket counts, for the HTTP header fields; empty
-	// for requests, and always on the gRPC edge.
-	Unit string
+	Policy, Key string
+	Spec        admit.Spec
+	Cost        int
+	Unit        string
 }
 
 // Request returns the bucket as an [admit.Request].
@@ -44,15 +38,12 @@ func (b Bucket) Request() admit.Request {
 // of 0 (Check refuses a negative one).
 func (b Bucket) Tokens() int { return max(b.Cost, 1) }
 
-// A Concurrent is a concurrency limit. Both edges' Concurrent types have
-// the same fields, so that they convert to one and back.
+// A Concurrent is a concurrency limit: Policy names it in refusals, Key is
+// its lease key, Spec its limit and lease duration. Both edges' Concurrent
+// types have the same fields, so that they convert to one.
 type Concurrent struct {
-	// Policy names the limit in refusals.
-	Policy string
-	// Key is the lease key.
-	Key string
-	// Spec is the limit and the lease duration.
-	Spec admit.Concurrency
+	Policy, Key string
+	Spec        admit.Concurrency
 }
 
 // A Rule is what one request is charged: a slot of Concurrent, if not nil,
@@ -230,93 +221,6 @@ func CheckName(what, s string, required bool) error {
 		if c := s[i]; c < 0x20 || c > 0x7e {
 			return fmt.Errorf("%s %q has byte %#x at %d; use printable ASCII only", what, s, c, i)
 		}
-	}
-	return nil
-}
-
-// An Acquirer decides concurrency limits: *admit.Limiter.
-type Acquirer interface {
-	Acquire(ctx context.Context, slot admit.Slot, first, second *admit.Request) (*admit.Lease, error)
-}
-
-// A Result is one decided Rule: the Decision, whose Remaining is what each
-// bucket holds after the call, and with a concurrency part the Lease.
-type Result struct {
-	Decision admit.Decision
-	// Lease is nil without a concurrency part.
-	Lease *admit.Lease
-}
-
-// Allowed reports whether the decision admitted the request.
-func (res Result) Allowed() bool {
-	if res.Lease != nil {
-		return res.Lease.Granted()
-	}
-	return res.Decision.Allowed()
-}
-
-// Denied is the part that refused: 0 when admitted.
-func (res Result) Denied() admit.Part {
-	if res.Lease != nil {
-		return res.Lease.Denied
-	}
-	return admit.Part(res.Decision.Denied)
-}
-
-// Decide decides rule, all or nothing, within timeout when it is above
-// zero: on dec's AllowAll for buckets alone, on acq's Acquire with a
-// concurrency part. With a concurrency part the Lease is never nil, error
-// or not, and the Decision of a decided Acquire is the Lease's decision of
-// the buckets (Allowed when granted), or, for a refusal by the slot, the
-// slot's RetryAfter with the buckets' Remaining. acq may be nil only when
-// rule has no concurrency part.
-func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, timeout time.Duration) (Result, error) {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	first, second := rule.Requests()
-	c := rule.Concurrent
-	if c == nil {
-		d, err := dec.AllowAll(ctx, first, second)
-		return Result{Decision: d}, err
-	}
-	var fp *admit.Request
-	if rule.HasBuckets() {
-		fp = &first
-	}
-	x, err := acq.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, second)
-	switch {
-	case err != nil:
-		return Result{Lease: x}, err
-	case x.Denied == admit.PartSlot:
-		return Result{Decision: admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}, Lease: x}, nil
-	}
-	return Result{Decision: x.Decision(), Lease: x}, nil
-}
-
-// ReleaseTimeout bounds a release when the edge has no decision timeout.
-const ReleaseTimeout = time.Second
-
-// Release frees the slot of x, on a context that outlives ctx's
-// cancellation (a client that went away must not keep the slot), bounded
-// by timeout, or ReleaseTimeout when it is zero. It returns the release's
-// failure, or for a granted lease found expired, an error that says the
-// handler outlived it and the limit stopped counting it for a while.
-func Release(ctx context.Context, x *admit.Lease, timeout time.Duration) error {
-	if timeout <= 0 {
-		timeout = ReleaseTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	live, err := x.Release(ctx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("releasing the slot of %q: %w", x.Key, err)
-	case x.Granted() && !live:
-		return fmt.Errorf("the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
-			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL)
 	}
 	return nil
 }
