@@ -464,11 +464,7 @@ func TestNewRefusesLimiterWithoutClient(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // One token a minute: on a server whose clock the test freezes, no bucket
 // refills while a test runs, so every count and every header is exact.
