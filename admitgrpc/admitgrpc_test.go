@@ -717,17 +717,41 @@ func TestConcurrentInFlight(t *testing.T) {
 
 	// Phase 2: everyone retries until served.
 	holding.Store(false)
+	served := retryUntilServed(t, ctx, client, callers, 400, func(err error) error {
+		if status.Code(err) != codes.ResourceExhausted {
+			return err
+		}
+		return nil
+	})
+	t.Logf("limit %d, %d callers: at most %d handlers in flight; %d of %d served on retry", n, callers, g.max.Load(), served, callers)
+	if g.max.Load() > n {
+		t.Fatalf("%d handlers in flight at once, limit %d", g.max.Load(), n)
+	}
+	if served != callers {
+		t.Fatalf("%d of %d callers served within 400 attempts: slots not released?", served, callers)
+	}
+	if h := holders(t, c, conc.Key); h != 0 {
+		t.Fatalf("%d holders left after every call ended, want 0", h)
+	}
+}
+
+// retryUntilServed has each of callers call client until it is served, at
+// most tries times, a millisecond apart, and returns how many were served.
+// A failure that refusal finds wrong (it returns an error) is the test's,
+// and ends that caller's retries.
+func retryUntilServed(t *testing.T, ctx context.Context, client healthpb.HealthClient, callers, tries int, refusal func(error) error) int64 {
 	var served atomic.Int64
+	var wg sync.WaitGroup
 	for range callers {
 		wg.Go(func() {
-			for range 400 {
+			for range tries {
 				err := check(ctx, client)
 				if err == nil {
 					served.Add(1)
 					return
 				}
-				if status.Code(err) != codes.ResourceExhausted {
-					t.Errorf("retry: %v", err)
+				if bad := refusal(err); bad != nil {
+					t.Errorf("retry: %v", bad)
 					return
 				}
 				time.Sleep(time.Millisecond)
@@ -735,16 +759,7 @@ func TestConcurrentInFlight(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("limit %d, %d callers: at most %d handlers in flight; %d of %d served on retry", n, callers, g.max.Load(), served.Load(), callers)
-	if g.max.Load() > n {
-		t.Fatalf("%d handlers in flight at once, limit %d", g.max.Load(), n)
-	}
-	if served.Load() != callers {
-		t.Fatalf("%d of %d callers served within 400 attempts: slots not released?", served.Load(), callers)
-	}
-	if h := holders(t, c, conc.Key); h != 0 {
-		t.Fatalf("%d holders left after every call ended, want 0", h)
-	}
+	return served.Load()
 }
 
 // TestConcurrentRefusalTakesNoTokens: with a bucket beside the slot, a
@@ -1277,31 +1292,18 @@ func TestIntegrationConcurrentInFlight(t *testing.T) {
 	}, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var served atomic.Int64
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			for range 500 {
-				err := check(ctx, client)
-				if err == nil {
-					served.Add(1)
-					return
-				}
-				if code, delay, _ := slotInfo(t, err); code != codes.ResourceExhausted || delay <= 0 || delay > 10*time.Second {
-					t.Errorf("retry: %v (RetryInfo %v)", status.Convert(err).Message(), delay)
-					return
-				}
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
-	wg.Wait()
-	t.Logf("limit %d, %d callers: at most %d handlers in flight; %d served, %d refusals by the slot", n, callers, g.max.Load(), served.Load(), refusedBySlot.Load())
+	served := retryUntilServed(t, ctx, client, callers, 500, func(err error) error {
+		if code, delay, _ := slotInfo(t, err); code != codes.ResourceExhausted || delay <= 0 || delay > 10*time.Second {
+			return fmt.Errorf("%s (RetryInfo %v)", status.Convert(err).Message(), delay)
+		}
+		return nil
+	})
+	t.Logf("limit %d, %d callers: at most %d handlers in flight; %d served, %d refusals by the slot", n, callers, g.max.Load(), served, refusedBySlot.Load())
 	if g.max.Load() > n {
 		t.Fatalf("%d handlers in flight at once, limit %d", g.max.Load(), n)
 	}
-	if served.Load() != callers || admitted.Load() != callers {
-		t.Fatalf("%d served, %d admitted, of %d callers", served.Load(), admitted.Load(), callers)
+	if served != callers || admitted.Load() != callers {
+		t.Fatalf("%d served, %d admitted, of %d callers", served, admitted.Load(), callers)
 	}
 	if h := holders(t, c, conc.Key); h != 0 {
 		t.Fatalf("%d holders left after every call ended, want 0", h)
