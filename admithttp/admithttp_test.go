@@ -721,27 +721,45 @@ func (f *inFlight) enter() int64 {
 
 func (f *inFlight) leave() { f.now.Add(-1) }
 
-// TestConcurrentAtMostN: 50 clients at once against a limit of 4. First
-// gated: the 4 admitted handlers hold their slots until the 46 others have
-// been refused, so exactly 4 run and 46 get a 429 naming the concurrency
-// policy, with fields that pass the draft's checks; then free-running, 50
-// clients of 10 requests each, where no more than 4 handlers are ever
-// inside at once. After each phase every slot is free again, and the
-// bucket was charged for the admitted requests only.
+// TestConcurrentAtMostN: atMostN with a limit of 4 on miniredis, whose
+// clock stands still.
 func TestConcurrentAtMostN(t *testing.T) {
 	_, c := minitest.Start(t)
-	const clients, n = 50, 4
-	rule := concRule("atmost:", concSpec, wideSpec)
+	atMostN(t, c, concRule("atmost:", concSpec, wideSpec), true)
+}
+
+// atMostN sends rule (a concurrency limit of n, and a bucket that holds
+// enough for every request) 50 clients over real HTTP. First gated: the n
+// admitted handlers hold their slots until the others have been refused,
+// so exactly n run, n slots are taken, and every other client gets a 429
+// naming the concurrency policy, whose fields pass the draft's checks and
+// say the slot refused (r=0, t up to the lease; exactly the lease on a
+// frozen clock) with no bucket evaluated; the admitted see both parts in
+// RateLimit-Policy. Then free-running, 50 clients of 10 requests each,
+// never more than n inside at once; then n+1 panicking handlers, each of
+// which frees its slot. After each phase every slot is free again, the
+// error hook heard nothing, and the bucket paid for the admitted requests
+// only.
+func atMostN(t *testing.T, c valkey.Client, rule admithttp.Rule, frozenClock bool) {
+	const clients = 50
+	n := int64(rule.Concurrent.Spec.Limit())
+	lease := int64(rule.Concurrent.Spec.Lease() / time.Second)
+	bucket := rule.First.Spec
 	var (
 		flight     inFlight
 		full       = make(chan struct{})
 		gate       = make(chan struct{})
 		fullOnce   sync.Once
 		gated      atomic.Bool
+		panicked   atomic.Int64
 		fieldsSeen atomic.Value
 	)
 	gated.Store(true)
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Panic") != "" {
+			panicked.Add(1)             // the client may send it again: count here
+			panic(http.ErrAbortHandler) // the server recovers it silently
+		}
 		defer flight.leave()
 		if flight.enter() == n {
 			fullOnce.Do(func() { close(full) })
@@ -755,7 +773,24 @@ func TestConcurrentAtMostN(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders())(next)
+	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders(),
+		admithttp.WithErrorFunc(func(_ *http.Request, err error) { t.Errorf("error hook: %v", err) }))(next)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	client := srv.Client()
+	get := func(panics bool) (int, http.Header, []byte, error) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		if panics {
+			req.Header.Set("X-Panic", "1")
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, body, err
+	}
 
 	type answer struct {
 		code int
@@ -764,15 +799,18 @@ func TestConcurrentAtMostN(t *testing.T) {
 	answers := make(chan answer, clients)
 	for range clients {
 		go func() {
-			rec := send(h, "", "")
-			a := answer{code: rec.Code}
-			if rec.Code == http.StatusTooManyRequests {
-				a.err = checkFields(rec.Header(), "conc")
-				if p := problemOf(t, rec); fmt.Sprint(p["violated-policies"]) != "[conc]" {
-					a.err = errors.Join(a.err, fmt.Errorf("violated-policies %v, want [conc]", p["violated-policies"]))
+			code, hdr, body, err := get(false)
+			a := answer{code: code, err: err}
+			if err == nil && code == http.StatusTooManyRequests {
+				a.err = checkFields(hdr, "conc")
+				var p map[string]any
+				if err := json.Unmarshal(body, &p); err != nil || fmt.Sprint(p["violated-policies"]) != "[conc]" {
+					a.err = errors.Join(a.err, fmt.Errorf("problem %s (%v), want violated-policies [conc]", body, err))
 				}
-				if got, want := rec.Header().Get(admithttp.LimitField), `"conc";r=0;t=30`; got != want {
-					a.err = errors.Join(a.err, fmt.Errorf("RateLimit %q, want %q: the slot refused, no bucket evaluated", got, want))
+				got, _ := strings.CutPrefix(hdr.Get(admithttp.LimitField), `"conc";r=0;t=`)
+				if tt, err := strconv.ParseInt(got, 10, 64); err != nil || tt < 1 || tt > lease || (frozenClock && tt != lease) {
+					a.err = errors.Join(a.err, fmt.Errorf("RateLimit %q, want %q with t up to the lease, %d: the slot refused, no bucket evaluated",
+						hdr.Get(admithttp.LimitField), `"conc";r=0;t=`, lease))
 				}
 			}
 			answers <- a
@@ -781,7 +819,7 @@ func TestConcurrentAtMostN(t *testing.T) {
 	select {
 	case <-full:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the limit's 4 handlers never ran at once")
+		t.Fatalf("the limit's %d handlers never ran at once", n)
 	}
 	count := map[int]int{}
 	for range clients - n {
@@ -792,32 +830,34 @@ func TestConcurrentAtMostN(t *testing.T) {
 				t.Error(a.err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("answers so far %v; want %d refusals while the 4 slots are held", count, clients-n)
+			t.Fatalf("answers so far %v; want %d refusals while the %d slots are held", count, clients-n, n)
 		}
 	}
-	if count[http.StatusTooManyRequests] != clients-n {
-		t.Fatalf("while 4 handlers held their slots: %v; want %d refusals", count, clients-n)
+	if count[http.StatusTooManyRequests] != int(clients-n) {
+		t.Fatalf("while %d handlers held their slots: %v; want %d refusals", n, count, clients-n)
 	}
-	if got := holders(t, c, "atmost:{org}:conc"); got != n {
-		t.Errorf("%d slots taken while 4 handlers run", got)
+	if got := holders(t, c, rule.Concurrent.Key); got != n {
+		t.Errorf("%d slots taken while %d handlers run", got, n)
 	}
 	h0 := fieldsSeen.Load().(http.Header)
 	if err := checkFields(h0, ""); err != nil {
 		t.Error(err)
 	}
-	if got, want := h0.Get(admithttp.PolicyField), `"conc";q=4;qu="concurrent-requests", "tpm";q=1000;w=60000`; got != want {
-		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	wantPolicy := fmt.Sprintf(`"conc";q=%d;qu="concurrent-requests", "tpm";q=%d;w=%d`,
+		n, bucket.Burst(), int64(bucket.Burst())*int64(bucket.Interval()/time.Second))
+	if got := h0.Get(admithttp.PolicyField); got != wantPolicy {
+		t.Errorf("RateLimit-Policy %q, want %q", got, wantPolicy)
 	}
 	close(gate)
 	for range n {
-		if a := <-answers; a.code != http.StatusOK {
-			t.Errorf("an admitted request answered %d", a.code)
+		if a := <-answers; a.err != nil || a.code != http.StatusOK {
+			t.Errorf("an admitted request answered %d %v", a.code, a.err)
 		}
 	}
 	if most := flight.most.Load(); most != n {
 		t.Errorf("at most %d handlers inside at once, want exactly %d", most, n)
 	}
-	if got := holders(t, c, "atmost:{org}:conc"); got != 0 {
+	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
 		t.Errorf("%d slots still taken after every handler returned", got)
 	}
 
@@ -826,20 +866,21 @@ func TestConcurrentAtMostN(t *testing.T) {
 	var admitted, refused atomic.Int64
 	var wg sync.WaitGroup
 	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range 10 {
-				switch rec := send(h, "", ""); rec.Code {
-				case http.StatusOK:
+				code, _, _, err := get(false)
+				switch {
+				case err != nil:
+					t.Error(err)
+				case code == http.StatusOK:
 					admitted.Add(1)
-				case http.StatusTooManyRequests:
+				case code == http.StatusTooManyRequests:
 					refused.Add(1)
 				default:
-					t.Errorf("status %d", rec.Code)
+					t.Errorf("status %d", code)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if most := flight.most.Load(); most > n {
@@ -848,19 +889,33 @@ func TestConcurrentAtMostN(t *testing.T) {
 	if admitted.Load()+refused.Load() != clients*10 || admitted.Load() < n {
 		t.Errorf("%d admitted, %d refused, of %d", admitted.Load(), refused.Load(), clients*10)
 	}
-	if got := holders(t, c, "atmost:{org}:conc"); got != 0 {
+	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
 		t.Errorf("%d slots still taken after every handler returned", got)
 	}
-	// The bucket paid for admissions only: the 4 gated ones, and each
-	// free-running admission.
+	for range n + 1 { // more panics than slots: each must free its own
+		if _, _, _, err := get(true); err == nil {
+			t.Error("a panicking handler's response arrived")
+		}
+	}
+	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
+		t.Errorf("%d slots still taken after every handler returned or panicked", got)
+	}
+	if code, _, _, err := get(false); err != nil || code != http.StatusOK {
+		t.Errorf("after the panics: %d %v; want 200", code, err)
+	}
 	d, err := admit.New(c).Peek(context.Background(), rule.First.Request(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(wideSpec.Burst()) - n - admitted.Load(); int64(d.Remaining[0])+1 != want {
+	// Admitted: the n gated, the free-running ones, those that panicked
+	// (the bucket charged them; they ran), and the last one.
+	if panicked.Load() < n+1 {
+		t.Errorf("%d handlers panicked, want at least %d", panicked.Load(), n+1)
+	}
+	if want := int64(bucket.Burst()) - n - admitted.Load() - panicked.Load() - 1; int64(d.Remaining[0])+1 != want {
 		t.Errorf("bucket holds %d, want %d: a refused request took a token", d.Remaining[0]+1, want)
 	}
-	t.Logf("limit %d: at most %d in flight; free-running %d admitted, %d refused", n, flight.most.Load(), admitted.Load(), refused.Load())
+	t.Logf("limit %d, %d clients: at most %d in flight; free-running %d admitted, %d refused", n, clients, flight.most.Load(), admitted.Load(), refused.Load())
 }
 
 // errBoom is the panic of a handler.
@@ -1791,155 +1846,12 @@ func TestIntegrationDecisionTimeoutPausedStore(t *testing.T) {
 	}
 }
 
-// TestIntegrationConcurrent: a limit of 3 in flight on a real server, over
-// real HTTP. 50 clients at once: exactly 3 handlers run (held until the 47
-// others are refused, by 429s naming the concurrency policy, whose fields
-// pass the draft's checks); then 50 clients of 10 requests each, never more
-// than 3 inside at once; a panicking handler frees its slot. At the end no
-// slot is taken and the bucket paid for the admitted requests only.
+// TestIntegrationConcurrent: atMostN with a limit of 3 on a real server,
+// whose clock runs; the bucket refills nothing while the test runs.
 func TestIntegrationConcurrent(t *testing.T) {
 	c := testserver.NewClient(t, testserver.Shared(t))
-	prefix := testserver.Prefix(t, c)
-	const clients, n = 50, 3
-	bucket := admit.MustSpec(admit.Every(time.Hour), 1000) // no refill while the test runs
-	rule := concRule(prefix, admit.MustConcurrency(n, 10*time.Second), bucket)
-	var (
-		flight   inFlight
-		full     = make(chan struct{})
-		gate     = make(chan struct{})
-		fullOnce sync.Once
-		gated    atomic.Bool
-		panicked atomic.Int64
-	)
-	gated.Store(true)
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Panic") != "" {
-			panicked.Add(1)             // the client may send it again: count here
-			panic(http.ErrAbortHandler) // the server recovers it silently
-		}
-		defer flight.leave()
-		if flight.enter() == n {
-			fullOnce.Do(func() { close(full) })
-		}
-		if gated.Load() {
-			select {
-			case <-gate:
-			case <-time.After(10 * time.Second): // bound: the test fails below
-			}
-		}
-		io.WriteString(w, "ok")
-	})
-	var reported atomic.Int64
-	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders(),
-		admithttp.WithErrorFunc(func(_ *http.Request, err error) { reported.Add(1); t.Errorf("error hook: %v", err) }))(next)
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	client := srv.Client()
-	get := func(panics bool) (int, http.Header, error) {
-		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
-		if panics {
-			req.Header.Set("X-Panic", "1")
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, nil, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, resp.Header, nil
-	}
-
-	codes := make(chan int, clients)
-	for range clients {
-		go func() {
-			code, hdr, err := get(false)
-			if err != nil {
-				t.Error(err)
-			} else if code == http.StatusTooManyRequests {
-				if err := checkFields(hdr, "conc"); err != nil {
-					t.Error(err)
-				}
-			}
-			codes <- code
-		}()
-	}
-	select {
-	case <-full:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the limit's 3 handlers never ran at once")
-	}
-	refused := 0
-	for range clients - n {
-		select {
-		case code := <-codes:
-			if code == http.StatusTooManyRequests {
-				refused++
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%d refusals so far; want %d while the 3 slots are held", refused, clients-n)
-		}
-	}
-	if refused != clients-n {
-		t.Errorf("%d refused while 3 handlers held their slots; want %d", refused, clients-n)
-	}
-	close(gate)
-	for range n {
-		if code := <-codes; code != http.StatusOK {
-			t.Errorf("an admitted request answered %d", code)
-		}
-	}
-	if most := flight.most.Load(); most != n {
-		t.Errorf("at most %d handlers inside at once, want exactly %d", most, n)
-	}
-
-	gated.Store(false)
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 10 {
-				code, _, err := get(false)
-				switch {
-				case err != nil:
-					t.Error(err)
-				case code == http.StatusOK:
-					admitted.Add(1)
-				case code != http.StatusTooManyRequests:
-					t.Errorf("status %d", code)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if most := flight.most.Load(); most > n {
-		t.Errorf("%d handlers inside at once; the limit is %d", most, n)
-	}
-	for range n + 1 { // more panics than slots: each must free its own
-		if _, _, err := get(true); err == nil {
-			t.Error("a panicking handler's response arrived")
-		}
-	}
-	if got := holders(t, c, rule.Concurrent.Key); got != 0 {
-		t.Errorf("%d slots still taken after every handler returned or panicked", got)
-	}
-	if code, _, err := get(false); err != nil || code != http.StatusOK {
-		t.Errorf("after the panics: %d %v; want 200", code, err)
-	}
-	d, err := admit.New(c).Peek(context.Background(), rule.First.Request(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Admitted: the 3 gated, the free-running ones, those that panicked
-	// (the bucket charged them; they ran), and the last one.
-	if panicked.Load() < n+1 {
-		t.Errorf("%d handlers panicked, want at least %d", panicked.Load(), n+1)
-	}
-	if want := int64(bucket.Burst()) - n - admitted.Load() - panicked.Load() - 1; int64(d.Remaining[0])+1 != want {
-		t.Errorf("bucket holds %d, want %d: a refused request took a token", d.Remaining[0]+1, want)
-	}
-	t.Logf("limit %d, %d clients: at most %d in flight; free-running %d of %d admitted", n, clients, flight.most.Load(), admitted.Load(), clients*10)
+	bucket := admit.MustSpec(admit.Every(time.Hour), 1000)
+	atMostN(t, c, concRule(testserver.Prefix(t, c), admit.MustConcurrency(3, 10*time.Second), bucket), false)
 }
 
 // The middleware against internal/model: random requests over both lanes,
