@@ -95,19 +95,28 @@ func details(tb testing.TB, err error) (codes.Code, string, time.Duration, []str
 	if !ok {
 		tb.Fatalf("not a status error: %v", err)
 	}
-	var delay time.Duration = -1
+	delay, vs := retryAndQuota(st)
 	var subjects []string
+	for _, v := range vs {
+		subjects = append(subjects, v.GetSubject())
+	}
+	return st.Code(), st.Message(), delay, subjects
+}
+
+// retryAndQuota reads st's details: RetryInfo's delay (-1 without one) and
+// QuotaFailure's violations.
+func retryAndQuota(st *status.Status) (time.Duration, []*errdetails.QuotaFailure_Violation) {
+	delay := time.Duration(-1)
+	var vs []*errdetails.QuotaFailure_Violation
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.RetryInfo:
 			delay = d.GetRetryDelay().AsDuration()
 		case *errdetails.QuotaFailure:
-			for _, v := range d.GetViolations() {
-				subjects = append(subjects, v.GetSubject())
-			}
+			vs = append(vs, d.GetViolations()...)
 		}
 	}
-	return st.Code(), st.Message(), delay, subjects
+	return delay, vs
 }
 
 var failServe = admitgrpc.OutageFunc(func(*admitgrpc.Call, admitgrpc.Rule, error) error {
@@ -616,17 +625,10 @@ func holders(tb testing.TB, c valkey.Client, key string) int64 {
 func slotInfo(tb testing.TB, err error) (codes.Code, time.Duration, []string) {
 	tb.Helper()
 	st, _ := status.FromError(err)
-	delay := time.Duration(-1)
+	delay, violations := retryAndQuota(st)
 	var vs []string
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.RetryInfo:
-			delay = d.GetRetryDelay().AsDuration()
-		case *errdetails.QuotaFailure:
-			for _, v := range d.GetViolations() {
-				vs = append(vs, v.GetSubject()+": "+v.GetDescription())
-			}
-		}
+	for _, v := range violations {
+		vs = append(vs, v.GetSubject()+": "+v.GetDescription())
 	}
 	return st.Code(), delay, vs
 }
