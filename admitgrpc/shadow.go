@@ -1,9 +1,7 @@
 package admitgrpc
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/edge"
@@ -60,23 +58,18 @@ type ShadowReport struct {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
+		names := make([]string, len(c.shadows))
+		for i, o := range c.shadows {
+			names[i] = o.Name
+		}
+		if err := edge.CheckShadowName(s.Name, names); err != nil {
+			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
+		}
 		switch {
-		case s.Name == "":
-			return errors.New("admitgrpc: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
-		case strings.ContainsAny(s.Name, "{}"):
-			return fmt.Errorf("admitgrpc: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
 		case s.Rule == nil:
 			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Rule; pass a function from the call to the candidate Rule", s.Name)
 		case s.Report == nil:
 			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Report; a shadow that reports nowhere only costs decisions", s.Name)
-		}
-		if err := edge.CheckName("Name", s.Name, true); err != nil {
-			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
-		}
-		for _, o := range c.shadows {
-			if o.Name == s.Name {
-				return fmt.Errorf("admitgrpc: WithShadow: two shadows named %q; their keys would collide", s.Name)
-			}
 		}
 		c.shadows = append(c.shadows, s)
 		return nil

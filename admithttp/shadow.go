@@ -1,7 +1,6 @@
 package admithttp
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -85,23 +84,18 @@ func (r ShadowReport) EnforcedAdmitted() bool {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
+		names := make([]string, len(c.shadows))
+		for i, o := range c.shadows {
+			names[i] = o.Name
+		}
+		if err := edge.CheckShadowName(s.Name, names); err != nil {
+			return fmt.Errorf("admithttp: WithShadow: %w", err)
+		}
 		switch {
-		case s.Name == "":
-			return errors.New("admithttp: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
-		case strings.ContainsAny(s.Name, "{}"):
-			return fmt.Errorf("admithttp: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
 		case s.Rule == nil:
 			return fmt.Errorf("admithttp: WithShadow(%q): nil Rule; pass a function from the request to the candidate Rule", s.Name)
 		case s.Report == nil:
 			return fmt.Errorf("admithttp: WithShadow(%q): nil Report; a shadow that reports nowhere only costs round trips", s.Name)
-		}
-		if err := edge.CheckName("Name", s.Name, true); err != nil {
-			return fmt.Errorf("admithttp: WithShadow: %w", err)
-		}
-		for _, o := range c.shadows {
-			if o.Name == s.Name {
-				return fmt.Errorf("admithttp: WithShadow: two shadows named %q; their keys would collide", s.Name)
-			}
 		}
 		c.shadows = append(c.shadows, s)
 		return nil

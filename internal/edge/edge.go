@@ -8,6 +8,7 @@ package edge
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/admitkit/admit"
@@ -206,6 +207,21 @@ func checkBucket(b Bucket) error {
 		return err
 	}
 	return CheckName("unit", b.Unit, false)
+}
+
+// CheckShadowName refuses a shadow rule's name that is empty, holds a
+// brace (which would change its keys' hash tag), is not printable ASCII,
+// or is one of taken.
+func CheckShadowName(name string, taken []string) error {
+	switch {
+	case name == "":
+		return errors.New("empty Name; name the candidate, for example \"tight-standard\"")
+	case strings.ContainsAny(name, "{}"):
+		return fmt.Errorf("Name %q holds a brace, which would change its keys' hash tag; drop it", name)
+	case slices.Contains(taken, name):
+		return fmt.Errorf("two shadows named %q; their keys would collide", name)
+	}
+	return CheckName("Name", name, true)
 }
 
 // CheckName refuses a name that is empty (when required) or holds
