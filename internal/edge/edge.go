@@ -201,7 +201,7 @@ func checkBucket(b Bucket) error {
 	case b.Spec.IsZero():
 		return errors.New("zero Spec; give the bucket admit.NewSpec's or admit.MustSpec's")
 	case b.Cost < 0 || b.Cost > b.Spec.Burst():
-		return fmt.Errorf("Cost %d outside 0 to the bucket's burst %d: it could never be admitted", b.Cost, b.Spec.Burst())
+		return fmt.Errorf("a Cost of %d, outside 0 to the bucket's burst %d: it could never be admitted", b.Cost, b.Spec.Burst())
 	}
 	if err := CheckName("policy name", b.Policy, true); err != nil {
 		return err
@@ -217,7 +217,7 @@ func CheckShadowName(name string, taken []string) error {
 	case name == "":
 		return errors.New("empty Name; name the candidate, for example \"tight-standard\"")
 	case strings.ContainsAny(name, "{}"):
-		return fmt.Errorf("Name %q holds a brace, which would change its keys' hash tag; drop it", name)
+		return fmt.Errorf("the Name %q holds a brace, which would change its keys' hash tag; drop it", name)
 	case slices.Contains(taken, name):
 		return fmt.Errorf("two shadows named %q; their keys would collide", name)
 	}
