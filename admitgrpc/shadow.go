@@ -12,7 +12,7 @@ import (
 // admithttp's shadow rules do. The prefix holds no brace, so the key keeps
 // k's hash tag, and the interceptors refuse enforced keys that start with
 // it, so a shadow rule never reads or writes an enforced bucket.
-const ShadowPrefix = edge.ShadowPrefix
+const ShadowPrefix = "admit-shadow:"
 
 // A Shadow is a candidate rule: decided on every call, on keys of its own,
 // reported, and never enforced. Use it to try a new Spec on production

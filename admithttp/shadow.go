@@ -15,7 +15,7 @@ import (
 // shadow Rule stay in one cluster slot), and the middleware refuses
 // enforced keys that start with it, so a shadow rule never reads or writes
 // an enforced bucket.
-const ShadowPrefix = edge.ShadowPrefix
+const ShadowPrefix = "admit-shadow:"
 
 // A Shadow is a candidate rule: decided on every request, on keys of its
 // own, reported, and never enforced. The intended use is trying a new Spec

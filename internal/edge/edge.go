@@ -15,7 +15,9 @@ import (
 )
 
 // ShadowPrefix starts every key a shadow rule decides on. Enforced keys
-// must not start with it.
+// must not start with it. Each edge exports the same value as its own
+// ShadowPrefix; their tests that an enforced key under it is refused hold
+// the two equal.
 const ShadowPrefix = "admit-shadow:"
 
 // A Bucket is one token bucket of a Rule: Policy names it in refusals;
