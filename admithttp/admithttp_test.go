@@ -773,7 +773,10 @@ func atMostN(t *testing.T, c valkey.Client, rule admithttp.Rule, frozenClock boo
 		}
 		io.WriteString(w, "ok")
 	})
+	// A decision timeout well above the default release bound of a second,
+	// which a loaded machine (the race detector, 50 clients) may exceed.
 	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule }, refuseAll, admithttp.WithHeaders(),
+		admithttp.WithDecisionTimeout(10*time.Second),
 		admithttp.WithErrorFunc(func(_ *http.Request, err error) { t.Errorf("error hook: %v", err) }))(next)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
