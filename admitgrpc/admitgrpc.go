@@ -391,6 +391,8 @@ type config struct {
 	onError func(c *Call, err error)
 	timeout time.Duration
 	shadows []Shadow
+	// shadowNames are the shadows' names, which a new one must not take.
+	shadowNames []string
 }
 
 // WithOutcomeFunc calls f with every call's [Report], on the call's

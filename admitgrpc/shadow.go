@@ -58,20 +58,10 @@ type ShadowReport struct {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
-		names := make([]string, len(c.shadows))
-		for i, o := range c.shadows {
-			names[i] = o.Name
-		}
-		if err := edge.CheckShadowName(s.Name, names); err != nil {
+		if err := edge.CheckShadow(s.Name, c.shadowNames, s.Rule != nil, s.Report != nil, "call"); err != nil {
 			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
 		}
-		switch {
-		case s.Rule == nil:
-			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Rule; pass a function from the call to the candidate Rule", s.Name)
-		case s.Report == nil:
-			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Report; a shadow that reports nowhere only costs decisions", s.Name)
-		}
-		c.shadows = append(c.shadows, s)
+		c.shadows, c.shadowNames = append(c.shadows, s), append(c.shadowNames, s.Name)
 		return nil
 	})
 }

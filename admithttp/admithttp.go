@@ -366,6 +366,8 @@ type config struct {
 	outcome func(Event)
 	refusal func(http.ResponseWriter, *http.Request, Refusal)
 	shadows []Shadow
+	// shadowNames are the shadows' names, which a new one must not take.
+	shadowNames []string
 }
 
 // WithHeaders adds RateLimit-Policy and RateLimit to admitted responses

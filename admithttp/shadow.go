@@ -84,20 +84,10 @@ func (r ShadowReport) EnforcedAdmitted() bool {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
-		names := make([]string, len(c.shadows))
-		for i, o := range c.shadows {
-			names[i] = o.Name
-		}
-		if err := edge.CheckShadowName(s.Name, names); err != nil {
+		if err := edge.CheckShadow(s.Name, c.shadowNames, s.Rule != nil, s.Report != nil, "request"); err != nil {
 			return fmt.Errorf("admithttp: WithShadow: %w", err)
 		}
-		switch {
-		case s.Rule == nil:
-			return fmt.Errorf("admithttp: WithShadow(%q): nil Rule; pass a function from the request to the candidate Rule", s.Name)
-		case s.Report == nil:
-			return fmt.Errorf("admithttp: WithShadow(%q): nil Report; a shadow that reports nowhere only costs round trips", s.Name)
-		}
-		c.shadows = append(c.shadows, s)
+		c.shadows, c.shadowNames = append(c.shadows, s), append(c.shadowNames, s.Name)
 		return nil
 	})
 }
