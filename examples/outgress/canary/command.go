@@ -23,7 +23,10 @@ func Command(args []string) int {
 	window := fs.Duration("window", time.Minute, "how long to observe both")
 	addr := fs.String("valkey", "", "the Valkey `host:port` both replicas use, to check the workers' script runs against its INFO commandstats (optional)")
 	inFlight := fs.Int("in-flight", 64, "script runs the workers' and the server's counts may differ by (calls in flight at the window's edges)")
-	if err := fs.Parse(args); err != nil || *base == "" || *can == "" {
+	confidence := fs.Float64("latency-confidence", 0.99, "the latency gate fails when its one-sided rank test finds the canary slower at this `confidence`")
+	tolerance := fs.Int("latency-tolerance", 0, "histogram `buckets` (about 41% each) the canary's pre-HTTP latency may be slower by; production: 0")
+	minSamples := fs.Int("latency-min-samples", 30, "the fewest pre-HTTP observations a side the latency gate judges (fewer: no data)")
+	if err := fs.Parse(args); err != nil || *base == "" || *can == "" || *confidence <= 0 || *confidence >= 1 || *tolerance < 0 || *minSamples < 2 {
 		fmt.Fprintln(os.Stderr, "usage: outgress canary -baseline URL -canary URL [-window 1m] [-valkey host:port]")
 		return 2
 	}
@@ -44,7 +47,7 @@ func Command(args []string) int {
 		fmt.Fprintln(os.Stderr, "outgress canary:", err)
 		return 2
 	}
-	rep := Evaluate(w, Bounds{InFlight: *inFlight})
+	rep := Evaluate(w, Bounds{InFlight: *inFlight, LatencyConfidence: *confidence, LatencyTolerance: *tolerance, LatencyMinSamples: *minSamples})
 	fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, *can)
 	rep.Print(os.Stdout)
 	if !rep.Pass {

@@ -473,6 +473,19 @@ func (f *fleet) stuck(ctx context.Context, what string, published, taken0 int64)
 		"a window is bounded by %v", context.Cause(ctx), what, f.taken.Load()-taken0, published, windowLimit)
 }
 
+// DemoBounds are the demo's gate bounds: production's (canary.Bounds'
+// zero value: the latency rank test at 99%, no tolerance), but for the
+// calls in flight at a window's edges (its replicas' workers) and a
+// latency tolerance of DemoLatencyTolerance buckets, set here explicitly:
+// the demo's replicas share one loaded machine.
+func DemoBounds() canary.Bounds {
+	return canary.Bounds{InFlight: 2 * fleetenv.Workers(), LatencyTolerance: DemoLatencyTolerance}
+}
+
+// DemoLatencyTolerance is the demo's latency tolerance, in histogram
+// buckets (each about 41%): two buckets, about 2x. Production's is 0.
+const DemoLatencyTolerance = 2
+
 // rolloutResult is what the rollout demo printed, step by step.
 type rolloutResult struct {
 	steps   []string
@@ -513,7 +526,7 @@ func Run(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult
 			return nil, err
 		}
 		rep, err := f.window(ctx, windowConfig{Rate: rate, Messages: messages, MinWarm: 20, Seed: uint64(10 + i),
-			PauseAfter: messages / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetenv.Workers()}})
+			PauseAfter: messages / 2, Server: srv, Bounds: DemoBounds()})
 		if err != nil {
 			return nil, err
 		}

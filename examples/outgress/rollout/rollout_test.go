@@ -45,7 +45,7 @@ func TestRolloutDemo(t *testing.T) {
 	if testing.Verbose() {
 		os.Stdout.WriteString(out.String())
 	}
-	timing := []string{canary.GateP95, canary.GateP99, canary.GatePropagation, canary.GatePauseAge}
+	timing := []string{canary.GateLatency, canary.GatePropagation, canary.GatePauseAge}
 	for i, rep := range res.reports {
 		for _, g := range rep.Gates {
 			if !g.Pass && !slices.Contains(timing, g.Name) {
@@ -76,7 +76,7 @@ func TestRolloutDemo(t *testing.T) {
 // reconcile, 3.2 to 4.8 s later) fails the propagation gate. The same
 // window with no fault passes each of those gates first, but for the
 // propagation gate, a timing gate: there the window with events asserts
-// that the canary applied them (the verdict, milliseconds against 1.5 s, is
+// that the canary applied them (the verdict, milliseconds against 2.2 s, is
 // printed, not asserted: a test never asserts durations, and a loaded
 // machine has delayed an event by 860 ms). The failing side rests on the
 // lost event's reconcile coming at least 3.2 s after it, which load only
@@ -89,7 +89,7 @@ func TestCanaryGatesFail(t *testing.T) {
 	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: testenv.NATSURL(t),
 		Prefix: fmt.Sprintf("outgress-gates:%x:", time.Now().UnixNano()), Channels: 20,
 		// The canary reconciles every 4 s (3.2 to 4.8 s apart), failing
-		// closed at 10 s: a lost event reaches it seconds past the 1.5 s
+		// closed at 10 s: a lost event reaches it past the 2.2 s
 		// bound, whatever the load.
 		CanaryPause: pause.Config{ReconcileEvery: 4 * time.Second, MaxAge: 10 * time.Second}})
 	if err != nil {
@@ -111,7 +111,10 @@ func TestCanaryGatesFail(t *testing.T) {
 		t.Helper()
 		seed++
 		wc.Rate, wc.Messages, wc.MinWarm, wc.Seed, wc.Server = 300, 300, 40, seed, srvCount
-		wc.Bounds.InFlight, wc.Bounds.MaxAge = 2*fleetenv.Workers(), 10*time.Second // the canary fails closed at 10 s
+		// The fleet's declared pause: the default reconcile interval (so a
+		// propagation bound of 2.2 s; the canary's 4 s is its fault) and a
+		// MaxAge of 10 s, where the canary fails closed.
+		wc.Bounds.InFlight, wc.Bounds.Pause = 2*fleetenv.Workers(), pause.Config{MaxAge: 10 * time.Second}
 		res, err := f.window(ctx, wc)
 		if err != nil {
 			t.Fatal(err)
