@@ -409,6 +409,10 @@ func (b *Bus) Stats() Stats {
 	return s
 }
 
+// CloseFlush bounds how long Close waits for the server to take the last
+// acks, nacks and terms of the handlers it let finish.
+const CloseFlush = 2 * time.Second
+
 // Close stops pulling, hands back any message fetched but not started
 // (Released: another replica gets it at once), lets running handlers
 // finish and settle their messages, and closes the connection. A restart
@@ -425,7 +429,7 @@ func (b *Bus) Close() {
 		it.Drain()
 	}
 	b.wg.Wait()
-	b.nc.FlushTimeout(2 * time.Second) // the last nacks and terms are sent without waiting
+	b.nc.FlushTimeout(CloseFlush) // the last nacks and terms are sent without waiting
 	b.nc.Close()
 	b.cancel()
 }

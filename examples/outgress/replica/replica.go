@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -44,6 +46,9 @@ type Config struct {
 	RetryOutcomeUnknown bool
 	// DelayUntilToken is worker.Config's (off by default).
 	DelayUntilToken bool
+	// KillGrace is worker.Config's: the deployment's kill grace period,
+	// which the timing rules check the message lifetime against.
+	KillGrace time.Duration
 	// Pause configures the pause snapshot; its Prefix, NATS and Subject
 	// are set from the fields above.
 	Pause pause.Config
@@ -90,7 +95,8 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	busCfg := bus.Config{Stream: cfg.Stream, Subjects: fleetenv.LaneSubjects(cfg.Subjects), Observe: r.metrics.Delivery, OnError: cfg.OnError}
 	pcfg := cfg.Pause
 	pcfg.Prefix, pcfg.Subject = cfg.Prefix, cfg.Subjects+".pause"
-	if err := worker.CheckTiming(worker.Config{Prefix: cfg.Prefix}, busCfg, pcfg); err != nil {
+	wcfg := worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown, DelayUntilToken: cfg.DelayUntilToken, KillGrace: cfg.KillGrace}
+	if err := worker.CheckTiming(wcfg, busCfg, pcfg); err != nil {
 		return nil, err
 	}
 	if r.metricsURL, r.stopMetrics, err = r.metrics.Serve(cfg.MetricsAddr); err != nil { // /readyz: 503 until ready
@@ -141,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 		return nil, err
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
-		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown, DelayUntilToken: cfg.DelayUntilToken})
+		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, wcfg)
 	for lane := range limits.NumLanes {
 		if err := r.bus.Consume(ctx, busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], w.Handler(lane)); err != nil {
 			return nil, err
@@ -190,6 +196,7 @@ func Command(args []string) int {
 		"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)")
 	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
 	bot := fs.String("bot", "", "the bot's Helix user `id`")
+	grace := fs.Duration("kill-grace", 30*time.Second, "the deployment's kill grace `period` (SIGTERM to SIGKILL); refused if a message's lifetime and the last flush do not fit in it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -205,13 +212,13 @@ func Command(args []string) int {
 		fmt.Fprintln(os.Stderr, "outgress worker:", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // SIGTERM: a deployment stopping the replica
 	defer stop()
 	r, err := Start(ctx, Config{
 		Name: *name, Dial: fleetenv.DialAddr(valkeyAddr), NATSURL: natsURL,
 		Prefix: *ff.Prefix, Subjects: *ff.Subjects, Stream: *ff.Stream,
 		HelixURL: *helixURL, ClientID: os.Getenv("HELIX_CLIENT_ID"), Token: os.Getenv("HELIX_TOKEN"), BotID: *bot,
-		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown, DelayUntilToken: *delayToken,
+		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown, DelayUntilToken: *delayToken, KillGrace: *grace,
 		OnError: func(subject string, err error) {
 			fmt.Fprintf(os.Stderr, "outgress worker %s: %s: %v\n", *name, subject, err)
 		},

@@ -39,6 +39,13 @@ type Config struct {
 	// PausedRetry is how long a message waits while sending is paused.
 	// Default 500ms.
 	PausedRetry time.Duration
+	// KillGrace is how long a replica has from the signal that stops it
+	// (SIGTERM, or an interrupt) until it is killed: its deployment's kill
+	// grace period. Stopping lets running handlers finish, at most a
+	// Lifetime, then flushes their last acks for at most bus.CloseFlush;
+	// CheckTiming refuses a KillGrace that cannot hold both. Default 30s
+	// (Kubernetes' terminationGracePeriodSeconds).
+	KillGrace time.Duration
 	// DecisionAttempts bounds the limiter calls of one delivery, when
 	// calls fail with admit.ErrNotExecuted. Default 3.
 	DecisionAttempts int
@@ -92,6 +99,9 @@ func (cfg Config) WithDefaults() Config {
 	}
 	if cfg.PausedRetry <= 0 {
 		cfg.PausedRetry = 500 * time.Millisecond
+	}
+	if cfg.KillGrace <= 0 {
+		cfg.KillGrace = 30 * time.Second
 	}
 	if cfg.DecisionAttempts <= 0 {
 		cfg.DecisionAttempts = 3
