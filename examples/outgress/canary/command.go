@@ -4,8 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,20 +18,27 @@ import (
 )
 
 // Command is `outgress canary`: the gates over a window of two running
-// replicas' /metrics. It returns the exit code: 1 when a gate fails, 2 on
-// bad usage.
+// replicas' /metrics, or a roll: several canary replicas in order, each
+// deployed by the -deploy command, then gated against the baseline, the
+// roll stopping at the first failing gate. It returns the exit code: 1
+// when a gate fails, 2 on bad usage or an error.
 func Command(args []string) int {
 	fs := flag.NewFlagSet("canary", flag.ContinueOnError)
-	base := fs.String("baseline", "", "the baseline replica's metrics `URL` (http://host:port/metrics)")
-	can := fs.String("canary", "", "the canary replica's metrics `URL`")
+	base := fs.String("baseline", "", "the baseline replica's metrics `URL` (http://host:port/metrics), on the old version")
+	can := fs.String("canary", "", "the canary replica's metrics `URLs`, comma-separated: a roll, in that order")
+	deploy := fs.String("deploy", "", "a shell `command` that puts the new version on one replica, run before each step's window "+
+		"with OUTGRESS_ROLL_REPLICA (its metrics URL) and OUTGRESS_ROLL_STEP (1, 2, ...) set; required for more than one canary")
 	window := fs.Duration("window", time.Minute, "how long to observe both")
 	addr := fs.String("valkey", "", "the Valkey `host:port` both replicas use, to check the workers' script runs against its INFO commandstats (optional)")
 	inFlight := fs.Int("in-flight", 64, "script runs the workers' and the server's counts may differ by (calls in flight at the window's edges)")
 	confidence := fs.Float64("latency-confidence", 0.99, "the latency gate fails when its one-sided rank test finds the canary slower at this `confidence`")
 	tolerance := fs.Int("latency-tolerance", 0, "histogram `buckets` (about 41% each) the canary's pre-HTTP latency may be slower by; production: 0")
 	minSamples := fs.Int("latency-min-samples", 30, "the fewest pre-HTTP observations a side the latency gate judges (fewer: no data)")
-	if err := fs.Parse(args); err != nil || *base == "" || *can == "" || *confidence <= 0 || *confidence >= 1 || *tolerance < 0 || *minSamples < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outgress canary -baseline URL -canary URL [-window 1m] [-valkey host:port]")
+	err := fs.Parse(args)
+	canaries := strings.Split(*can, ",")
+	if err != nil || *base == "" || *can == "" || slices.Contains(canaries, "") || len(canaries) > 1 && *deploy == "" ||
+		*confidence <= 0 || *confidence >= 1 || *tolerance < 0 || *minSamples < 2 {
+		fmt.Fprintln(os.Stderr, "usage: outgress canary -baseline URL -canary URL[,URL...] [-deploy CMD] [-window 1m] [-valkey host:port]")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -42,15 +53,38 @@ func Command(args []string) int {
 		defer c.Close()
 		srv = ValkeyScriptRuns(c)
 	}
-	w, err := Watch(ctx, *base, *can, *window, time.Second, srv)
-	if err != nil {
+	bounds := Bounds{InFlight: *inFlight, LatencyConfidence: *confidence, LatencyTolerance: *tolerance, LatencyMinSamples: *minSamples}
+	steps := make([]Step, len(canaries))
+	for i, url := range canaries {
+		steps[i] = Step{Replica: url, Run: func(ctx context.Context) (*Report, error) {
+			if *deploy != "" {
+				cmd := exec.CommandContext(ctx, "sh", "-c", *deploy)
+				cmd.Env = append(os.Environ(), "OUTGRESS_ROLL_REPLICA="+url, "OUTGRESS_ROLL_STEP="+strconv.Itoa(i+1))
+				cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+				if err := cmd.Run(); err != nil {
+					return nil, fmt.Errorf("-deploy: %w", err)
+				}
+			}
+			w, err := Watch(ctx, *base, url, *window, time.Second, srv)
+			if err != nil {
+				return nil, err
+			}
+			rep := Evaluate(w, bounds)
+			fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, url)
+			rep.Print(os.Stdout)
+			return rep, nil
+		}}
+	}
+	var out io.Writer
+	if len(steps) > 1 {
+		out = os.Stdout
+	}
+	res, err := Roll(ctx, steps, out)
+	switch {
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "outgress canary:", err)
 		return 2
-	}
-	rep := Evaluate(w, Bounds{InFlight: *inFlight, LatencyConfidence: *confidence, LatencyTolerance: *tolerance, LatencyMinSamples: *minSamples})
-	fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, *can)
-	rep.Print(os.Stdout)
-	if !rep.Pass {
+	case !res.Complete():
 		return 1
 	}
 	return 0
