@@ -182,6 +182,11 @@ type Window struct {
 	// not measured.
 	ServerScripts, ServerScriptsMax int64
 	ServerNote                      string // why not, or where from
+	// Others are the other replicas on the same server, scraped at the
+	// window's edges with the two (see Begin): their script runs count
+	// with the workers' in the script-runs gate, and nothing else of
+	// theirs is judged.
+	Others []Replica
 }
 
 // A Server counts the script runs the Valkey server executed (INFO
@@ -213,6 +218,7 @@ func WatchUntil(ctx context.Context, baselineURL, canaryURL string, window, samp
 type Watching struct {
 	w                      *Window
 	baselineURL, canaryURL string
+	otherURLs              []string
 	srv                    Server
 	reads                  [4]int64 // the server's script runs around the start's and the end's scrapes
 	start                  time.Time
@@ -222,14 +228,25 @@ type Watching struct {
 // be nil) on both sides of the scrapes. What the replicas do from its
 // return on is in the window: a caller that drives the traffic starts it
 // after Begin.
-func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server) (*Watching, error) {
-	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, srv: srv}
+//
+// others are the /metrics URLs of any other replicas that run scripts on
+// srv's server (the rest of a fleet during a roll): they are scraped with
+// the two at each edge, so that the server's script runs can be checked
+// against every replica's.
+func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server, others ...string) (*Watching, error) {
+	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, otherURLs: others, srv: srv}
 	if srv == nil {
 		wa.w.ServerNote = "no server given"
 	}
+	wa.w.Others = make([]Replica, len(others))
 	wa.read(ctx, 0)
 	if err := wa.scrapeBoth(ctx, &wa.w.Baseline.Start, &wa.w.Canary.Start); err != nil {
 		return nil, err
+	}
+	for i := range others {
+		if err := wa.scrapeOther(ctx, i, &wa.w.Others[i].Start); err != nil {
+			return nil, err
+		}
 	}
 	wa.read(ctx, 1)
 	wa.start = time.Now()
@@ -251,6 +268,12 @@ func (wa *Watching) read(ctx context.Context, i int) {
 		return
 	}
 	wa.reads[i] = n
+}
+
+func (wa *Watching) scrapeOther(ctx context.Context, i int, s *Sample) error {
+	var err error
+	*s, err = Scrape(ctx, wa.otherURLs[i])
+	return err
 }
 
 func (wa *Watching) scrapeBoth(ctx context.Context, b, c *Sample) error {
@@ -296,6 +319,11 @@ func (wa *Watching) Until(ctx context.Context, window, sampleEvery time.Duration
 	wa.read(ctx, 2)
 	if err := wa.scrapeBoth(ctx, &w.Baseline.End, &w.Canary.End); err != nil {
 		return nil, err
+	}
+	for i := range w.Others {
+		if err := wa.scrapeOther(ctx, i, &w.Others[i].End); err != nil {
+			return nil, err
+		}
 	}
 	wa.read(ctx, 3)
 	w.Duration = time.Since(wa.start)
@@ -567,6 +595,9 @@ func Evaluate(w *Window, b Bounds) *Report {
 	// the server's (Canary); its N is the workers' runs, and 0 on the
 	// canary's side when the server could not be read.
 	workers := scripts(base) + scripts(can)
+	for i := range w.Others {
+		workers += scripts(&w.Others[i])
+	}
 	if w.ServerScripts < 0 {
 		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: "server n/a: " + w.ServerNote,
 			Rule: "equal, when the server counts", Pass: true, BaselineN: workers})
