@@ -2,12 +2,10 @@ package canary
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,12 +21,13 @@ import (
 // roll stopping at the first failing gate. It returns the exit code: 1
 // when a gate fails, 2 on bad usage or an error.
 func Command(args []string) int {
-	fs := flag.NewFlagSet("canary", flag.ContinueOnError)
+	fs := fleetenv.NewCommand("canary")
 	base := fs.String("baseline", "", "the baseline replica's metrics `URL` (http://host:port/metrics), on the old version")
 	can := fs.String("canary", "", "the canary replica's metrics `URLs`, comma-separated: a roll, in that order")
 	deploy := fs.String("deploy", "", "a shell `command` that puts the new version on one replica, run before each step's window "+
 		"with OUTGRESS_ROLL_REPLICA (its metrics URL) and OUTGRESS_ROLL_STEP (1, 2, ...) set; required for more than one canary")
 	window := fs.Duration("window", time.Minute, "how long to observe both")
+	othersFlag := fs.String("others", "", "the metrics `URLs`, comma-separated, of the fleet's other replicas on the -valkey server (their script runs are the server's too)")
 	addr := fs.String("valkey", "", "the Valkey `host:port` both replicas use, to check the workers' script runs against its INFO commandstats (optional)")
 	inFlight := fs.Int("in-flight", 64, "script runs the workers' and the server's counts may differ by (calls in flight at the window's edges)")
 	confidence := fs.Float64("latency-confidence", 0.99, "the latency gate fails when its one-sided rank test finds the canary slower at this `confidence`")
@@ -38,17 +37,15 @@ func Command(args []string) int {
 	canaries := strings.Split(*can, ",")
 	if err != nil || *base == "" || *can == "" || slices.Contains(canaries, "") || len(canaries) > 1 && *deploy == "" ||
 		*confidence <= 0 || *confidence >= 1 || *tolerance < 0 || *minSamples < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outgress canary -baseline URL -canary URL[,URL...] [-deploy CMD] [-window 1m] [-valkey host:port]")
-		return 2
+		return fs.Usage("outgress canary -baseline URL -canary URL[,URL...] [-deploy CMD] [-window 1m] [-valkey host:port]")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := fs.Context()
 	defer stop()
 	var srv Server
 	if *addr != "" {
 		c, err := fleetenv.DialAddr(*addr)()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "outgress canary:", err)
-			return 2
+			return fs.Fail(2, err)
 		}
 		defer c.Close()
 		srv = ValkeyScriptRuns(c)
@@ -65,7 +62,17 @@ func Command(args []string) int {
 					return nil, fmt.Errorf("-deploy: %w", err)
 				}
 			}
-			w, err := Watch(ctx, *base, url, *window, time.Second, srv)
+			var others []string // every replica on the server but the two judged
+			for _, o := range append(slices.Clone(canaries), strings.Split(*othersFlag, ",")...) {
+				if o != url && o != "" {
+					others = append(others, o)
+				}
+			}
+			wa, err := Begin(ctx, *base, url, srv, others...)
+			if err != nil {
+				return nil, err
+			}
+			w, err := wa.Until(ctx, *window, time.Second, nil, 0)
 			if err != nil {
 				return nil, err
 			}
@@ -82,8 +89,7 @@ func Command(args []string) int {
 	res, err := Roll(ctx, steps, out)
 	switch {
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "outgress canary:", err)
-		return 2
+		return fs.Fail(2, err)
 	case !res.Complete():
 		return 1
 	}

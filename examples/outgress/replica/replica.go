@@ -6,12 +6,9 @@ package replica
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -157,18 +154,28 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	return r, nil
 }
 
-// close stops the replica: it leaves the management queue group, stops
-// consuming (running handlers finish), then stops the rest.
+// Stop stops a replica's parts in the order that lets its running work
+// finish: it leaves the management queue group (m: no new request is
+// taken), stops consuming (b: running handlers finish and settle their
+// messages), then closes the pause snapshot (p), which nothing reads any
+// more. Nil parts are skipped. What the handlers used (the Helix client,
+// the Valkey client) is the caller's to close after it.
+func Stop(m *mgmt.Server, b *bus.Bus, p *pause.Pause) {
+	if m != nil {
+		m.Stop()
+	}
+	if b != nil {
+		b.Close()
+	}
+	if p != nil {
+		p.Close()
+	}
+}
+
+// Close stops the replica (Stop), then the Helix client, the fake Helix
+// server, /metrics and the Valkey client.
 func (r *Replica) Close() {
-	if r.mgmt != nil {
-		r.mgmt.Stop()
-	}
-	if r.bus != nil {
-		r.bus.Close()
-	}
-	if r.pause != nil {
-		r.pause.Close()
-	}
+	Stop(r.mgmt, r.bus, r.pause)
 	if r.helix != nil {
 		r.helix.Close()
 	}
@@ -185,10 +192,10 @@ func (r *Replica) Close() {
 
 // Command is `outgress worker`: one replica, until interrupted.
 func Command(args []string) int {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs := fleetenv.NewCommand("worker")
 	host, _ := os.Hostname()
 	name := fs.String("name", host, "the replica's `name` (metrics, management replies)")
-	ff := fleetenv.AddFlags(fs)
+	ff := fleetenv.AddFlags(fs.FlagSet)
 	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
 	delayToken := fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime (default: the error delay)")
@@ -209,10 +216,9 @@ func Command(args []string) int {
 		err = errors.New("-helix needs HELIX_CLIENT_ID, HELIX_TOKEN and -bot")
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress worker:", err)
-		return 2
+		return fs.Fail(2, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // SIGTERM: a deployment stopping the replica
+	ctx, stop := fs.Context() // SIGTERM too: a deployment stopping the replica
 	defer stop()
 	r, err := Start(ctx, Config{
 		Name: *name, Dial: fleetenv.DialAddr(valkeyAddr), NATSURL: natsURL,
@@ -224,8 +230,7 @@ func Command(args []string) int {
 		},
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress worker:", err)
-		return 1
+		return fs.Fail(1, err)
 	}
 	defer r.Close()
 	fmt.Printf("outgress worker %s: steps %s; metrics on %s; lanes on %s.*; pause events on %s.pause; management on %s.*\n",
