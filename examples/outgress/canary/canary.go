@@ -687,7 +687,7 @@ func latencyGate(base, can *Replica, b Bounds) Gate {
 	cb, cc := histogram(can, metricStage, "stage", "pre_http")
 	alpha := 1 - b.LatencyConfidence
 	g := Gate{Name: GateLatency, Pass: true,
-		Rule: fmt.Sprintf("not slower (one-sided Mann-Whitney U): p >= %.3g (%.3g%% confidence), tolerance %d buckets, n >= %d a side",
+		Rule: fmt.Sprintf("not slower, one-sided rank test: p >= %.3g (%.3g%% confidence), tolerance %d buckets, n >= %d a side",
 			alpha, 100*b.LatencyConfidence, b.LatencyTolerance, b.LatencyMinSamples)}
 	quantiles := func(bounds, cum []float64) string {
 		p95, n := quantileOf(bounds, cum, 0.95)

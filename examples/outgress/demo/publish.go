@@ -13,21 +13,17 @@ import (
 // the fleet's prefix and publishes the demo's mix on the fleet's lanes,
 // traffic for running workers. It returns the exit code.
 func PublishCommand(args []string) int {
-	fs := fleetenv.NewCommand("publish")
-	ff := fleetenv.AddFlags(fs.FlagSet)
+	fs := fleetenv.NewFleetCommand("publish")
 	rate := fs.Int("rate", 300, "messages a `second`")
 	d := fs.Duration("for", 10*time.Second, "how long to publish")
 	nchan := fs.Int("channels", 40, "channels in the mix (seeded first)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	valkeyAddr, natsURL, err := fleetenv.Env(true)
+	valkeyAddr, natsURL, err := fs.ParseEnv(args, true)
 	if err != nil {
 		return fs.Fail(2, err)
 	}
 	ctx, stop := fs.Context()
 	defer stop()
-	if err := publishFor(ctx, valkeyAddr, natsURL, ff, *rate, *d, *nchan); err != nil {
+	if err := publishFor(ctx, valkeyAddr, natsURL, fs.Fleet, *rate, *d, *nchan); err != nil {
 		return fs.Fail(1, err)
 	}
 	return 0

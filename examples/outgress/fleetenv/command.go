@@ -13,13 +13,32 @@ import (
 // it, and how it reports a failure and learns it must stop.
 type Command struct {
 	*flag.FlagSet
-	name string
+	// Fleet are the fleet's flags, for a command made by NewFleetCommand.
+	Fleet Flags
+	name  string
 }
 
 // NewCommand returns the subcommand name's flag set (errors returned, not
 // exiting).
 func NewCommand(name string) Command {
 	return Command{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), name: name}
+}
+
+// NewFleetCommand is NewCommand with the fleet's flags (AddFlags) defined:
+// a command that acts on a fleet's keys, subjects or stream.
+func NewFleetCommand(name string) Command {
+	c := NewCommand(name)
+	c.Fleet = AddFlags(c.FlagSet)
+	return c
+}
+
+// ParseEnv parses args, then reads the fleet's servers from the
+// environment (Env): the error is the first of the two.
+func (c Command) ParseEnv(args []string, needValkey bool) (valkeyAddr, natsURL string, err error) {
+	if err := c.Parse(args); err != nil {
+		return "", "", err
+	}
+	return Env(needValkey)
 }
 
 // Fail writes err to stderr, prefixed with the subcommand ("outgress

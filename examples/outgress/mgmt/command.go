@@ -13,15 +13,11 @@ import (
 // to the fleet, answered by one replica. It returns the exit code: 1 when
 // the request fails, 2 on bad usage.
 func Command(args []string) int {
-	fs := fleetenv.NewCommand("mgmt")
-	ff := fleetenv.AddFlags(fs.FlagSet)
+	fs := fleetenv.NewFleetCommand("mgmt")
 	against := fs.Int64("version", -1, "pause|resume: the `version` the edit is made against (a status request's); "+
 		"refused, writing nothing, if the fleet has moved past it. Default: the version a status request reads just before")
 	pauseFor := fs.Duration("for", 0, "pause: end the pause on its own after this `duration` (0: no end)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	_, natsURL, err := fleetenv.Env(false)
+	_, natsURL, err := fs.ParseEnv(args, false)
 	if err != nil || fs.NArg() != 1 {
 		return fs.Usage("NATS_URL=... outgress mgmt [-subjects outgress] [-version N] [-for 10m] pause|resume|status")
 	}
@@ -32,7 +28,7 @@ func Command(args []string) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := Config{Prefix: *ff.Subjects + ".mgmt"}
+	cfg := Config{Prefix: *fs.Fleet.Subjects + ".mgmt"}
 	switch cmd := fs.Arg(0); cmd {
 	case "pause", "resume":
 		expected := *against

@@ -192,10 +192,10 @@ func (r *Replica) Close() {
 
 // Command is `outgress worker`: one replica, until interrupted.
 func Command(args []string) int {
-	fs := fleetenv.NewCommand("worker")
+	fs := fleetenv.NewFleetCommand("worker")
+	ff := fs.Fleet
 	host, _ := os.Hostname()
 	name := fs.String("name", host, "the replica's `name` (metrics, management replies)")
-	ff := fleetenv.AddFlags(fs.FlagSet)
 	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
 	delayToken := fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime (default: the error delay)")
@@ -204,10 +204,7 @@ func Command(args []string) int {
 	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
 	bot := fs.String("bot", "", "the bot's Helix user `id`")
 	grace := fs.Duration("kill-grace", 30*time.Second, "the deployment's kill grace `period` (SIGTERM to SIGKILL); refused if a message's lifetime and the last flush do not fit in it")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	valkeyAddr, natsURL, err := fleetenv.Env(true)
+	valkeyAddr, natsURL, err := fs.ParseEnv(args, true)
 	steps, perr := worker.ParseSteps(*off)
 	if err == nil {
 		err = perr
