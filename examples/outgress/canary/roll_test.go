@@ -15,8 +15,7 @@ import (
 // and is returned.
 func TestRoll(t *testing.T) {
 	type call struct{ replica, what string }
-	roll := func(fail string, stepErr error) (*RollResult, error, []call, string) {
-		var calls []call
+	roll := func(fail string, stepErr error) (res *RollResult, calls []call, out string, err error) {
 		var steps []Step
 		for _, name := range []string{"A", "B", "C"} {
 			steps = append(steps, Step{Replica: name,
@@ -32,12 +31,12 @@ func TestRoll(t *testing.T) {
 					return nil
 				}})
 		}
-		var out strings.Builder
-		res, err := Roll(context.Background(), steps, &out)
-		return res, err, calls, out.String()
+		var b strings.Builder
+		res, err = Roll(context.Background(), steps, &b)
+		return res, calls, b.String(), err
 	}
 
-	res, err, calls, out := roll("B", nil)
+	res, calls, out, err := roll("B", nil)
 	want := []call{{"A", "run"}, {"B", "run"}, {"B", "rollback"}}
 	if err != nil || !slices.Equal(calls, want) || res.Complete() || res.Failed != "B" || !res.RolledBack ||
 		!slices.Equal(res.Rolled, []string{"A"}) || !slices.Equal(res.Left, []string{"C"}) || len(res.Reports) != 2 {
@@ -48,7 +47,7 @@ func TestRoll(t *testing.T) {
 		t.Errorf("the roll's lines:\n%s", out)
 	}
 
-	res, err, calls, out = roll("", nil)
+	res, calls, out, err = roll("", nil)
 	want = []call{{"A", "run"}, {"B", "run"}, {"C", "run"}}
 	if err != nil || !slices.Equal(calls, want) || !res.Complete() || !slices.Equal(res.Rolled, []string{"A", "B", "C"}) || len(res.Left) != 0 || len(res.Reports) != 3 {
 		t.Errorf("every gate passes: %+v, %v, calls %v; want calls %v, all three rolled", res, err, calls, want)
@@ -58,7 +57,7 @@ func TestRoll(t *testing.T) {
 	}
 
 	boom := errors.New("deploy failed")
-	res, err, calls, _ = roll("B", boom)
+	res, calls, _, err = roll("B", boom)
 	if !errors.Is(err, boom) || res.Failed != "B" || !slices.Equal(res.Left, []string{"C"}) || len(calls) != 3 || calls[2] != (call{"B", "rollback"}) {
 		t.Errorf("step 2 errs: %+v, %v, calls %v; want the error, B failed and rolled back, C left", res, err, calls)
 	}
