@@ -80,13 +80,16 @@ func main() {
 		return
 	}
 	fmt.Println()
-	fmt.Println("8. Rollout: a baseline replica with every step off and a canary turning the six steps on one at a time,")
+	fmt.Println("8. Rollout: a baseline replica with every step off beside a fleet of " + strconv.Itoa(rollout.DemoReplicas) + " replicas, every step off, rolled")
 	messages := int(window.Seconds() * rolloutRate)
-	fmt.Println("   side by side on one Valkey and one stream (both consume it), " + strconv.Itoa(messages) + " messages a step (" +
-		window.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until each replica has 20 warm ones per lane;")
+	fmt.Println("   one at a time: the canary turns the six steps on one at a time, then each other replica takes every")
+	fmt.Println("   step at once, all on one Valkey and one stream (all consume it); a gate table after each window,")
+	fmt.Println("   and the roll stops at the first failing gate, leaving the rest on the old version. A window is " + strconv.Itoa(messages) + " messages")
+	fmt.Println("   (" + window.String() + " at " + strconv.Itoa(rolloutRate) + "/s), more until the baseline and the replica judged have 20 warm ones per lane;")
 	fmt.Println("   the canary program (package canary; `go run . canary` against real replicas) scrapes both /metrics")
 	fmt.Println("   over each window and prints the plan's gates. Caveats: latency here is the embedded stand-ins'")
-	fmt.Println("   (miniredis, a loopback fake Helix), not representative of production; a window is a few hundred")
+	fmt.Println("   (miniredis, a loopback fake Helix), not representative of production, so the demo tolerates a")
+	fmt.Println("   latency " + strconv.Itoa(rollout.DemoLatencyTolerance) + " buckets (about 2x) slower, which production does not; a window is a few hundred")
 	fmt.Println("   messages, so rates carry a slack of three standard errors; on miniredis the server's script runs")
 	fmt.Println("   cannot be read (no INFO commandstats), so the workers' counters are not checked against it.")
 	if _, err := rollout.Run(ctx, rolloutRate, messages, os.Stdout); err != nil {

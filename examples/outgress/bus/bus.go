@@ -437,10 +437,15 @@ func (b *Bus) Stats() Stats {
 	return s
 }
 
+// CloseFlush bounds how long Close waits for the server to take the last
+// acks, nacks and terms of the handlers it let finish.
+const CloseFlush = 2 * time.Second
+
 // Close stops pulling: each worker's pull request in flight ends (within
-// pullExpiry, two seconds for one gone missing), and a message it brings is handed back unhandled (Released:
-// another replica gets it at once). Close lets running handlers finish and
-// settle their messages, then closes the connection. A restart of the
+// pullExpiry, two seconds for one gone missing), and a message it brings
+// is handed back unhandled (Released: another replica gets it at once).
+// Close lets running handlers finish and settle their messages, flushes
+// (CloseFlush at most), then closes the connection. A restart of the
 // replica is Close, then Connect and Consume again.
 func (b *Bus) Close() {
 	b.mu.Lock()
@@ -450,7 +455,7 @@ func (b *Bus) Close() {
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
-	b.nc.FlushTimeout(2 * time.Second) // the last nacks and terms are sent without waiting
+	b.nc.FlushTimeout(CloseFlush) // the last nacks and terms are sent without waiting
 	b.nc.Close()
 	b.cancel()
 }

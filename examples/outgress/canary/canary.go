@@ -35,13 +35,20 @@
 //     the server is read on both sides of each edge's scrapes, and the
 //     workers' count must lie within that range, widened by the calls in
 //     flight at an edge (Bounds.InFlight).
-//   - pre-HTTP p95 and p99: from the pre_http histogram; the canary's
-//     bucket may be at most Bounds.LatencyBuckets above the baseline's.
+//   - pre-HTTP latency: the plan's "lower pre-Twitch p95/p99", judged by a
+//     one-sided Mann-Whitney U test over the pre_http histogram's buckets
+//     (RankTest): it fails when the canary is slower at
+//     Bounds.LatencyConfidence (0.99 by default), after its observations
+//     are moved down by Bounds.LatencyTolerance buckets (0 by default), and
+//     says "no data" when either side has fewer than
+//     Bounds.LatencyMinSamples observations. The p95 and p99 are printed
+//     beside it.
 //   - connection churn: newly dialled connections per sampled Helix request;
 //     Bounds.RateSlack again.
 //   - pause: the canary's propagation of pause changes (p99, from
 //     outgress_pause_propagation_seconds) within Bounds.Propagation, and its
-//     snapshot age, sampled through the window, within Bounds.MaxAge.
+//     snapshot age, sampled through the window, within Bounds.MaxAge; both
+//     bounds derive from the fleet's pause.Config (Bounds.Pause).
 package canary
 
 import (
@@ -57,6 +64,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/pause"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -174,6 +182,11 @@ type Window struct {
 	// not measured.
 	ServerScripts, ServerScriptsMax int64
 	ServerNote                      string // why not, or where from
+	// Others are the other replicas on the same server, scraped at the
+	// window's edges with the two (see Begin): their script runs count
+	// with the workers' in the script-runs gate, and nothing else of
+	// theirs is judged.
+	Others []Replica
 }
 
 // A Server counts the script runs the Valkey server executed (INFO
@@ -205,6 +218,7 @@ func WatchUntil(ctx context.Context, baselineURL, canaryURL string, window, samp
 type Watching struct {
 	w                      *Window
 	baselineURL, canaryURL string
+	otherURLs              []string
 	srv                    Server
 	reads                  [4]int64 // the server's script runs around the start's and the end's scrapes
 	start                  time.Time
@@ -214,14 +228,25 @@ type Watching struct {
 // be nil) on both sides of the scrapes. What the replicas do from its
 // return on is in the window: a caller that drives the traffic starts it
 // after Begin.
-func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server) (*Watching, error) {
-	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, srv: srv}
+//
+// others are the /metrics URLs of any other replicas that run scripts on
+// srv's server (the rest of a fleet during a roll): they are scraped with
+// the two at each edge, so that the server's script runs can be checked
+// against every replica's.
+func Begin(ctx context.Context, baselineURL, canaryURL string, srv Server, others ...string) (*Watching, error) {
+	wa := &Watching{w: &Window{ServerScripts: -1}, baselineURL: baselineURL, canaryURL: canaryURL, otherURLs: others, srv: srv}
 	if srv == nil {
 		wa.w.ServerNote = "no server given"
 	}
+	wa.w.Others = make([]Replica, len(others))
 	wa.read(ctx, 0)
 	if err := wa.scrapeBoth(ctx, &wa.w.Baseline.Start, &wa.w.Canary.Start); err != nil {
 		return nil, err
+	}
+	for i := range others {
+		if err := wa.scrapeOther(ctx, i, &wa.w.Others[i].Start); err != nil {
+			return nil, err
+		}
 	}
 	wa.read(ctx, 1)
 	wa.start = time.Now()
@@ -243,6 +268,12 @@ func (wa *Watching) read(ctx context.Context, i int) {
 		return
 	}
 	wa.reads[i] = n
+}
+
+func (wa *Watching) scrapeOther(ctx context.Context, i int, s *Sample) error {
+	var err error
+	*s, err = Scrape(ctx, wa.otherURLs[i])
+	return err
 }
 
 func (wa *Watching) scrapeBoth(ctx context.Context, b, c *Sample) error {
@@ -289,6 +320,11 @@ func (wa *Watching) Until(ctx context.Context, window, sampleEvery time.Duration
 	if err := wa.scrapeBoth(ctx, &w.Baseline.End, &w.Canary.End); err != nil {
 		return nil, err
 	}
+	for i := range w.Others {
+		if err := wa.scrapeOther(ctx, i, &w.Others[i].End); err != nil {
+			return nil, err
+		}
+	}
 	wa.read(ctx, 3)
 	w.Duration = time.Since(wa.start)
 	if wa.srv != nil {
@@ -301,30 +337,46 @@ func (wa *Watching) Until(ctx context.Context, window, sampleEvery time.Duration
 	return w, nil
 }
 
-// Bounds are the gates' declared limits.
+// Bounds are the gates' declared limits. The zero value is production's:
+// strict.
 type Bounds struct {
 	// RateSlack is how much a canary's rate (429s, auth failures, drops,
 	// redeliveries, connection churn, each per response, delivery or
 	// sampled request) may exceed the baseline's. Default 0.03 (3
 	// percentage points).
 	RateSlack float64
+	// Pause is the fleet's pause configuration, which the two pause bounds
+	// below derive from when they are zero (its defaults where its fields
+	// are zero).
+	Pause pause.Config
 	// Propagation bounds the canary's pause propagation p99. Default
-	// 1.5 s: a lost event is repaired by a reconcile within 1.2 s (1 s
-	// ± 20%).
+	// Pause.LongestGap(): a lost event is repaired by the next reconcile,
+	// at most ReconcileEvery + 20% and a reconcile's Timeout after the
+	// change (2.2 s with the pause defaults).
 	Propagation time.Duration
-	// MaxAge bounds the canary's pause snapshot age. Default 5 s, where a
-	// replica fails closed.
+	// MaxAge bounds the canary's pause snapshot age. Default Pause.MaxAge,
+	// where a replica fails closed (5 s with the pause defaults).
 	MaxAge time.Duration
 	// CommandSlack is how far commands per warm message may stray from
 	// what the canary's steps imply (retries and re-decisions add a few).
 	// Default 0.05.
 	CommandSlack float64
-	// LatencyBuckets is how many histogram buckets (each about 42% wider
-	// than the one below) the canary's pre-HTTP p95 and p99 may sit above
-	// the baseline's: a short window's p99 is a handful of messages, and a
-	// shared machine's scheduling moves it by a bucket or two. Default 2
-	// (about 2x).
-	LatencyBuckets int
+	// LatencyConfidence is the confidence at which the pre-HTTP latency
+	// gate's one-sided rank test must find the canary slower to fail it:
+	// it fails when the test's p-value is below 1 - LatencyConfidence.
+	// Default 0.99.
+	LatencyConfidence float64
+	// LatencyTolerance is how many histogram buckets (each about 41%
+	// wider than the one below) the canary's pre-HTTP latencies are moved
+	// down by before the test: a slowdown of up to that many buckets is
+	// tolerated. Default 0: none. A demo on a shared machine may set it;
+	// production should not.
+	LatencyTolerance int
+	// LatencyMinSamples is the fewest pre-HTTP observations on each side
+	// the latency gate judges; with fewer it says "no data". Default 30
+	// (the normal approximation of the rank test's statistic holds well
+	// from about 20 a side).
+	LatencyMinSamples int
 	// InFlight is how many script runs the workers' and the server's
 	// counts may differ by: the calls in flight at the window's two edges
 	// (the server counts a call before its replica's observer does), at
@@ -336,17 +388,21 @@ func (b *Bounds) defaults() {
 	if b.RateSlack == 0 {
 		b.RateSlack = 0.03
 	}
+	p := b.Pause.WithDefaults()
 	if b.Propagation == 0 {
-		b.Propagation = 1500 * time.Millisecond
+		b.Propagation = p.LongestGap()
 	}
 	if b.MaxAge == 0 {
-		b.MaxAge = 5 * time.Second
-	}
-	if b.LatencyBuckets == 0 {
-		b.LatencyBuckets = 2
+		b.MaxAge = p.MaxAge
 	}
 	if b.CommandSlack == 0 {
 		b.CommandSlack = 0.05
+	}
+	if b.LatencyConfidence == 0 {
+		b.LatencyConfidence = 0.99
+	}
+	if b.LatencyMinSamples == 0 {
+		b.LatencyMinSamples = 30
 	}
 }
 
@@ -379,7 +435,14 @@ type Gate struct {
 	// that passes on a canary figure computed from nothing (CanaryN 0)
 	// judged nothing: Print says "no data", and Report.NoData names it.
 	BaselineN, CanaryN float64
+	// NoData, when not empty, is why the gate judged nothing though it
+	// has observations (too few of them for its test, say): it passes, and
+	// Print says "no data" and this reason.
+	NoData string
 }
+
+// judged reports whether g judged anything.
+func (g Gate) judged() bool { return g.CanaryN > 0 && g.NoData == "" }
 
 // Report is every gate of one window.
 type Report struct {
@@ -412,8 +475,7 @@ const (
 	GateCmdStandard = "commands/warm msg, standard"
 	GateCmdPremium  = "commands/warm msg, premium"
 	GateCmdServer   = "script runs: workers = server"
-	GateP95         = "pre-HTTP p95"
-	GateP99         = "pre-HTTP p99"
+	GateLatency     = "pre-HTTP latency, rank test"
 	GateChurn       = "new conns per sampled request"
 	GatePropagation = "pause propagation p99"
 	GatePauseAge    = "pause snapshot age, max"
@@ -446,7 +508,7 @@ func Evaluate(w *Window, b Bounds) *Report {
 	add := func(g Gate) {
 		rep.Gates = append(rep.Gates, g)
 		rep.Pass = rep.Pass && g.Pass
-		if g.Pass && g.CanaryN == 0 {
+		if g.Pass && !g.judged() {
 			rep.NoData = append(rep.NoData, g.Name)
 		}
 	}
@@ -533,6 +595,9 @@ func Evaluate(w *Window, b Bounds) *Report {
 	// the server's (Canary); its N is the workers' runs, and 0 on the
 	// canary's side when the server could not be read.
 	workers := scripts(base) + scripts(can)
+	for i := range w.Others {
+		workers += scripts(&w.Others[i])
+	}
 	if w.ServerScripts < 0 {
 		add(Gate{Name: GateCmdServer, Baseline: fmt.Sprintf("workers %.0f", workers), Canary: "server n/a: " + w.ServerNote,
 			Rule: "equal, when the server counts", Pass: true, BaselineN: workers})
@@ -542,21 +607,12 @@ func Evaluate(w *Window, b Bounds) *Report {
 			Rule: fmt.Sprintf("within the server's ± %d in flight", b.InFlight), Pass: workers >= lo && workers <= hi, BaselineN: workers, CanaryN: workers})
 	}
 
-	for _, q := range []struct {
-		name string
-		q    float64
-	}{{GateP95, 0.95}, {GateP99, 0.99}} {
-		bv, bi, bn := quantile(base, metricStage, q.q, "stage", "pre_http")
-		cv, ci, cn := quantile(can, metricStage, q.q, "stage", "pre_http")
-		add(Gate{Name: q.name, Baseline: fmt.Sprintf("%s of %.0f", dur(bv), bn), Canary: fmt.Sprintf("%s of %.0f", dur(cv), cn),
-			Rule: fmt.Sprintf("canary at most %d buckets above baseline", b.LatencyBuckets), Pass: ci <= bi+b.LatencyBuckets,
-			BaselineN: bn, CanaryN: cn})
-	}
+	add(latencyGate(base, can, b))
 	add(rate(GateChurn, func(r *Replica) float64 { return r.delta(metricConns, "reused", "false") },
 		func(r *Replica) float64 { return r.delta(metricConns) }))
 
-	bp99, _, bchanges := quantile(base, metricPropag, 0.99)
-	cp99, _, changes := quantile(can, metricPropag, 0.99)
+	bp99, bchanges := quantile(base, metricPropag, 0.99)
+	cp99, changes := quantile(can, metricPropag, 0.99)
 	add(Gate{Name: GatePropagation, Baseline: fmt.Sprintf("%s (%.0f changes)", dur(bp99), bchanges), Canary: fmt.Sprintf("%s (%.0f changes)", dur(cp99), changes),
 		Rule: "canary <= " + b.Propagation.String(), Pass: cp99 <= b.Propagation.Seconds(), BaselineN: bchanges, CanaryN: changes})
 	add(Gate{Name: GatePauseAge, Baseline: dur(base.MaxAge), Canary: dur(can.MaxAge),
@@ -565,12 +621,11 @@ func Evaluate(w *Window, b Bounds) *Report {
 	return rep
 }
 
-// quantile is the upper bound of the histogram bucket holding quantile q of
-// what the window added to name's histogram (series matching kv merged),
-// that bucket's index, and the observations the window added (its +Inf
-// bucket); 0, -1 and 0 when the window added nothing.
-func quantile(r *Replica, name string, q float64, kv ...string) (bound float64, index int, n float64) {
-	cum := map[float64]float64{}
+// histogram is what the window added to name's histogram (series
+// matching kv merged): its bucket bounds in ascending order (+Inf last)
+// and the cumulative count at each.
+func histogram(r *Replica, name string, kv ...string) (bounds, cum []float64) {
+	byLE := map[float64]float64{}
 	for _, s := range []struct {
 		sample Sample
 		sign   float64
@@ -587,26 +642,87 @@ func quantile(r *Replica, name string, q float64, kv ...string) (bound float64, 
 			}
 			le, err := strconv.ParseFloat(se.labels["le"], 64)
 			if err == nil {
-				cum[le] += s.sign * se.value
+				byLE[le] += s.sign * se.value
 			}
 		}
 	}
-	bounds := make([]float64, 0, len(cum))
-	for le := range cum {
+	for le := range byLE {
 		bounds = append(bounds, le)
 	}
 	sort.Float64s(bounds)
-	if len(bounds) == 0 || cum[bounds[len(bounds)-1]] <= 0 {
-		return 0, -1, 0
+	for _, le := range bounds {
+		cum = append(cum, byLE[le])
 	}
-	total := cum[bounds[len(bounds)-1]]
+	return bounds, cum
+}
+
+// quantile is the upper bound of the histogram bucket holding quantile q of
+// what the window added to name's histogram (series matching kv merged),
+// and the observations the window added (its +Inf bucket); 0 and 0 when
+// the window added nothing.
+func quantile(r *Replica, name string, q float64, kv ...string) (bound, n float64) {
+	bounds, cum := histogram(r, name, kv...)
+	return quantileOf(bounds, cum, q)
+}
+
+func quantileOf(bounds, cum []float64, q float64) (bound, n float64) {
+	if len(bounds) == 0 || cum[len(cum)-1] <= 0 {
+		return 0, 0
+	}
+	total := cum[len(cum)-1]
 	rank := math.Ceil(q * total)
 	for i, le := range bounds {
-		if cum[le] >= rank {
-			return le, i, total
+		if cum[i] >= rank {
+			return le, total
 		}
 	}
-	return math.Inf(1), len(bounds), total
+	return math.Inf(1), total
+}
+
+// latencyGate is the pre-HTTP latency gate: the one-sided rank test of the
+// canary's pre_http histogram against the baseline's (RankTest), with both
+// sides' p95 and p99 beside it.
+func latencyGate(base, can *Replica, b Bounds) Gate {
+	bb, bc := histogram(base, metricStage, "stage", "pre_http")
+	cb, cc := histogram(can, metricStage, "stage", "pre_http")
+	alpha := 1 - b.LatencyConfidence
+	g := Gate{Name: GateLatency, Pass: true,
+		Rule: fmt.Sprintf("not slower, one-sided rank test: p >= %.3g (%.3g%% confidence), tolerance %d buckets, n >= %d a side",
+			alpha, 100*b.LatencyConfidence, b.LatencyTolerance, b.LatencyMinSamples)}
+	quantiles := func(bounds, cum []float64) string {
+		p95, n := quantileOf(bounds, cum, 0.95)
+		p99, _ := quantileOf(bounds, cum, 0.99)
+		return fmt.Sprintf("p95 %s, p99 %s, n %.0f", dur(p95), dur(p99), n)
+	}
+	g.Baseline, g.Canary = quantiles(bb, bc), quantiles(cb, cc)
+	if len(bc) > 0 {
+		g.BaselineN = bc[len(bc)-1]
+	}
+	if len(cc) > 0 {
+		g.CanaryN = cc[len(cc)-1]
+	}
+	switch {
+	case g.BaselineN < float64(b.LatencyMinSamples) || g.CanaryN < float64(b.LatencyMinSamples):
+		g.NoData = fmt.Sprintf("n %.0f baseline, %.0f canary: under %d a side", g.BaselineN, g.CanaryN, b.LatencyMinSamples)
+		return g
+	case !slices.Equal(bb, cb):
+		g.NoData = "the two histograms' buckets differ"
+		return g
+	}
+	rt := rankTest(perBucket(bc), perBucket(cc), b.LatencyTolerance)
+	g.Canary += fmt.Sprintf("; U %.0f, z %.2f, p %.3g", rt.U, rt.Z, rt.P)
+	g.Pass = rt.P >= alpha
+	return g
+}
+
+// perBucket turns cumulative counts into each bucket's own.
+func perBucket(cum []float64) []float64 {
+	out := make([]float64, len(cum))
+	prev := 0.0
+	for i, c := range cum {
+		out[i], prev = max(c-prev, 0), c
+	}
+	return out
 }
 
 func dur(sec float64) string {
@@ -628,6 +744,8 @@ func (r *Report) Print(out io.Writer) {
 		switch {
 		case !g.Pass:
 			v = "FAIL"
+		case g.NoData != "":
+			v = "no data (" + g.NoData + ")"
 		case g.CanaryN == 0:
 			v = "no data"
 		}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/admitkit/admit/examples/outgress/pause"
 )
 
 // counts are a replica's counters at one scrape, by series in the exposition
@@ -54,6 +57,19 @@ func (c counts) text(preHTTP, propag float64) string { return c.textTail(preHTTP
 // the bucket with bound tail instead (0: none): a p99 that moves while the
 // p95 does not.
 func (c counts) textTail(preHTTP, tail, propag float64) string {
+	pre := map[float64]int{}
+	if preHTTP > 0 {
+		pre[preHTTP] = 1000
+		if tail > 0 {
+			pre[preHTTP], pre[tail] = 980, 20
+		}
+	}
+	return c.textHist(pre, propag)
+}
+
+// textHist is text with the pre_http histogram holding pre[bound]
+// observations in the bucket with upper bound bound.
+func (c counts) textHist(pre map[float64]int, propag float64) string {
 	var b strings.Builder
 	kinds := map[string]string{}
 	for k := range c {
@@ -88,13 +104,6 @@ func (c counts) textTail(preHTTP, tail, propag float64) string {
 			fmt.Fprintf(&b, "%s_bucket{%sle=\"%g\"} %d\n", name, labels, le, total)
 		}
 		fmt.Fprintf(&b, "%s_bucket{%sle=\"+Inf\"} %d\n%s_sum{%s} 0\n%s_count{%s} %d\n", name, labels, n, name, strings.TrimSuffix(labels, ","), name, strings.TrimSuffix(labels, ","), n)
-	}
-	pre := map[float64]int{}
-	if preHTTP > 0 {
-		pre[preHTTP] = 1000
-		if tail > 0 {
-			pre[preHTTP], pre[tail] = 980, 20
-		}
 	}
 	hist("outgress_stage_duration_seconds", `stage="pre_http",`, pre)
 	prop := map[float64]int{}
@@ -161,13 +170,13 @@ func TestEvaluateEachGateFails(t *testing.T) {
 		{gate: GateCmdStandard, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="standard"}`] = 1200 }}, // a round trip added
 		{gate: GateCmdPremium, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="premium"}`] = 400 }},
 		{gate: GateCmdServer, server: 2500}, // the server ran 500 scripts the workers do not count
-		{gate: GateP95, preHTTP: 0.5},       // every message 3 buckets slower: p95 and p99 both
-		{gate: GateP99, tail: 0.5},          // 2% of them 3 buckets slower: the p99 alone
+		{gate: GateLatency, preHTTP: 0.5},   // every message 3 buckets slower
+		{gate: GateLatency, tail: 0.5},      // 2% of them 3 buckets slower: the p99 moves, the p95 does not
 		{gate: GateChurn, fault: func(c counts) {
 			c[`outgress_helix_sampled_connections_total{reused="false"}`] = 300
 			c[`outgress_helix_sampled_connections_total{reused="true"}`] = 700
 		}},
-		{gate: GatePropagation, propag: 2},
+		{gate: GatePropagation, propag: 4}, // past the 2.2 s the pause defaults imply
 		{gate: GatePauseAge, fault: func(c counts) { c[`outgress_pause_snapshot_age_seconds{replica="x"}`] = 6 }},
 	} {
 		t.Run(c.gate, func(t *testing.T) {
@@ -192,7 +201,7 @@ func TestEvaluateEachGateFails(t *testing.T) {
 				t.Fatalf("verdict pass, want FAIL:\n%s", b.String())
 			}
 			for _, g := range rep.Gates {
-				want := g.Name != c.gate && !(c.gate == GateP95 && g.Name == GateP99)
+				want := g.Name != c.gate
 				if g.Pass != want {
 					t.Errorf("gate %q pass %v, want %v:\n%s", g.Name, g.Pass, want, b.String())
 				}
@@ -241,8 +250,8 @@ func TestEvaluateSampleCounts(t *testing.T) {
 		GateDropped:     1000, // messages finished
 		GateRedelivered: 1000,
 		GateCmdStandard: 600, GateCmdPremium: 200, // warm messages
-		GateCmdServer: 2000,                // both replicas' script runs
-		GateP95:       1000, GateP99: 1000, // pre_http observations
+		GateCmdServer:   2000, // both replicas' script runs
+		GateLatency:     1000, // pre_http observations
 		GateChurn:       1000, // sampled requests
 		GatePropagation: 1,    // pause changes
 		GatePauseAge:    10,   // age readings
@@ -266,6 +275,26 @@ func TestEvaluateSampleCounts(t *testing.T) {
 	for _, line := range []string{"no data  \n", "verdict: PASS (canary steps: metrics,transport,ordered_script,pause_snapshot,nack_suppression,precomputed; no data for pause propagation p99)"} {
 		if !strings.Contains(b.String(), line) {
 			t.Errorf("the table lacks %q:\n%s", line, b.String())
+		}
+	}
+}
+
+// TestPauseBoundsFromPauseConfig: the propagation and age bounds derive
+// from the fleet's pause.Config: its longest reconcile gap and its MaxAge,
+// with the pause defaults (2.2 s and 5 s) when it is zero.
+func TestPauseBoundsFromPauseConfig(t *testing.T) {
+	for _, c := range []struct {
+		p           pause.Config
+		propag, age string
+	}{
+		{pause.Config{}, "canary <= 2.2s", "canary <= 5s"},
+		{pause.Config{ReconcileEvery: 2 * time.Second, Timeout: 500 * time.Millisecond, MaxAge: 9 * time.Second}, "canary <= 2.9s", "canary <= 9s"},
+	} {
+		rep := Evaluate(window(t, healthy(), healthy(), 0.002, 0, 0.001, 2000), Bounds{Pause: c.p})
+		g, _ := rep.Gate(GatePropagation)
+		a, _ := rep.Gate(GatePauseAge)
+		if g.Rule != c.propag || a.Rule != c.age {
+			t.Errorf("pause %+v: rules %q and %q; want %q and %q", c.p, g.Rule, a.Rule, c.propag, c.age)
 		}
 	}
 }

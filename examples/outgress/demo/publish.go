@@ -2,10 +2,7 @@ package demo
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -16,24 +13,18 @@ import (
 // the fleet's prefix and publishes the demo's mix on the fleet's lanes,
 // traffic for running workers. It returns the exit code.
 func PublishCommand(args []string) int {
-	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	ff := fleetenv.AddFlags(fs)
+	fs := fleetenv.NewFleetCommand("publish")
 	rate := fs.Int("rate", 300, "messages a `second`")
 	d := fs.Duration("for", 10*time.Second, "how long to publish")
 	nchan := fs.Int("channels", 40, "channels in the mix (seeded first)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	valkeyAddr, natsURL, err := fleetenv.Env(true)
+	valkeyAddr, natsURL, err := fs.ParseEnv(args, true)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress publish:", err)
-		return 2
+		return fs.Fail(2, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := fs.Context()
 	defer stop()
-	if err := publishFor(ctx, valkeyAddr, natsURL, ff, *rate, *d, *nchan); err != nil {
-		fmt.Fprintln(os.Stderr, "outgress publish:", err)
-		return 1
+	if err := publishFor(ctx, valkeyAddr, natsURL, fs.Fleet, *rate, *d, *nchan); err != nil {
+		return fs.Fail(1, err)
 	}
 	return 0
 }

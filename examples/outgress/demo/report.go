@@ -2,6 +2,16 @@ package demo
 
 import (
 	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/fleetenv"
 	"github.com/admitkit/admit/examples/outgress/helix"
 	"github.com/admitkit/admit/examples/outgress/limits"
@@ -9,16 +19,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/admitkit/admit/examples/outgress/worker"
-
-	"fmt"
-	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"io"
-	"math"
-	"strings"
-	"sync/atomic"
-	"text/tabwriter"
-	"time"
 )
 
 type replicaReport struct {

@@ -4,6 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
 	"github.com/admitkit/admit/examples/outgress/channels"
 	"github.com/admitkit/admit/examples/outgress/counting"
@@ -13,13 +19,8 @@ import (
 	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/examples/outgress/mgmt"
 	"github.com/admitkit/admit/examples/outgress/pause"
+	fleetreplica "github.com/admitkit/admit/examples/outgress/replica"
 	"github.com/admitkit/admit/examples/outgress/worker"
-	"os"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/admitkit/admit"
 	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
@@ -91,15 +92,7 @@ func (r *replica) startBus(ctx context.Context, res *Result, url string, cfg bus
 }
 
 func (r *replica) close() {
-	if r.mgmt != nil {
-		r.mgmt.Stop()
-	}
-	if r.bus != nil {
-		r.bus.Close()
-	}
-	if r.pause != nil {
-		r.pause.Close()
-	}
+	fleetreplica.Stop(r.mgmt, r.bus, r.pause)
 	if r.events != nil {
 		r.events.Close()
 	}

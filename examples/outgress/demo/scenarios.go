@@ -108,9 +108,10 @@ type PauseChange struct {
 }
 
 // SeenWithin bounds how long ChangePause waits for each replica to act on
-// a change: past MaxAge (5 s), a replica that missed the event has failed
-// closed, and its reconcile (every second) has long repaired it.
-const SeenWithin = 5 * time.Second
+// a change: the pause's MaxAge (its default), past which a replica that
+// missed the event has failed closed, and its reconcile (at most
+// pause.Config.LongestGap after the change) has long repaired it.
+var SeenWithin = pause.Config{}.WithDefaults().MaxAge
 
 // SetPausedFunc asks the fleet to pause or resume, and returns the version
 // written and the replica that executed the request.

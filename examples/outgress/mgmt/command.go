@@ -2,9 +2,7 @@ package mgmt
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/fleetenv"
@@ -15,36 +13,29 @@ import (
 // to the fleet, answered by one replica. It returns the exit code: 1 when
 // the request fails, 2 on bad usage.
 func Command(args []string) int {
-	fs := flag.NewFlagSet("mgmt", flag.ContinueOnError)
-	ff := fleetenv.AddFlags(fs)
+	fs := fleetenv.NewFleetCommand("mgmt")
 	against := fs.Int64("version", -1, "pause|resume: the `version` the edit is made against (a status request's); "+
 		"refused, writing nothing, if the fleet has moved past it. Default: the version a status request reads just before")
 	pauseFor := fs.Duration("for", 0, "pause: end the pause on its own after this `duration` (0: no end)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	_, natsURL, err := fleetenv.Env(false)
+	_, natsURL, err := fs.ParseEnv(args, false)
 	if err != nil || fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: NATS_URL=... outgress mgmt [-subjects outgress] [-version N] [-for 10m] pause|resume|status")
-		return 2
+		return fs.Usage("NATS_URL=... outgress mgmt [-subjects outgress] [-version N] [-for 10m] pause|resume|status")
 	}
 	nc, err := nats.Connect(natsURL, nats.Name("outgress-mgmt"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
-		return 1
+		return fs.Fail(1, err)
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := Config{Prefix: *ff.Subjects + ".mgmt"}
+	cfg := Config{Prefix: *fs.Fleet.Subjects + ".mgmt"}
 	switch cmd := fs.Arg(0); cmd {
 	case "pause", "resume":
 		expected := *against
 		if expected < 0 {
 			s, err := SystemStatus(ctx, nc, cfg)
 			if err != nil {
-				fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
-				return 1
+				return fs.Fail(1, err)
 			}
 			expected = s.Version
 		}
@@ -56,15 +47,13 @@ func Command(args []string) int {
 			r, err = SetPaused(ctx, nc, cfg, cmd == "pause", expected)
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
-			return 1
+			return fs.Fail(1, err)
 		}
 		fmt.Printf("%sd by replica %s: version %d (the edit was made against version %d)\n", cmd, r.Replica, r.Version, expected)
 	case "status":
 		s, err := SystemStatus(ctx, nc, cfg)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "outgress mgmt:", err)
-			return 1
+			return fs.Fail(1, err)
 		}
 		until := ""
 		if !s.Until.IsZero() {
@@ -73,8 +62,7 @@ func Command(args []string) int {
 		fmt.Printf("Valkey: paused %v%s, version %d (read for this request by replica %s); its snapshot: paused %v, version %d, %.1f s old\n",
 			s.Paused, until, s.Version, s.Replica, s.Snapshot.Paused, s.Snapshot.Version, s.Snapshot.AgeSec)
 	default:
-		fmt.Fprintf(os.Stderr, "outgress mgmt: unknown request %q; want pause, resume or status\n", cmd)
-		return 2
+		return fs.Fail(2, fmt.Errorf("unknown request %q; want pause, resume or status", cmd))
 	}
 	return 0
 }

@@ -614,7 +614,19 @@ func (p *Pause) reconcileLoop() {
 }
 
 func (p *Pause) jittered() time.Duration {
-	return time.Duration(float64(p.every) * (0.8 + 0.4*rand.Float64()))
+	return time.Duration(float64(p.every) * (1 - jitter + 2*jitter*rand.Float64()))
+}
+
+// jitter is the reconcile interval's spread either side of ReconcileEvery.
+const jitter = 0.2
+
+// LongestGap is the longest a replica can go between a change stored in
+// Valkey and its reconcile's reading of it when the change's event is
+// lost: the longest reconcile interval (ReconcileEvery + 20%) and the
+// reconcile's Timeout. The defaults apply where cfg's fields are zero.
+func (cfg Config) LongestGap() time.Duration {
+	cfg = cfg.WithDefaults()
+	return time.Duration(float64(cfg.ReconcileEvery)*(1+jitter)) + cfg.Timeout
 }
 
 // reconcile reads the stored state with one MGET and applies it.

@@ -6,11 +6,10 @@ package replica
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"sync/atomic"
+	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/examples/outgress/bus"
@@ -44,6 +43,9 @@ type Config struct {
 	RetryOutcomeUnknown bool
 	// DelayUntilToken is worker.Config's (off by default).
 	DelayUntilToken bool
+	// KillGrace is worker.Config's: the deployment's kill grace period,
+	// which the timing rules check the message lifetime against.
+	KillGrace time.Duration
 	// Pause configures the pause snapshot; its Prefix, NATS and Subject
 	// are set from the fields above.
 	Pause pause.Config
@@ -90,7 +92,8 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	busCfg := bus.Config{Stream: cfg.Stream, Subjects: fleetenv.LaneSubjects(cfg.Subjects), Observe: r.metrics.Delivery, OnError: cfg.OnError}
 	pcfg := cfg.Pause
 	pcfg.Prefix, pcfg.Subject = cfg.Prefix, cfg.Subjects+".pause"
-	if err := worker.CheckTiming(worker.Config{Prefix: cfg.Prefix}, busCfg, pcfg); err != nil {
+	wcfg := worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown, DelayUntilToken: cfg.DelayUntilToken, KillGrace: cfg.KillGrace}
+	if err := worker.CheckTiming(wcfg, busCfg, pcfg); err != nil {
 		return nil, err
 	}
 	if r.metricsURL, r.stopMetrics, err = r.metrics.Serve(cfg.MetricsAddr); err != nil { // /readyz: 503 until ready
@@ -141,7 +144,7 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 		return nil, err
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
-		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, worker.Config{Prefix: cfg.Prefix, Off: cfg.Off, RetryOutcomeUnknown: cfg.RetryOutcomeUnknown, DelayUntilToken: cfg.DelayUntilToken})
+		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, wcfg)
 	for lane := range limits.NumLanes {
 		if err := r.bus.Consume(ctx, busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], w.Handler(lane)); err != nil {
 			return nil, err
@@ -151,18 +154,28 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	return r, nil
 }
 
-// close stops the replica: it leaves the management queue group, stops
-// consuming (running handlers finish), then stops the rest.
+// Stop stops a replica's parts in the order that lets its running work
+// finish: it leaves the management queue group (m: no new request is
+// taken), stops consuming (b: running handlers finish and settle their
+// messages), then closes the pause snapshot (p), which nothing reads any
+// more. Nil parts are skipped. What the handlers used (the Helix client,
+// the Valkey client) is the caller's to close after it.
+func Stop(m *mgmt.Server, b *bus.Bus, p *pause.Pause) {
+	if m != nil {
+		m.Stop()
+	}
+	if b != nil {
+		b.Close()
+	}
+	if p != nil {
+		p.Close()
+	}
+}
+
+// Close stops the replica (Stop), then the Helix client, the fake Helix
+// server, /metrics and the Valkey client.
 func (r *Replica) Close() {
-	if r.mgmt != nil {
-		r.mgmt.Stop()
-	}
-	if r.bus != nil {
-		r.bus.Close()
-	}
-	if r.pause != nil {
-		r.pause.Close()
-	}
+	Stop(r.mgmt, r.bus, r.pause)
 	if r.helix != nil {
 		r.helix.Close()
 	}
@@ -179,10 +192,10 @@ func (r *Replica) Close() {
 
 // Command is `outgress worker`: one replica, until interrupted.
 func Command(args []string) int {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs := fleetenv.NewFleetCommand("worker")
+	ff := fs.Fleet
 	host, _ := os.Hostname()
 	name := fs.String("name", host, "the replica's `name` (metrics, management replies)")
-	ff := fleetenv.AddFlags(fs)
 	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
 	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
 	delayToken := fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime (default: the error delay)")
@@ -190,10 +203,8 @@ func Command(args []string) int {
 		"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)")
 	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
 	bot := fs.String("bot", "", "the bot's Helix user `id`")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	valkeyAddr, natsURL, err := fleetenv.Env(true)
+	grace := fs.Duration("kill-grace", 30*time.Second, "the deployment's kill grace `period` (SIGTERM to SIGKILL); refused if a message's lifetime and the last flush do not fit in it")
+	valkeyAddr, natsURL, err := fs.ParseEnv(args, true)
 	steps, perr := worker.ParseSteps(*off)
 	if err == nil {
 		err = perr
@@ -202,23 +213,21 @@ func Command(args []string) int {
 		err = errors.New("-helix needs HELIX_CLIENT_ID, HELIX_TOKEN and -bot")
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress worker:", err)
-		return 2
+		return fs.Fail(2, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := fs.Context() // SIGTERM too: a deployment stopping the replica
 	defer stop()
 	r, err := Start(ctx, Config{
 		Name: *name, Dial: fleetenv.DialAddr(valkeyAddr), NATSURL: natsURL,
 		Prefix: *ff.Prefix, Subjects: *ff.Subjects, Stream: *ff.Stream,
 		HelixURL: *helixURL, ClientID: os.Getenv("HELIX_CLIENT_ID"), Token: os.Getenv("HELIX_TOKEN"), BotID: *bot,
-		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown, DelayUntilToken: *delayToken,
+		MetricsAddr: *metricsAddr, Off: steps, RetryOutcomeUnknown: *retryUnknown, DelayUntilToken: *delayToken, KillGrace: *grace,
 		OnError: func(subject string, err error) {
 			fmt.Fprintf(os.Stderr, "outgress worker %s: %s: %v\n", *name, subject, err)
 		},
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outgress worker:", err)
-		return 1
+		return fs.Fail(1, err)
 	}
 	defer r.Close()
 	fmt.Printf("outgress worker %s: steps %s; metrics on %s; lanes on %s.*; pause events on %s.pause; management on %s.*\n",

@@ -42,15 +42,19 @@ type fleetReplica struct {
 	helixes  []*helix.Helix
 	worker   atomic.Pointer[worker.Worker]
 	bus      *bus.Bus
-	events   *nats.Conn  // the pause events' connection
-	drop     atomic.Bool // pause events dropped
+	events   *nats.Conn   // the pause events' connection
+	drop     atomic.Bool  // pause events dropped
+	off      worker.Steps // the steps its worker runs with switched off
+	deploys  int          // workers deployed, the first at its start
 }
 
-// fleet is a baseline and a canary replica on one Valkey and one bus.
+// fleet is a baseline replica and the replicas a roll deploys to (the
+// canary first, then the rest) on one Valkey and one bus.
 type fleet struct {
 	cfg       fleetConfig
 	baseline  *fleetReplica
-	canary    *fleetReplica
+	canary    *fleetReplica   // rolled[0]
+	rolled    []*fleetReplica // the canary, then the rest of the fleet
 	publisher *bus.Bus
 	busCfg    bus.Config
 	operator  *pause.Pause // the operator's pause writer
@@ -74,6 +78,9 @@ type fleetConfig struct {
 	CanaryPause pause.Config
 	// CanaryLosesEvents drops every pause event the canary receives.
 	CanaryLosesEvents bool
+	// Replicas is how many replicas a roll deploys to, the canary first:
+	// beside the baseline, which stays on the old version. Default 1.
+	Replicas int
 }
 
 // startFleet starts both replicas (every step off) and the stream.
@@ -127,17 +134,23 @@ func startFleet(ctx context.Context, cfg fleetConfig) (_ *fleet, err error) {
 	if err := f.operator.Start(ctx); err != nil {
 		return nil, err
 	}
-	for _, name := range []string{"baseline", "canary"} {
+	names := []string{"baseline", "canary"}
+	for i := 2; i <= cfg.Replicas; i++ {
+		names = append(names, fmt.Sprintf("replica-%d", i))
+	}
+	for _, name := range names {
 		r, err := f.startReplica(ctx, name)
+		if r != nil && name != "baseline" {
+			f.rolled = append(f.rolled, r) // closed with the fleet, started or not
+		}
 		if err != nil {
 			return nil, err
 		}
 		if name == "baseline" {
 			f.baseline = r
-		} else {
-			f.canary = r
 		}
 	}
+	f.canary = f.rolled[0]
 	return f, nil
 }
 
@@ -203,6 +216,8 @@ func (f *fleet) deploy(r *fleetReplica, off worker.Steps, faults worker.Config) 
 	w := worker.New(lim, r.pause, r.channels, hx, r.met, worker.Config{Prefix: f.cfg.Prefix, Off: off,
 		DoubleChargeShared: faults.DoubleChargeShared, ExtraPauseLookup: faults.ExtraPauseLookup})
 	r.worker.Store(w)
+	r.off = off
+	r.deploys++
 	return nil
 }
 
@@ -231,7 +246,9 @@ func (r *fleetReplica) close() {
 
 func (f *fleet) close() {
 	f.baseline.close()
-	f.canary.close()
+	for _, r := range f.rolled {
+		r.close()
+	}
 	if f.operator != nil {
 		f.operator.Close()
 	}
@@ -273,6 +290,9 @@ type windowConfig struct {
 	BeforePause func()
 	Bounds      canary.Bounds
 	Server      canary.Server
+	// Canary is the replica the window judges against the baseline.
+	// Default the fleet's canary.
+	Canary *fleetReplica
 }
 
 // windowLimit bounds a window: publishing, every message taken, and both
@@ -306,7 +326,17 @@ type windowResult struct {
 func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, windowLimit)
 	defer cancel()
-	watching, err := canary.Begin(ctx, f.baseline.url, f.canary.url, wc.Server)
+	can := wc.Canary
+	if can == nil {
+		can = f.canary
+	}
+	var others []string // the fleet's other replicas: their script runs are the server's too
+	for _, r := range f.rolled {
+		if r != can {
+			others = append(others, r.url)
+		}
+	}
+	watching, err := canary.Begin(ctx, f.baseline.url, can.url, wc.Server, others...)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +345,7 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 	warmNow := func() (w warm) {
 		for lane := range limits.NumLanes {
 			w.base[lane], _ = f.baseline.met.WarmCalls(lane)
-			w.can[lane], _ = f.canary.met.WarmCalls(lane)
+			w.can[lane], _ = can.met.WarmCalls(lane)
 		}
 		return w
 	}
@@ -328,7 +358,7 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 	measured := func() bool {
 		v := last.Load()
 		return wc.PauseAfter <= 0 ||
-			v > 0 && f.baseline.pause.Stats().PropagatedVersion >= v && f.canary.pause.Stats().PropagatedVersion >= v
+			v > 0 && f.baseline.pause.Stats().PropagatedVersion >= v && can.pause.Stats().PropagatedVersion >= v
 	}
 	done := func() bool { return !publishing.Load() && taken() >= published.Load() && measured() }
 
@@ -376,6 +406,7 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 		}()
 	}
 
+	wc.Canary = can
 	pubErr := f.publishWindow(ctx, wc, &published, pauseNow, func() error {
 		// Every message published so far taken: its first decision made.
 		for ctx.Err() == nil && taken() < published.Load() {
@@ -408,7 +439,7 @@ func (f *fleet) window(ctx context.Context, wc windowConfig) (*windowResult, err
 		return nil, werr
 	case !done():
 		return nil, f.stuck(ctx, fmt.Sprintf("the propagation of pause version %d (measured by baseline: %v, canary: %v) and its messages",
-			last.Load(), f.baseline.pause.Stats().PropagatedVersion >= last.Load(), f.canary.pause.Stats().PropagatedVersion >= last.Load()),
+			last.Load(), f.baseline.pause.Stats().PropagatedVersion >= last.Load(), can.pause.Stats().PropagatedVersion >= last.Load()),
 			published.Load(), taken0)
 	case werr != nil:
 		return nil, werr
@@ -458,7 +489,7 @@ func (f *fleet) publishWindow(ctx context.Context, wc windowConfig, published *a
 			return fmt.Errorf("after %d messages, a replica has admitted fewer than %d warm messages on the standard or premium lane "+
 				"in the window (baseline standard %d, premium %d; canary standard %d, premium %d, since the process started): "+
 				"one replica is taking almost nothing off the stream", published.Load(), wc.MinWarm,
-				w(f.baseline, limits.LaneStandard), w(f.baseline, limits.LanePremium), w(f.canary, limits.LaneStandard), w(f.canary, limits.LanePremium))
+				w(f.baseline, limits.LaneStandard), w(f.baseline, limits.LanePremium), w(wc.Canary, limits.LaneStandard), w(wc.Canary, limits.LanePremium))
 		}
 		if err := publish(max(wc.Messages/2, 1)); err != nil {
 			return err
@@ -473,18 +504,115 @@ func (f *fleet) stuck(ctx context.Context, what string, published, taken0 int64)
 		"a window is bounded by %v", context.Cause(ctx), what, f.taken.Load()-taken0, published, windowLimit)
 }
 
-// rolloutResult is what the rollout demo printed, step by step.
+// DemoBounds are the demo's gate bounds: production's (canary.Bounds'
+// zero value: the latency rank test at 99%, no tolerance), but for the
+// calls in flight at a window's edges (its replicas' workers) and a
+// latency tolerance of DemoLatencyTolerance buckets, set here explicitly:
+// the demo's replicas share one loaded machine.
+func DemoBounds() canary.Bounds {
+	return canary.Bounds{InFlight: 2 * fleetenv.Workers(), LatencyTolerance: DemoLatencyTolerance}
+}
+
+// DemoLatencyTolerance is the demo's latency tolerance, in histogram
+// buckets (each about 41%): two buckets, about 2x. Production's is 0.
+const DemoLatencyTolerance = 2
+
+// rolloutResult is what the rollout printed, window by window, and where
+// its roll ended.
 type rolloutResult struct {
-	steps   []string
+	steps   []string // each window's: the replica, and what it turned on
 	reports []*canary.Report
+	roll    *canary.RollResult
 	where   string
 }
 
-// Run runs the rollout: a baseline with every step off and a canary
-// that turns the six steps on one at a time, side by side on one Valkey and
-// one bus, with the gate table after each step. Each step's window is
-// messages messages at most rate a second, and more until each replica
-// has admitted 20 warm messages on each of the standard and premium lanes.
+// rollConfig shapes a roll of the fleet (fleet.roll).
+type rollConfig struct {
+	// Window is every window's configuration; its Seed is the first
+	// window's, and each window after takes the next.
+	Window windowConfig
+	// OneStepAtATime has the canary (the roll's first replica) turn the six
+	// rollout steps on one at a time, a window and its gates each;
+	// otherwise it takes the new version (every step on) at once, as the
+	// rest of the fleet does.
+	OneStepAtATime bool
+	// Faults are deployed with the new version on the rolled replica of
+	// that index (0 the canary): the tests' failing gates.
+	Faults map[int]worker.Config
+}
+
+// roll rolls the new version (every step on) over the fleet's rolled
+// replicas, the canary first, with canary.Roll: a window and its gates
+// (the replica against the baseline, which stays on the old version) after
+// each replica's deploy; the first failing gate stops the roll, rolls that
+// replica back to the old version (every step off) and leaves the rest on
+// it. Each window's table and the roll's lines are written to out (which
+// may be nil).
+func (f *fleet) roll(ctx context.Context, rc rollConfig, out io.Writer, res *rolloutResult) error {
+	seed := rc.Window.Seed
+	steps := make([]canary.Step, len(f.rolled))
+	for i, r := range f.rolled {
+		stages, names := []worker.Steps{worker.AllSteps}, []string{"every step"}
+		if i == 0 && rc.OneStepAtATime {
+			stages, names = nil, nil
+			on := worker.Steps(0)
+			for _, step := range worker.StepList {
+				on |= step
+				stages, names = append(stages, on), append(names, step.String())
+			}
+		}
+		steps[i] = canary.Step{Replica: r.name,
+			Run: func(ctx context.Context) (*canary.Report, error) {
+				var rep *canary.Report
+				for k, on := range stages {
+					if err := f.deploy(r, worker.AllSteps&^on, rc.Faults[i]); err != nil {
+						return nil, err
+					}
+					wc := rc.Window
+					wc.Canary, wc.Seed = r, seed
+					seed++
+					win, err := f.window(ctx, wc)
+					if err != nil {
+						return nil, err
+					}
+					rep = win.Report
+					res.steps = append(res.steps, r.name+": "+names[k])
+					res.reports = append(res.reports, rep)
+					if out != nil {
+						turns := "turns on " + names[k]
+						if len(stages) > 1 {
+							turns = fmt.Sprintf("rollout step %d of %d: turns on %s", k+1, len(stages), names[k])
+						}
+						fmt.Fprintf(out, "\n   %s %s (baseline and replicas not yet rolled: every step off); %d messages in %v\n",
+							r.name, turns, win.Messages, win.Took.Round(10*time.Millisecond))
+						rep.Print(out)
+					}
+					if !rep.Pass {
+						break
+					}
+				}
+				return rep, nil
+			},
+			Rollback: func(context.Context) error { return f.deploy(r, worker.AllSteps, worker.Config{}) },
+		}
+	}
+	var err error
+	res.roll, err = canary.Roll(ctx, steps, out)
+	return err
+}
+
+// DemoReplicas is how many replicas the demo's roll deploys to, the
+// canary first.
+const DemoReplicas = 3
+
+// Run runs the rollout: a baseline with every step off and a fleet of
+// DemoReplicas replicas, every step off, side by side on one Valkey and
+// one bus; then a roll of the new version over the fleet: the canary
+// turns the six steps on one at a time, then each other replica takes
+// every step at once, with the gate table after each window, stopping at
+// the first failing gate. Each window is messages messages at most rate a
+// second, and more until the baseline and the replica judged have each
+// admitted 20 warm messages on each of the standard and premium lanes.
 func Run(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult, error) {
 	dial, where, stopServer, err := demo.Valkey()
 	if err != nil {
@@ -496,33 +624,17 @@ func Run(ctx context.Context, rate, messages int, out io.Writer) (*rolloutResult
 		return nil, err
 	}
 	defer stopNATS()
-	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: natsURL, Prefix: fmt.Sprintf("outgress-rollout:%x:", time.Now().UnixNano()), Channels: 40})
+	f, err := startFleet(ctx, fleetConfig{Dial: dial, NATSURL: natsURL, Prefix: fmt.Sprintf("outgress-rollout:%x:", time.Now().UnixNano()),
+		Channels: 40, Replicas: DemoReplicas})
 	if err != nil {
 		return nil, err
 	}
 	defer f.close()
 	res := &rolloutResult{where: where}
-	if err := f.deploy(f.baseline, worker.AllSteps, worker.Config{}); err != nil {
-		return nil, err
-	}
-	srv := canary.ValkeyScriptRuns(f.admin)
-	on := worker.Steps(0)
-	for i, step := range worker.StepList {
-		on |= step
-		if err := f.deploy(f.canary, worker.AllSteps&^on, worker.Config{}); err != nil {
-			return nil, err
-		}
-		rep, err := f.window(ctx, windowConfig{Rate: rate, Messages: messages, MinWarm: 20, Seed: uint64(10 + i),
-			PauseAfter: messages / 2, Server: srv, Bounds: canary.Bounds{InFlight: 2 * fleetenv.Workers()}})
-		if err != nil {
-			return nil, err
-		}
-		res.steps = append(res.steps, step.String())
-		res.reports = append(res.reports, rep.Report)
-		if out != nil {
-			fmt.Fprintf(out, "\nStep %d of 6: canary turns on %s (baseline: every step off); %d messages in %v\n", i+1, step, rep.Messages, rep.Took.Round(10*time.Millisecond))
-			rep.Print(out)
-		}
+	err = f.roll(ctx, rollConfig{OneStepAtATime: true, Window: windowConfig{Rate: rate, Messages: messages, MinWarm: 20, Seed: 10,
+		PauseAfter: messages / 2, Server: canary.ValkeyScriptRuns(f.admin), Bounds: DemoBounds()}}, out, res)
+	if err != nil {
+		return res, err
 	}
 	return res, ctx.Err()
 }

@@ -19,10 +19,6 @@ type timingRule struct {
 	broken func(w Config, b bus.Config, p pause.Config) string
 }
 
-// jitterMax is the pause reconciler's longest interval as a multiple of
-// ReconcileEvery (pause jitters by ±20%).
-const jitterMax = 1.2
-
 var timingRules = []timingRule{
 	{"lifetimes", func(w Config, b bus.Config, _ pause.Config) string {
 		if w.Lifetime != b.Lifetime {
@@ -63,9 +59,15 @@ var timingRules = []timingRule{
 		return ""
 	}},
 	{"reconcile", func(_ Config, _ bus.Config, p pause.Config) string {
-		longest := time.Duration(float64(p.ReconcileEvery)*jitterMax) + p.Timeout
+		longest := p.LongestGap()
 		if longest >= p.MaxAge {
 			return fmt.Sprintf("the pause reconciler's longest gap (%v: ReconcileEvery %v + 20%% jitter, plus its %v timeout) is not below the pause MaxAge (%v): a healthy replica would fail closed between two reconciles; lower ReconcileEvery or raise MaxAge", longest, p.ReconcileEvery, p.Timeout, p.MaxAge)
+		}
+		return ""
+	}},
+	{"kill_grace", func(w Config, _ bus.Config, _ pause.Config) string {
+		if need := w.Lifetime + bus.CloseFlush; need > w.KillGrace {
+			return fmt.Sprintf("the message lifetime (%v) plus the bus's last flush (%v) does not fit the kill grace period (%v): a replica stopped with a handler running would be killed before its message is settled, and the message sent again by another replica after AckWait; raise KillGrace (and the deployment's grace period) to at least %v", w.Lifetime, bus.CloseFlush, w.KillGrace, need)
 		}
 		return ""
 	}},

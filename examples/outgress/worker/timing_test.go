@@ -54,6 +54,9 @@ func TestTimingRules(t *testing.T) {
 		{"reconcile", // 2.5s + 20% + 1s timeout = 4s
 			cfg{p: pause.Config{ReconcileEvery: 2500 * time.Millisecond, MaxAge: 4 * s}},
 			cfg{p: pause.Config{ReconcileEvery: 2500 * time.Millisecond, MaxAge: 4*s + 1}}},
+		{"kill_grace", // 5s lifetime + 2s flush = 7s
+			cfg{w: Config{KillGrace: 7*s - 1}},
+			cfg{w: Config{KillGrace: 7 * s}}},
 	}
 	if len(cases) != len(timingRules) {
 		t.Fatalf("%d cases for %d rules: every rule needs one", len(cases), len(timingRules))

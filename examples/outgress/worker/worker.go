@@ -40,6 +40,13 @@ type Config struct {
 	// PausedRetry is how long a message waits while sending is paused.
 	// Default 500ms.
 	PausedRetry time.Duration
+	// KillGrace is how long a replica has from the signal that stops it
+	// (SIGTERM, or an interrupt) until it is killed: its deployment's kill
+	// grace period. Stopping lets running handlers finish, at most a
+	// Lifetime, then flushes their last acks for at most bus.CloseFlush;
+	// CheckTiming refuses a KillGrace that cannot hold both. Default 30s
+	// (Kubernetes' terminationGracePeriodSeconds).
+	KillGrace time.Duration
 	// DecisionAttempts bounds the limiter calls of one delivery, when
 	// calls fail with admit.ErrNotExecuted. Default 3.
 	DecisionAttempts int
@@ -90,6 +97,7 @@ func (cfg Config) WithDefaults() Config {
 	}
 	cfg.Lifetime = defaults.Positive(cfg.Lifetime, 5*time.Second)
 	cfg.PausedRetry = defaults.Positive(cfg.PausedRetry, 500*time.Millisecond)
+	cfg.KillGrace = defaults.Positive(cfg.KillGrace, 30*time.Second)
 	cfg.DecisionAttempts = defaults.Positive(cfg.DecisionAttempts, 3)
 	cfg.DecisionBackoff = defaults.Positive(cfg.DecisionBackoff, 5*time.Millisecond)
 	cfg.Now = defaults.Clock(cfg.Now)
