@@ -5,7 +5,6 @@ import (
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,12 +196,8 @@ func heldLoads(t *testing.T, id, login string) (_ *Cache, loads *atomic.Int64, r
 	return New(c, Config{Prefix: prefix}), loads, release
 }
 
-// TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+// TestMain stops the shared test servers after the last test.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // env is a cache's view of the shared test server: a counting client and a
 // key prefix of the test's own.

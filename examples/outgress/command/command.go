@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -81,19 +82,11 @@ func Decode(data []byte) (Command, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return Command{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	c := Command{Channel: w.Channel, Text: w.Text, Color: w.Color, To: w.To, Method: w.Method, Path: w.Path}
-	switch w.Kind {
-	case "chat":
-		c.Kind = KindChat
-	case "api":
-		c.Kind = KindAPI
-	case "announce":
-		c.Kind = KindAnnounce
-	case "shoutout":
-		c.Kind = KindShoutout
-	default:
+	kind := slices.Index(kindNames[:], w.Kind) // the wire names are the kinds' names
+	if kind < 0 {
 		return Command{}, malformed("unknown kind")
 	}
+	c := Command{Kind: Kind(kind), Channel: w.Channel, Text: w.Text, Color: w.Color, To: w.To, Method: w.Method, Path: w.Path}
 	if c.Kind.NeedsChannel() && !isID(c.Channel) {
 		return Command{}, malformed("channel must be 1 to 20 decimal digits")
 	}

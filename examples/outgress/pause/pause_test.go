@@ -8,7 +8,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -593,12 +592,8 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 	}
 }
 
-// TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+// TestMain stops the shared test servers after the last test.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestPausePropagationMeasured: each change is measured once per replica,
 // from the time its writer stored to when the replica acted on it: by the

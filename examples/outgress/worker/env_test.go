@@ -12,7 +12,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/metrics"
 	"github.com/admitkit/admit/examples/outgress/pause"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,11 +22,7 @@ import (
 )
 
 // TestMain stops the shared test servers after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // testBus is a bus on a stream of the test's own, deleted at the end.
 type testBus struct {

@@ -50,7 +50,7 @@ var embedded struct {
 }
 
 // NATSURL is NATS_URL, else the URL of an embedded server started by the
-// first caller and stopped by StopNATS.
+// first caller and stopped by Stop.
 func NATSURL(tb testing.TB) string {
 	tb.Helper()
 	if u := os.Getenv("NATS_URL"); u != "" {
@@ -63,8 +63,15 @@ func NATSURL(tb testing.TB) string {
 	return embedded.e.URL()
 }
 
-// StopNATS stops the embedded server, if one was started; call it from
-// TestMain after the tests.
+// Main runs a test binary's tests, then stops the servers they shared
+// (Stop): a package's TestMain is testenv.Main(m).
+func Main(m *testing.M) {
+	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// StopNATS stops the embedded server, if one was started; Stop calls it.
 func StopNATS() {
 	if embedded.e != nil {
 		embedded.e.Close()
