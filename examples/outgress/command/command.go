@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // Kind is what a command asks the worker to do.
@@ -28,12 +30,7 @@ const (
 var kindNames = [NumKinds]string{"chat", "api", "announce", "shoutout"}
 
 // String is the kind's metric label.
-func (k Kind) String() string {
-	if k < NumKinds {
-		return kindNames[k]
-	}
-	return "invalid"
-}
+func (k Kind) String() string { return label.Of(kindNames[:], k) }
 
 // NeedsChannel reports whether the kind acts in a channel, so the worker
 // must look the channel up first.

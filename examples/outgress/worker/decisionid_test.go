@@ -41,8 +41,10 @@ func (e *env) writes(t *testing.T) writes {
 // costs one script run and no Valkey write at all: no once-record (admit
 // records only a decision that charged), no bucket change. Its
 // redelivery, under the same message id, decides again and is admitted once
-// the bucket has room. Measured on a server of the test's own, from its
-// dirty counter, its key count and INFO commandstats.
+// the bucket has room (had the denial been recorded, the server would
+// return it to every redelivery for admit.OnceWindow). Measured on a
+// server of the test's own, from its dirty counter, its key count and INFO
+// commandstats.
 func TestDeniedMessageWritesNothing(t *testing.T) {
 	srv := testenv.Own(t)
 	l := slowChat()

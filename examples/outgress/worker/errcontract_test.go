@@ -243,38 +243,6 @@ func TestOutcomeUnknownRetriedOnce(t *testing.T) {
 	}
 }
 
-// TestRedeliveryAfterDenialDecidesAgain: a message denied on its first
-// delivery is nacked; once the bucket has room, its redelivery must be
-// admitted. Under an id that stayed the same across deliveries, the server
-// would return the recorded denial again, for two minutes.
-func TestRedeliveryAfterDenialDecidesAgain(t *testing.T) {
-	l := slowChat()
-	l.ChatStandard = admit.MustSpec(admit.Every(time.Hour), 1)
-	e := newEnv(t, nil, withLimits(l), withRetryUnknown())
-	e.seed(t, "42", false)
-	std, _ := channels.ChatKeys(e.prefix, "42")
-	if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted {
-		t.Fatalf("first message: %+v, %v", p, err)
-	}
-	m := e.message(chat("42"))
-	e.worker.cfg.Lifetime = 2 * time.Hour // the standard share's RetryAfter is an hour: a nack, not a drop
-	path, err := e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
-	var nack *bus.ExpectedNack
-	if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || path.Admitted {
-		t.Fatalf("path %+v, err %v: want denied and nacked as limited", path, err)
-	}
-	// The bucket refills (its key expires, or time passes): deleting it
-	// stands for that.
-	if err := e.raw.Do(testenv.Ctx(t), e.raw.B().Del().Key(std).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	m.Attempt++
-	path, err = e.worker.Process(testenv.Ctx(t), limits.LaneStandard, m)
-	if err != nil || !path.Admitted {
-		t.Errorf("redelivery: path %+v, err %v; want admitted", path, err)
-	}
-}
-
 // TestOutcomeUnknownOverTheBus: the same lost reply on a message delivered
 // by JetStream. The decision's id comes from the delivery's metadata (the
 // stream and sequence the publish returned); the message is acked on its
