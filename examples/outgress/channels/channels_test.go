@@ -3,13 +3,13 @@ package channels
 import (
 	"context"
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/counting"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -76,16 +76,14 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 	var uses [NumCacheUses]atomic.Int64
 	chans := make([]*Channel, callers)
 	for i := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ch, use, err := cc.Get(testenv.Ctx(t), "7")
 			if err != nil {
 				t.Error(err)
 			}
 			chans[i] = ch
 			uses[use].Add(1)
-		}()
+		})
 	}
 	if !testenv.WaitFor(func() bool { return loads.Load() == 1 && cc.waiting.Load() == callers-1 }) {
 		t.Errorf("%d loads, %d waiting; want 1 and %d", loads.Load(), cc.waiting.Load(), callers-1)

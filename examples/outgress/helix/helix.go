@@ -12,16 +12,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/command"
-	"github.com/admitkit/admit/examples/outgress/internal/label"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // Config configures a Helix client. Zero fields take the defaults named.

@@ -3,9 +3,6 @@ package helix
 import (
 	"context"
 	"errors"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/command"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +13,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 )
 
 // connServer is an HTTP/1.1 test server that counts the connections it
@@ -148,12 +149,10 @@ func TestDrainCloseReusesConcurrent(t *testing.T) {
 			for round := range rounds {
 				var wg sync.WaitGroup
 				for i := range workers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						status := testStatuses[(round*workers+i)%len(testStatuses)]
 						get(t, client, srv.URL+"/?size=64&status="+strconv.Itoa(status), func(r *http.Response) { DrainClose(r.Body, 1024) })
-					}()
+					})
 				}
 				wg.Wait()
 			}

@@ -5,11 +5,11 @@
 package limits
 
 import (
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/internal/label"
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // The third party's limits, and the share of each that the standard lane may

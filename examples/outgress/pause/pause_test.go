@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/admitkit/admit/examples/outgress/counting"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -324,15 +324,13 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 	var wg sync.WaitGroup
 	var paused atomic.Int64
 	for range readers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range reads {
 				if errors.Is(p.Check(), ErrPaused) {
 					paused.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	for v := 1; v <= 20; v++ { // writers race the readers
 		publish(encodePauseEvent(v%2 == 1, 0, int64(v)))
@@ -741,12 +739,10 @@ func TestPauseRacingWritersOneWins(t *testing.T) {
 		var versions [2]int64
 		var errs [2]error
 		for w, p := range []*Pause{a, b} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-start
 				versions[w], errs[w] = p.SetPaused(testenv.Ctx(t), w == 0, i) // a pauses, b resumes
-			}()
+			})
 		}
 		close(start)
 		wg.Wait()
