@@ -1,13 +1,15 @@
 // Package testenv holds the helpers the outgress packages' tests share: a
-// bounded context, a bounded wait, a command-name check, the NATS server
-// the tests use (NATS_URL, else one embedded server per test binary) and
-// the pause events' subject of a test's fleet.
+// bounded context, a bounded wait, a free port, a command-name check, the
+// NATS server the tests use (NATS_URL, else one embedded server per test
+// binary), the pause events' subject of a test's fleet, and the Valkey
+// servers they run on (valkey.go).
 package testenv
 
 import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -35,6 +37,16 @@ func WaitFor(cond func() bool) bool {
 		}
 	}
 	return cond()
+}
+
+// FreePort is a TCP port free on 127.0.0.1 when asked.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // IsCommand reports whether cmd's name is name (case-insensitive).

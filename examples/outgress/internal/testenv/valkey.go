@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -94,16 +93,6 @@ func Stop() {
 		cluster.stop()
 	}
 	StopNATS()
-}
-
-// FreePort is a TCP port free on 127.0.0.1 when asked.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Client is a client of addrs (one server, or a cluster's nodes) without
