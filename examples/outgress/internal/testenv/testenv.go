@@ -83,8 +83,8 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// StopNATS stops the embedded server, if one was started; Stop calls it.
-func StopNATS() {
+// stopNATS stops the embedded server, if one was started; Stop calls it.
+func stopNATS() {
 	if embedded.e != nil {
 		embedded.e.Close()
 	}

@@ -92,7 +92,7 @@ func Stop() {
 	if cluster.stop != nil {
 		cluster.stop()
 	}
-	StopNATS()
+	stopNATS()
 }
 
 // Client is a client of addrs (one server, or a cluster's nodes) without
