@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/internal/defaults"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -98,24 +99,12 @@ func (c *Config) defaults() {
 	if len(c.Subjects) == 0 {
 		c.Subjects = []string{"outgress.standard", "outgress.premium", "outgress.system"}
 	}
-	if c.Lifetime <= 0 {
-		c.Lifetime = 5 * time.Second
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = c.Lifetime + time.Second
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 20
-	}
-	if c.ErrorDelay <= 0 {
-		c.ErrorDelay = time.Second
-	}
-	if c.MaxAge <= 0 {
-		c.MaxAge = time.Minute
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	c.Lifetime = defaults.Positive(c.Lifetime, 5*time.Second)
+	c.AckWait = defaults.Positive(c.AckWait, c.Lifetime+time.Second)
+	c.MaxDeliver = defaults.Positive(c.MaxDeliver, 20)
+	c.ErrorDelay = defaults.Positive(c.ErrorDelay, time.Second)
+	c.MaxAge = defaults.Positive(c.MaxAge, time.Minute)
+	c.Now = defaults.Clock(c.Now)
 }
 
 // Setup creates the stream and one durable consumer per subject, or updates
@@ -174,6 +163,13 @@ type Stats struct {
 	// AckFailures counts acks, nacks and terms the server did not confirm
 	// or that could not be sent: the message comes back after AckWait.
 	AckFailures int64
+	// SlowConsumers counts the connection's "slow consumer, messages
+	// dropped" events: a subscription's buffer was full and the client
+	// dropped what came. A dropped delivery comes back after AckWait.
+	SlowConsumers int64
+	// AsyncErrors counts the connection's other asynchronous errors (a
+	// permissions violation, for one).
+	AsyncErrors int64
 }
 
 // Bus is one replica's connection to the stream: it publishes, and it runs
@@ -187,20 +183,22 @@ type Bus struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	iters   []jetstream.MessagesContext
+	mu      sync.Mutex // orders Close and Kill after Consume's start of workers
 	closing atomic.Bool
 
 	delivered, acked, errs, released, ackFailures atomic.Int64
+	slowConsumers, asyncErrors                    atomic.Int64
 	nacked                                        [NumNackReasons]atomic.Int64
 	dropped                                       [NumDropReasons]atomic.Int64
 }
 
 // Connect dials url and returns a Bus on the stream cfg describes, which
-// Setup must have created. name labels the connection on the server.
+// Setup must have created. name labels the connection on the server. The
+// connection's asynchronous errors are counted in Stats, not logged.
 func Connect(ctx context.Context, url, name string, cfg Config) (*Bus, error) {
 	cfg.defaults()
-	nc, err := nats.Connect(url, nats.Name(name), nats.Timeout(5*time.Second))
+	b := &Bus{cfg: cfg}
+	nc, err := nats.Connect(url, nats.Name(name), nats.Timeout(5*time.Second), nats.ErrorHandler(b.asyncError))
 	if err != nil {
 		return nil, fmt.Errorf("bus: connecting to %s: %w", url, err)
 	}
@@ -209,8 +207,18 @@ func Connect(ctx context.Context, url, name string, cfg Config) (*Bus, error) {
 		nc.Close()
 		return nil, fmt.Errorf("bus: %w", err)
 	}
-	bctx, cancel := context.WithCancel(context.Background())
-	return &Bus{cfg: cfg, nc: nc, js: js, ctx: bctx, cancel: cancel}, nil
+	b.nc, b.js = nc, js
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	return b, nil
+}
+
+// asyncError counts one of the connection's asynchronous errors.
+func (b *Bus) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrSlowConsumer) {
+		b.slowConsumers.Add(1)
+		return
+	}
+	b.asyncErrors.Add(1)
 }
 
 // JetStream returns the bus's JetStream context, for Setup and inspection.
@@ -229,17 +237,24 @@ func (b *Bus) Publish(ctx context.Context, subject string, data []byte) (uint64,
 	return ack.Sequence, nil
 }
 
-// pullExpiry is how long each pull request of a worker waits on the
-// server. The client library's default is 30 s, with a heartbeat every
-// 15 s, so a pull request that goes missing (seen in the tests: the
-// consumer shows no waiting request and messages pending, while the worker
-// waits) stalls its worker for 30 s until two heartbeats are missed. At 1 s
-// (heartbeat 500 ms) a stall ends within a second; an idle worker then
-// sends one small request a second.
+// pullExpiry is how long a free worker's pull request (for one message)
+// waits on the server before it expires and the worker asks again: an idle
+// worker sends one small request a second. The client gives up on a
+// request one second after its expiry, so a request that goes missing
+// (seen in the tests: the consumer showing messages pending and no waiting
+// request while a worker waited) stalls its worker for two seconds at most.
+// Close waits for the requests in flight to end.
 const pullExpiry = time.Second
 
-// Consume starts workers goroutines on subject's consumer, each pulling
-// one message at a time and running h on it.
+// pullErrorBackoff is the pause before a worker asks again after a pull
+// request failed (a reconnect, a consumer being recreated).
+const pullErrorBackoff = 10 * time.Millisecond
+
+// Consume starts workers goroutines on subject's consumer. A worker asks
+// the server for exactly one message when it is free, runs h on it,
+// settles it, and only then asks again: no message is pulled that no
+// worker can take, and no message waits in a client-side buffer, where a
+// busy worker would leave it to age or to be dropped as a slow consumer.
 func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handler) error {
 	if workers < 1 {
 		return errors.New("bus: Consume needs at least one worker")
@@ -248,44 +263,56 @@ func (b *Bus) Consume(ctx context.Context, subject string, workers int, h Handle
 	if err != nil {
 		return fmt.Errorf("bus: consumer for %s: %w", subject, err)
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing.Load() {
+		return errors.New("bus: closed")
+	}
+	b.wg.Add(workers)
 	for range workers {
-		it, err := cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry))
-		if err != nil {
-			return fmt.Errorf("bus: consuming %s: %w", subject, err)
-		}
-		b.mu.Lock()
-		if b.closing.Load() {
-			b.mu.Unlock()
-			it.Stop()
-			return errors.New("bus: closed")
-		}
-		b.iters = append(b.iters, it)
-		b.wg.Add(1)
-		b.mu.Unlock()
-		go b.work(it, h)
+		go b.work(cons, h)
 	}
 	return nil
 }
 
-// work handles messages until its iterator is closed. The number of
-// iterations is bounded by the messages the server delivers; each ends in
-// at most the message's lifetime (the handler's deadline) plus one
-// acknowledgement.
-func (b *Bus) work(it jetstream.MessagesContext, h Handler) {
+// work asks for one message at a time and handles it, until the bus
+// closes. Each iteration ends in at most pullExpiry (plus the client's
+// second of grace) when no message comes, else in at most the message's
+// lifetime (the handler's deadline) plus one acknowledgement.
+func (b *Bus) work(cons jetstream.Consumer, h Handler) {
 	defer b.wg.Done()
-	for {
-		msg, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return
-		}
-		if err != nil { // a missed heartbeat or a reconnect: the iterator re-pulls
+	for !b.closing.Load() {
+		msg, err := b.fetchOne(cons)
+		if err != nil {
 			if b.ctx.Err() != nil || b.nc.IsClosed() {
 				return
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(pullErrorBackoff)
 			continue
 		}
-		b.deliver(msg, h)
+		if msg != nil { // nil: the request expired with no message
+			b.deliver(msg, h)
+		}
+	}
+}
+
+// fetchOne sends one pull request for one message and waits for its
+// answer: the message, or nil once the request expired. Kill ends the
+// wait at once; Close does not, so that a message already on its way is
+// handed back (Released) rather than lost until AckWait.
+func (b *Bus) fetchOne(cons jetstream.Consumer) (jetstream.Msg, error) {
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(pullExpiry))
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case msg, ok := <-batch.Messages():
+		if ok {
+			return msg, nil
+		}
+		return nil, batch.Error()
+	case <-b.ctx.Done():
+		return nil, b.ctx.Err()
 	}
 }
 
@@ -399,6 +426,7 @@ func (b *Bus) Stats() Stats {
 	s := Stats{
 		Delivered: b.delivered.Load(), Acked: b.acked.Load(), Errors: b.errs.Load(),
 		Released: b.released.Load(), AckFailures: b.ackFailures.Load(),
+		SlowConsumers: b.slowConsumers.Load(), AsyncErrors: b.asyncErrors.Load(),
 	}
 	for i := range s.Nacked {
 		s.Nacked[i] = b.nacked[i].Load()
@@ -409,21 +437,18 @@ func (b *Bus) Stats() Stats {
 	return s
 }
 
-// Close stops pulling, hands back any message fetched but not started
-// (Released: another replica gets it at once), lets running handlers
-// finish and settle their messages, and closes the connection. A restart
-// of the replica is Close, then Connect and Consume again.
+// Close stops pulling: each worker's pull request in flight ends (within
+// pullExpiry, two seconds for one gone missing), and a message it brings is handed back unhandled (Released:
+// another replica gets it at once). Close lets running handlers finish and
+// settle their messages, then closes the connection. A restart of the
+// replica is Close, then Connect and Consume again.
 func (b *Bus) Close() {
 	b.mu.Lock()
 	if b.closing.Swap(true) {
 		b.mu.Unlock()
 		return
 	}
-	iters := b.iters
 	b.mu.Unlock()
-	for _, it := range iters {
-		it.Drain()
-	}
 	b.wg.Wait()
 	b.nc.FlushTimeout(2 * time.Second) // the last nacks and terms are sent without waiting
 	b.nc.Close()
@@ -436,12 +461,8 @@ func (b *Bus) Close() {
 func (b *Bus) Kill() {
 	b.mu.Lock()
 	b.closing.Store(true)
-	iters := b.iters
 	b.mu.Unlock()
 	b.cancel()
 	b.nc.Close()
-	for _, it := range iters {
-		it.Stop()
-	}
 	b.wg.Wait()
 }

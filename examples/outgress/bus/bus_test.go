@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -12,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // natsURL is NATS_URL, else an embedded server for the test.
@@ -116,14 +120,40 @@ func (l *ledger) waitFinals(t *testing.T, n int64) {
 
 func setup(t *testing.T, url string, cfg Config) {
 	t.Helper()
-	b, err := Connect(ctxT(t), url, "setup", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := connect(t, url, "setup", cfg)
 	defer b.Close()
 	if err := Setup(ctxT(t), b.JetStream(), cfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// connect connects a Bus named name, closed at the test's end if the test
+// has not closed it.
+func connect(t *testing.T, url, name string, cfg Config) *Bus {
+	t.Helper()
+	b, err := Connect(ctxT(t), url, name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+func mustConsume(t *testing.T, b *Bus, subject string, workers int, h Handler) {
+	t.Helper()
+	if err := b.Consume(ctxT(t), subject, workers, h); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustPublish publishes body on subject and returns its stream sequence.
+func mustPublish(t *testing.T, b *Bus, subject, body string) uint64 {
+	t.Helper()
+	seq, err := b.Publish(ctxT(t), subject, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
 }
 
 // streamMsgs is how many messages the stream still holds.
@@ -153,11 +183,7 @@ func TestContract(t *testing.T) {
 	var reported atomic.Int64
 	cfg.OnError = func(string, error) { reported.Add(1) }
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t, url, "A", cfg)
 
 	handler := func(_ context.Context, m *Message) error {
 		switch string(m.Data) {
@@ -189,10 +215,7 @@ func TestContract(t *testing.T) {
 	}
 
 	// Published before anyone consumes, and found past its lifetime.
-	stale, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("ack"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	stale := mustPublish(t, b, cfg.Subjects[0], "ack")
 	time.Sleep(cfg.Lifetime + 100*time.Millisecond)
 
 	type want []event
@@ -211,14 +234,10 @@ func TestContract(t *testing.T) {
 	}
 	seqs := make([]uint64, len(cases))
 	for i, c := range cases {
-		if seqs[i], err = b.Publish(ctxT(t), cfg.Subjects[i%2], []byte(c.body)); err != nil {
-			t.Fatal(err)
-		}
+		seqs[i] = mustPublish(t, b, cfg.Subjects[i%2], c.body)
 	}
 	for _, s := range cfg.Subjects {
-		if err := b.Consume(ctxT(t), s, 2, handler); err != nil {
-			t.Fatal(err)
-		}
+		mustConsume(t, b, s, 2, handler)
 	}
 	led.waitFinals(t, int64(len(cases)+1))
 
@@ -293,30 +312,17 @@ func TestReplicaRestartNoneLost(t *testing.T) {
 		t.Helper()
 		c := cfg
 		c.Observe = led.observe(name)
-		b, err := Connect(ctxT(t), url, name, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Consume(ctxT(t), cfg.Subjects[0], workers, handler(name)); err != nil {
-			t.Fatal(err)
-		}
+		b := connect(t, url, name, c)
+		mustConsume(t, b, cfg.Subjects[0], workers, handler(name))
 		return b
 	}
 	a, b := start("A"), start("B")
-	pub, err := Connect(ctxT(t), url, "publisher", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := connect(t, url, "publisher", cfg)
 
 	published := map[uint64]bool{}
 	publishOne := func() {
 		t.Helper()
-		seq, err := pub.Publish(ctxT(t), cfg.Subjects[0], []byte("m"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		published[seq] = true
+		published[mustPublish(t, pub, cfg.Subjects[0], "m")] = true
 	}
 	var stats []Stats
 	for i := range total {
@@ -342,8 +348,6 @@ func TestReplicaRestartNoneLost(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	defer a.Close()
-	defer b.Close()
 	led.waitFinal(t, published)
 
 	var nacked int
@@ -407,24 +411,16 @@ func TestCloseLetsRunningHandlersFinish(t *testing.T) {
 	led := newLedger()
 	cfg.Observe = led.observe("A")
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := connect(t, url, "A", cfg)
 	running, release := make(chan struct{}), make(chan struct{})
 	var ctxErr atomic.Value
-	if err := b.Consume(ctxT(t), cfg.Subjects[0], 1, func(ctx context.Context, m *Message) error {
+	mustConsume(t, b, cfg.Subjects[0], 1, func(ctx context.Context, m *Message) error {
 		close(running)
 		<-release
 		ctxErr.Store(fmt.Sprint(ctx.Err()))
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("m"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	seq := mustPublish(t, b, cfg.Subjects[0], "m")
 	select {
 	case <-running:
 	case <-time.After(10 * time.Second):
@@ -466,17 +462,13 @@ func TestAckPastAckWaitIsDeliveredTwice(t *testing.T) {
 	led := newLedger()
 	cfg.Observe = led.observe("A")
 	setup(t, url, cfg)
-	b, err := Connect(ctxT(t), url, "A", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := connect(t, url, "A", cfg)
 	cons, err := b.JetStream().Consumer(ctxT(t), cfg.Stream, consumerName(cfg.Subjects[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var waitErr atomic.Pointer[string]
-	if err := b.Consume(ctxT(t), cfg.Subjects[0], 2, func(ctx context.Context, m *Message) error {
+	mustConsume(t, b, cfg.Subjects[0], 2, func(ctx context.Context, m *Message) error {
 		if m.Attempt > 1 {
 			return nil
 		}
@@ -490,13 +482,8 @@ func TestAckPastAckWaitIsDeliveredTwice(t *testing.T) {
 		msg := "the server did not deliver the message again within 10 s"
 		waitErr.Store(&msg)
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := b.Publish(ctxT(t), cfg.Subjects[0], []byte("slow"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	seq := mustPublish(t, b, cfg.Subjects[0], "slow")
 	led.waitFinals(t, 2)
 	if e := waitErr.Load(); e != nil {
 		t.Fatal(*e)
@@ -508,5 +495,245 @@ func TestAckPastAckWaitIsDeliveredTwice(t *testing.T) {
 	}
 	if st := b.Stats(); st.Acked != 2 || st.AckFailures != 0 {
 		t.Errorf("stats %+v, want 2 acks, none unconfirmed", st)
+	}
+}
+
+// cpuHogs keeps n goroutines spinning until the test ends (at most two
+// minutes), so that the bus, the client library and the embedded server
+// compete for the CPU with them.
+func cpuHogs(t *testing.T, n int) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := uint64(1)
+			for end := time.Now().Add(2 * time.Minute); time.Now().Before(end); {
+				for range 10000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+				select {
+				case <-stop:
+					sinkHog.Store(x)
+					return
+				default:
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { close(stop); wg.Wait() })
+}
+
+var sinkHog atomic.Uint64
+
+// stallProxy forwards TCP connections to a server; stall holds everything
+// the server sends back for a while, then lets it through at once, as a
+// client descheduled on a loaded machine reads it.
+type stallProxy struct {
+	ln   net.Listener
+	gate sync.RWMutex // held by stall; each forward to a client takes it for reading
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln}
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
+	conns.Add(1)
+	go func() {
+		defer conns.Done()
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, client, server)
+			mu.Unlock()
+			conns.Add(2)
+			go func() { defer conns.Done(); io.Copy(server, client); server.Close() }()
+			go func() { defer conns.Done(); p.forward(client, server); client.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *stallProxy) forward(to, from net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			p.gate.RLock()
+			_, werr := to.Write(buf[:n])
+			p.gate.RUnlock()
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// stall holds the server's replies for d.
+func (p *stallProxy) stall(d time.Duration) {
+	p.gate.Lock()
+	time.Sleep(d)
+	p.gate.Unlock()
+}
+
+// TestLoadOneMessagePerFreeWorker publishes bursts to a consumer whose
+// workers are slow, while two goroutines hog the CPU. Each burst comes
+// while the consumer's connection stalls (what the server sends is held,
+// then arrives at once, as a client descheduled on a loaded machine reads
+// it), and the bursts are a pull request's expiry apart, so that workers
+// wait idle between them. A worker asks for a message only when it is
+// free, so the server never has more messages out (delivered, not yet
+// acked) than there are workers; nothing waits in a client buffer, nothing
+// is dropped as a slow consumer (the client's count and the server's),
+// every message is handled exactly once, on its first delivery, and acked.
+func TestLoadOneMessagePerFreeWorker(t *testing.T) {
+	e, err := StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	url := e.URL()
+	cfg := testConfig(t)
+	cfg.Subjects = cfg.Subjects[:1]
+	cfg.Lifetime, cfg.AckWait = 20*time.Second, 3*time.Second
+	led := newLedger()
+	cfg.Observe = led.observe("A")
+	setup(t, url, cfg)
+	const workers, bursts, perBurst, stall = 4, 6, 40, 900 * time.Millisecond
+
+	var mu sync.Mutex
+	handled := map[uint64][]int{} // seq → the attempts handled
+	var running, maxRunning atomic.Int64
+	proxy := newStallProxy(t, strings.TrimPrefix(url, "nats://"))
+	b := connect(t, proxy.url(), "A", cfg)
+	cpuHogs(t, 2)
+	mustConsume(t, b, cfg.Subjects[0], workers, func(_ context.Context, m *Message) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for old := maxRunning.Load(); n > old && !maxRunning.CompareAndSwap(old, n); old = maxRunning.Load() {
+		}
+		mu.Lock()
+		handled[m.Seq] = append(handled[m.Seq], m.Attempt)
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+
+	// The server's view, sampled until every message is final: messages
+	// delivered and not yet acked, pull requests waiting.
+	pub := connect(t, url, "publisher", cfg)
+	cons, err := pub.JetStream().Consumer(ctxT(t), cfg.Stream, consumerName(cfg.Subjects[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maxAckPending, maxWaiting, samples atomic.Int64
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			info, err := cons.Info(ctxT(t))
+			if err != nil {
+				continue
+			}
+			samples.Add(1)
+			maxAckPending.Store(max(maxAckPending.Load(), int64(info.NumAckPending)))
+			maxWaiting.Store(max(maxWaiting.Load(), int64(info.NumWaiting)))
+		}
+	}()
+
+	published := map[uint64]bool{}
+	start := time.Now()
+	for range bursts {
+		// A burst, published at once late in a stall of the consumer's
+		// connection (the idle workers' pull requests have sent a heartbeat
+		// or expired by then; the stall is shorter than the client's second
+		// of grace after a request expires), then every acknowledgement
+		// awaited.
+		stalled := make(chan struct{})
+		go func() { proxy.stall(stall); close(stalled) }()
+		time.Sleep(stall * 2 / 3)
+		acks := make([]jetstream.PubAckFuture, perBurst)
+		for i := range acks {
+			if acks[i], err = pub.JetStream().PublishAsync(cfg.Subjects[0], []byte("m")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, a := range acks {
+			select {
+			case ack := <-a.Ok():
+				published[ack.Sequence] = true
+			case err := <-a.Err():
+				t.Fatal(err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no acknowledgement of a publication in 10 s")
+			}
+		}
+		<-stalled
+		time.Sleep(1200 * time.Millisecond) // past a pull request's expiry: workers wait idle
+	}
+	led.waitFinal(t, published)
+	took := time.Since(start)
+	close(stopSampling)
+	<-sampled
+
+	st := b.Stats()
+	t.Logf("%d messages in %v, %d workers: at most %d messages out (delivered, not acked) and %d pull requests waiting in %d samples; %d handlers at once; slow consumers: client %d, server %d; stats %+v",
+		len(published), took.Round(time.Millisecond), workers, maxAckPending.Load(), maxWaiting.Load(), samples.Load(), maxRunning.Load(), st.SlowConsumers, e.SlowConsumers(), st)
+	if st.SlowConsumers != 0 || st.AsyncErrors != 0 || e.SlowConsumers() != 0 {
+		t.Errorf("slow consumers: client %d (other async errors %d), server %d; want none", st.SlowConsumers, st.AsyncErrors, e.SlowConsumers())
+	}
+	if n := maxAckPending.Load(); n > workers {
+		t.Errorf("the server had %d messages out at once, more than the %d workers: messages were pulled that no worker could take", n, workers)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for seq := range published {
+		if got := handled[seq]; !slices.Equal(got, []int{1}) {
+			t.Errorf("seq %d handled on attempts %v, want once, on the first delivery", seq, got)
+		}
+		if got := led.events(seq); len(got) != 1 || got[0] != (event{"A", OutcomeAcked, 0, 1}) {
+			t.Errorf("seq %d: %+v, want acked once, on the first delivery", seq, got)
+		}
+	}
+	if len(handled) != len(published) {
+		t.Errorf("%d messages handled, want %d", len(handled), len(published))
+	}
+	if st.Delivered != int64(len(published)) || st.Acked != st.Delivered || st.Released != 0 || st.AckFailures != 0 {
+		t.Errorf("stats %+v, want %d delivered and acked, none released or unconfirmed", st, len(published))
 	}
 }

@@ -49,3 +49,7 @@ func (e *Embedded) Close() {
 	e.srv.WaitForShutdown()
 	os.RemoveAll(e.dir)
 }
+
+// SlowConsumers is the server's count of slow consumers: clients it cut off
+// because they did not read what it sent them in time.
+func (e *Embedded) SlowConsumers() int64 { return e.srv.NumSlowConsumers() }

@@ -33,12 +33,7 @@ const (
 var nackNames = [NumNackReasons]string{"paused", "limited", "throttled"}
 
 // String is the reason's metric label.
-func (r NackReason) String() string {
-	if r < NumNackReasons {
-		return nackNames[r]
-	}
-	return "invalid"
-}
+func (r NackReason) String() string { return label(nackNames[:], r) }
 
 // ExpectedNack postpones a message: expected backpressure, not a failure.
 type ExpectedNack struct {
@@ -94,12 +89,7 @@ func NoTimeToRetry(reason NackReason) DropReason {
 }
 
 // String is the reason's metric label.
-func (r DropReason) String() string {
-	if r < NumDropReasons {
-		return dropNames[r]
-	}
-	return "invalid"
-}
+func (r DropReason) String() string { return label(dropNames[:], r) }
 
 // Dropped acknowledges a message without doing its work.
 type Dropped struct {
@@ -146,9 +136,12 @@ const (
 var outcomeNames = [NumOutcomes]string{"acked", "nacked", "dropped", "error", "released"}
 
 // String is the outcome's metric label.
-func (o Outcome) String() string {
-	if o < NumOutcomes {
-		return outcomeNames[o]
+func (o Outcome) String() string { return label(outcomeNames[:], o) }
+
+// label is v's name in names, or "invalid" for a value past the list.
+func label[V ~uint8](names []string, v V) string {
+	if int(v) < len(names) {
+		return names[v]
 	}
 	return "invalid"
 }

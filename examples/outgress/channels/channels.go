@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitkit/admit/examples/outgress/internal/defaults"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -80,21 +81,13 @@ type channelLoad struct {
 
 // New returns an empty cache on c.
 func New(c valkey.Client, cfg Config) *Cache {
-	if cfg.TTL <= 0 {
-		cfg.TTL = 24 * time.Hour
-	}
-	if cfg.MaxEntries <= 0 {
-		cfg.MaxEntries = 100000
-	}
-	if cfg.LoadTimeout <= 0 {
-		cfg.LoadTimeout = 2 * time.Second
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Cache{
-		c: c, prefix: cfg.Prefix, ttl: cfg.TTL, max: cfg.MaxEntries, now: cfg.Now, loadTimeout: cfg.LoadTimeout,
-		entries: map[string]cacheEntry{}, inflight: map[string]*channelLoad{},
+		c: c, prefix: cfg.Prefix,
+		ttl:         defaults.Positive(cfg.TTL, 24*time.Hour),
+		max:         defaults.Positive(cfg.MaxEntries, 100000),
+		loadTimeout: defaults.Positive(cfg.LoadTimeout, 2*time.Second),
+		now:         defaults.Clock(cfg.Now),
+		entries:     map[string]cacheEntry{}, inflight: map[string]*channelLoad{},
 	}
 }
 

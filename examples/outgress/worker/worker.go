@@ -13,18 +13,19 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/command"
-	"github.com/admitkit/admit/examples/outgress/helix"
-	"github.com/admitkit/admit/examples/outgress/limits"
-	"github.com/admitkit/admit/examples/outgress/metrics"
-	"github.com/admitkit/admit/examples/outgress/pause"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/defaults"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/metrics"
+	"github.com/admitkit/admit/examples/outgress/pause"
 )
 
 // Config configures a Worker. Zero fields take the defaults named.
@@ -87,21 +88,11 @@ func (cfg Config) WithDefaults() Config {
 	if cfg.Limits == nil {
 		cfg.Limits = &limits.DefaultLimits
 	}
-	if cfg.Lifetime <= 0 {
-		cfg.Lifetime = 5 * time.Second
-	}
-	if cfg.PausedRetry <= 0 {
-		cfg.PausedRetry = 500 * time.Millisecond
-	}
-	if cfg.DecisionAttempts <= 0 {
-		cfg.DecisionAttempts = 3
-	}
-	if cfg.DecisionBackoff <= 0 {
-		cfg.DecisionBackoff = 5 * time.Millisecond
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg.Lifetime = defaults.Positive(cfg.Lifetime, 5*time.Second)
+	cfg.PausedRetry = defaults.Positive(cfg.PausedRetry, 500*time.Millisecond)
+	cfg.DecisionAttempts = defaults.Positive(cfg.DecisionAttempts, 3)
+	cfg.DecisionBackoff = defaults.Positive(cfg.DecisionBackoff, 5*time.Millisecond)
+	cfg.Now = defaults.Clock(cfg.Now)
 	return cfg
 }
 
