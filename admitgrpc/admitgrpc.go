@@ -84,10 +84,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -116,6 +116,11 @@ type Bucket struct {
 // Request returns the bucket as an [admit.Request].
 func (b Bucket) Request() admit.Request {
 	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
+}
+
+// edge returns b as the edges' shared Bucket.
+func (b Bucket) edge() edge.Bucket {
+	return edge.Bucket{Policy: b.Policy, Key: b.Key, Spec: b.Spec, Cost: b.Cost}
 }
 
 // A Concurrent is a concurrency limit: a call holds one of its slots (an
@@ -171,43 +176,22 @@ func (r Rule) IsNoLimit() bool { return r.noLimit }
 // a bucket (a concurrency limit alone) returns the zero Request and nil:
 // there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
-	if !r.hasBuckets() {
-		return admit.Request{}, nil
-	}
-	first = r.First.Request()
+	return r.edge().Requests()
+}
+
+// edge returns r as the edges' shared Rule, which shares r's Concurrent.
+func (r Rule) edge() edge.Rule {
+	e := edge.Rule{First: r.First.edge(), Concurrent: (*edge.Concurrent)(r.Concurrent)}
 	if r.Second != nil {
-		s := r.Second.Request()
-		second = &s
+		s := r.Second.edge()
+		e.Second = &s
 	}
-	return first, second
+	return e
 }
 
-// hasBuckets reports whether r names a bucket: any Rule but one with a
-// concurrency part and neither First nor Second.
-func (r Rule) hasBuckets() bool {
-	return r.Concurrent == nil || r.First != (Bucket{}) || r.Second != nil
-}
-
-// buckets returns the Rule's buckets in order.
-func (r Rule) buckets() []Bucket {
-	switch {
-	case !r.hasBuckets():
-		return nil
-	case r.Second == nil:
-		return []Bucket{r.First}
-	}
-	return []Bucket{r.First, *r.Second}
-}
-
+// clone returns r with its own copies of Second and Concurrent.
 func (r Rule) clone() Rule {
-	if r.Second != nil {
-		s := *r.Second
-		r.Second = &s
-	}
-	if r.Concurrent != nil {
-		c := *r.Concurrent
-		r.Concurrent = &c
-	}
+	r.Second, r.Concurrent = edge.Copy(r.Second), edge.Copy(r.Concurrent)
 	return r
 }
 
@@ -407,6 +391,8 @@ type config struct {
 	onError func(c *Call, err error)
 	timeout time.Duration
 	shadows []Shadow
+	// shadowNames are the shadows' names, which a new one must not take.
+	shadowNames []string
 }
 
 // WithOutcomeFunc calls f with every call's [Report], on the call's
@@ -563,44 +549,34 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
 		return nil, nil, invalidStatus(code)
 	}
-	var (
-		d       admit.Decision
-		x       *admit.Lease
-		err     error
-		release func()
-	)
+	var acq edge.Acquirer
 	if rule.Concurrent != nil {
-		acq, ok := ic.dec.(acquirer)
-		if !ok {
+		var ok bool
+		if acq, ok = ic.dec.(edge.Acquirer); !ok {
 			err := fmt.Errorf("admitgrpc: the Rule has a concurrency part (policy %q), and the decider (%T) cannot Acquire; "+
 				"decide concurrency limits on an *admit.Limiter: %w", rule.Concurrent.Policy, ic.dec, admit.ErrInvalidRequest)
 			ic.runShadows(call, rule, admit.Decision{})
 			ic.report(call, rule, InvalidRule, admit.Decision{}, err)
 			return nil, nil, invalidStatus(codes.Internal)
 		}
-		x, err = ic.acquire(ctx, acq, rule)
+	}
+	res, err := edge.Decide(ctx, ic.dec, acq, rule.edge(), ic.timeout)
+	var release func()
+	if x := res.Lease; x != nil {
 		// Whatever happens next, the handler returning or panicking
 		// included: a granted slot is freed, and so is one that an
 		// Acquire whose outcome is unknown may have taken. A lease that
 		// was refused, or never sent, sends nothing.
 		release = func() { ic.release(call, x) }
-		if err == nil {
-			d = leaseDecision(x)
-		}
-	} else {
-		d, err = ic.decide(ctx, ic.dec, rule)
 	}
+	d := res.Decision
 	ic.runShadows(call, rule, d)
-	allowed := d.Allowed()
-	if x != nil {
-		allowed = x.Granted()
-	}
 	var lease *admit.Lease // for the reports of a decided call
 	if err == nil {
-		lease = x
+		lease = res.Lease
 	}
 	switch {
-	case err == nil && allowed:
+	case err == nil && res.Allowed():
 		ic.reportLease(call, rule, Admitted, d, lease, nil)
 		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec, Lease: lease}), release, nil
 	case err == nil:
@@ -626,60 +602,11 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 	}
 }
 
-// acquirer is a decider that decides concurrency limits: *admit.Limiter.
-type acquirer interface {
-	Acquire(ctx context.Context, slot admit.Slot, first, second *admit.Request) (*admit.Lease, error)
-}
-
-// acquire runs rule, which has a concurrency part, on a, all or nothing,
-// within the timeout. The Lease is never nil, error or not.
-func (ic *Interceptors) acquire(ctx context.Context, a acquirer, rule Rule) (*admit.Lease, error) {
-	if ic.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ic.timeout)
-		defer cancel()
-	}
-	var fp, sp *admit.Request
-	if rule.hasBuckets() {
-		first, second := rule.Requests()
-		fp, sp = &first, second
-	}
-	c := rule.Concurrent
-	return a.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, sp)
-}
-
-// leaseDecision is the Decision of a decided Acquire: the Lease's decision
-// of the buckets (Allowed when granted), or, for a slot refusal, the
-// slot's RetryAfter and the buckets' Remaining.
-func leaseDecision(x *admit.Lease) admit.Decision {
-	if x.Denied == admit.PartSlot {
-		return admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
-	}
-	return x.Decision()
-}
-
-// releaseTimeout bounds a release without WithTimeout.
-const releaseTimeout = time.Second
-
-// release frees the slot of x, on a context that outlives the call's
-// cancellation (a client that went away must not keep the slot), bounded
-// by the timeout or releaseTimeout. A failure goes to the error hook, and
-// so does a granted lease found expired: the handler outlived its lease,
-// and for a while the limit did not count it. It never panics.
+// release frees the slot of x (see [edge.Release]); a failure, or a
+// granted lease found expired, goes to the error hook. It never panics.
 func (ic *Interceptors) release(call *Call, x *admit.Lease) {
-	d := releaseTimeout
-	if ic.timeout > 0 {
-		d = ic.timeout
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(call.Context), d)
-	defer cancel()
-	live, err := x.Release(ctx)
-	switch {
-	case err != nil:
-		ic.fail(call, fmt.Errorf("admitgrpc: releasing the slot of %q: %w", x.Key, err))
-	case x.Granted() && !live:
-		ic.fail(call, fmt.Errorf("admitgrpc: the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
-			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL))
+	if err := edge.Release(call.Context, x, ic.timeout); err != nil {
+		ic.fail(call, fmt.Errorf("admitgrpc: %w", err))
 	}
 }
 
@@ -691,13 +618,8 @@ func (ic *Interceptors) fail(call *Call, err error) {
 
 // decide runs rule's buckets on dec, all or nothing, within the timeout.
 func (ic *Interceptors) decide(ctx context.Context, dec admit.Decider, rule Rule) (admit.Decision, error) {
-	if ic.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ic.timeout)
-		defer cancel()
-	}
-	first, second := rule.Requests()
-	return dec.AllowAll(ctx, first, second)
+	res, err := edge.Decide(ctx, dec, nil, rule.edge(), ic.timeout)
+	return res.Decision, err
 }
 
 // outageRun answers a call whose decision failed with err, as p says.
@@ -710,7 +632,7 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 		ic.report(call, rule, OutageRefused, admit.Decision{}, err)
 		return nil, unavailable(p.retry)
 	case outageDegrade:
-		if !rule.hasBuckets() {
+		if !rule.edge().HasBuckets() {
 			// A concurrency limit alone: not enforced while degraded.
 			ic.report(call, rule, OutageServed, admit.Decision{}, err)
 			return ctx, nil
@@ -770,7 +692,7 @@ func refusal(rule Rule, d admit.Decision, x *admit.Lease, degraded bool) error {
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
 		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject:     b.Policy,
-			Description: fmt.Sprintf("the %q bucket holds %d tokens; this call costs %d", b.Policy, d.Remaining[d.Denied-1], cost(b)),
+			Description: fmt.Sprintf("the %q bucket holds %d tokens; this call costs %d", b.Policy, d.Remaining[d.Denied-1], b.edge().Tokens()),
 		}}},
 	)
 	if err != nil { // policies are checked ASCII: unreachable
@@ -822,92 +744,16 @@ func roundUpMs(d time.Duration) time.Duration {
 	return max(r, time.Millisecond)
 }
 
-func cost(b Bucket) int {
-	if b.Cost == 0 {
-		return 1
-	}
-	return b.Cost
-}
-
-// checkRule refuses a Rule that must not be decided: InvalidArgument for
-// keys, which a client's metadata may have made what they are; Internal
-// for the rest, which the server's code chose.
+// checkRule refuses a Rule that must not be decided (see [edge.Check]):
+// InvalidArgument for keys, which a client's metadata may have made what
+// they are; Internal for the rest, which the server's code chose.
 func checkRule(rule Rule) (codes.Code, error) {
-	bs := rule.buckets() // none only with a concurrency part
-	c := rule.Concurrent
-	// Keys first: whatever else is wrong, an empty or hostile key is what
-	// a client's metadata may have made it, and the client's to fix.
-	for i, b := range bs {
-		switch {
-		case b.Key == "":
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has an empty Key: %w", i+1, b.Policy, admit.ErrInvalidRequest)
-		case len(b.Key) > admit.MaxKeyLen:
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a Key of %d bytes, over %d; build key parts from client input with a digest (admit.KeyPart): %w",
-				i+1, b.Policy, len(b.Key), admit.MaxKeyLen, admit.ErrInvalidRequest)
-		case strings.HasPrefix(b.Key, ShadowPrefix):
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: bucket %d (%q) of the Rule has a key in the shadow rules' namespace %q: %w", i+1, b.Policy, ShadowPrefix, admit.ErrInvalidRequest)
-		}
+	f := edge.Check(rule.edge())
+	switch {
+	case f == nil:
+		return codes.OK, nil
+	case f.InKey:
+		return codes.InvalidArgument, fmt.Errorf("admitgrpc: %w", f)
 	}
-	if len(bs) == 2 && bs[0].Key == bs[1].Key {
-		return codes.InvalidArgument, fmt.Errorf("admitgrpc: both buckets of the Rule have one key: %w", admit.ErrInvalidRequest)
-	}
-	if c != nil {
-		switch {
-		case c.Key == "":
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has an empty Key: %w", c.Policy, admit.ErrInvalidRequest)
-		case len(c.Key) > admit.MaxKeyLen:
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has a Key of %d bytes, over %d; build key parts from client input with a digest (admit.KeyPart): %w",
-				c.Policy, len(c.Key), admit.MaxKeyLen, admit.ErrInvalidRequest)
-		case strings.HasPrefix(c.Key, ShadowPrefix):
-			return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has a key in the shadow rules' namespace %q: %w", c.Policy, ShadowPrefix, admit.ErrInvalidRequest)
-		}
-		for _, b := range bs {
-			if b.Key == c.Key {
-				return codes.InvalidArgument, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has bucket %q's key: %w", c.Policy, b.Policy, admit.ErrInvalidRequest)
-			}
-		}
-	}
-	for i, b := range bs {
-		switch {
-		case b.Spec.IsZero():
-			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule has the zero Spec (return admitgrpc.NoLimit for no limit): %w", i+1, admit.ErrInvalidRequest)
-		case b.Cost < 0 || b.Cost > b.Spec.Burst():
-			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule has Cost %d outside 0 to its burst %d: %w", i+1, b.Cost, b.Spec.Burst(), admit.ErrInvalidRequest)
-		}
-		if err := checkName(b.Policy); err != nil {
-			return codes.Internal, fmt.Errorf("admitgrpc: bucket %d of the Rule: %w: %w", i+1, err, admit.ErrInvalidRequest)
-		}
-	}
-	if len(bs) == 2 {
-		if bs[0].Policy == bs[1].Policy {
-			return codes.Internal, fmt.Errorf("admitgrpc: both buckets of the Rule are named %q; name each differently: %w", bs[0].Policy, admit.ErrInvalidRequest)
-		}
-	}
-	if c != nil {
-		if c.Spec.IsZero() {
-			return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part (%q) of the Rule has the zero Concurrency; give it admit.NewConcurrency's or admit.MustConcurrency's: %w", c.Policy, admit.ErrInvalidRequest)
-		}
-		if err := checkName(c.Policy); err != nil {
-			return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part of the Rule: %w: %w", err, admit.ErrInvalidRequest)
-		}
-		for _, b := range bs {
-			if b.Policy == c.Policy {
-				return codes.Internal, fmt.Errorf("admitgrpc: the concurrency part of the Rule is named %q, as a bucket is; name each part differently: %w", c.Policy, admit.ErrInvalidRequest)
-			}
-		}
-	}
-	return codes.OK, nil
-}
-
-// checkName refuses a policy name that is empty or not printable ASCII.
-func checkName(s string) error {
-	if s == "" {
-		return errors.New("empty Policy; every bucket needs a name for its refusals")
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("policy %q has byte %#x at %d; use printable ASCII", s, c, i)
-		}
-	}
-	return nil
+	return codes.Internal, fmt.Errorf("admitgrpc: %w", f)
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admitgrpc"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -87,4 +89,92 @@ func Example() {
 	// call 3: code ResourceExhausted, message "admit: rate limit \"per-caller\" exceeded; retry after 1s"
 	//   retry delay: 1s
 	//   violation: subject "per-caller", the "per-caller" bucket holds 0 tokens; this call costs 1
+}
+
+// At most 2 calls of an organisation in flight, beside its calls per
+// minute, decided in one Acquire: a third call while two run is refused by
+// the slot, and served once one of them has returned. The store here is
+// an in-process miniredis whose clock stands still; a fleet shares a
+// Valkey.
+func ExampleConcurrent() {
+	store := miniredis.NewMiniRedis()
+	if err := store.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	store.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{store.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	perMinute := admit.MustSpec(admit.Every(time.Second), 60)
+	inflight := admit.MustConcurrency(2, 30*time.Second) // a lease longer than the slowest handler
+	ic, err := admitgrpc.New(admit.New(client), func(c *admitgrpc.Call) admitgrpc.Rule {
+		var org string
+		if v := c.Metadata.Get("x-org"); len(v) > 0 {
+			org = admit.KeyPart(v[0])
+		}
+		return admitgrpc.Rule{
+			Concurrent: &admitgrpc.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight},
+			First:      admitgrpc.Bucket{Policy: "per-minute", Key: "rpm:{org:" + org + "}", Spec: perMinute},
+		}
+	}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Unavailable(time.Second)})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	started, finish := make(chan struct{}), make(chan struct{})
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ic.Unary()), grpc.StreamInterceptor(ic.Stream()))
+	healthpb.RegisterHealthServer(srv, checker{Server: health.NewServer(), check: func(context.Context) error {
+		started <- struct{}{}
+		<-finish // a slow upstream
+		return nil
+	}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	call := func() error {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-org", "acme")
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+
+	done := make(chan error)
+	for range 2 {
+		go func() { done <- call() }()
+		<-started
+	}
+	st := status.Convert(call()) // both slots are taken
+	fmt.Println(st.Code(), st.Message())
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.RetryInfo:
+			fmt.Println("retry in", d.GetRetryDelay().AsDuration())
+		case *errdetails.QuotaFailure:
+			for _, v := range d.GetViolations() {
+				fmt.Printf("violated %q: %s\n", v.GetSubject(), v.GetDescription())
+			}
+		}
+	}
+	close(finish)
+	fmt.Println(<-done, <-done)
+	go func() { <-started }()
+	fmt.Println(call()) // a slot is free again
+	// Output:
+	// ResourceExhausted admit: concurrency limit "inflight" reached; retry after 30s
+	// retry in 30s
+	// violated "inflight": 2 calls in flight, limit 2
+	// <nil> <nil>
+	// <nil>
 }

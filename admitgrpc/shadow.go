@@ -1,11 +1,10 @@
 package admitgrpc
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -59,25 +58,10 @@ type ShadowReport struct {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
-		switch {
-		case s.Name == "":
-			return errors.New("admitgrpc: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
-		case strings.ContainsAny(s.Name, "{}"):
-			return fmt.Errorf("admitgrpc: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
-		case s.Rule == nil:
-			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Rule; pass a function from the call to the candidate Rule", s.Name)
-		case s.Report == nil:
-			return fmt.Errorf("admitgrpc: WithShadow(%q): nil Report; a shadow that reports nowhere only costs decisions", s.Name)
-		}
-		if err := checkName(s.Name); err != nil {
+		if err := edge.CheckShadow(s.Name, c.shadowNames, s.Rule != nil, s.Report != nil, "call"); err != nil {
 			return fmt.Errorf("admitgrpc: WithShadow: %w", err)
 		}
-		for _, o := range c.shadows {
-			if o.Name == s.Name {
-				return fmt.Errorf("admitgrpc: WithShadow: two shadows named %q; their keys would collide", s.Name)
-			}
-		}
-		c.shadows = append(c.shadows, s)
+		c.shadows, c.shadowNames = append(c.shadows, s), append(c.shadowNames, s.Name)
 		return nil
 	})
 }

@@ -122,10 +122,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // A Bucket is one token bucket a request is charged to, and the name under
@@ -160,14 +160,6 @@ type Bucket struct {
 // Request returns the bucket as an [admit.Request].
 func (b Bucket) Request() admit.Request {
 	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
-}
-
-// cost is the tokens the bucket's request takes, 0 meaning 1.
-func (b Bucket) cost() int {
-	if b.Cost == 0 {
-		return 1
-	}
-	return b.Cost
 }
 
 // A Concurrent is a concurrency limit: a request holds one of its slots
@@ -226,45 +218,18 @@ func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil &&
 // A Rule without a bucket (a concurrency limit alone) returns the zero
 // Request and nil: there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
-	if !r.hasBuckets() {
-		return admit.Request{}, nil
-	}
-	first = r.First.Request()
-	if r.Second != nil {
-		s := r.Second.Request()
-		second = &s
-	}
-	return first, second
+	return r.edge().Requests()
 }
 
-// hasBuckets reports whether r names a bucket: any Rule but one with a
-// concurrency part and neither First nor Second.
-func (r Rule) hasBuckets() bool {
-	return r.Concurrent == nil || r.First != (Bucket{}) || r.Second != nil
-}
-
-// buckets returns the Rule's buckets in order.
-func (r Rule) buckets() []Bucket {
-	switch {
-	case !r.hasBuckets():
-		return nil
-	case r.Second == nil:
-		return []Bucket{r.First}
-	}
-	return []Bucket{r.First, *r.Second}
+// edge returns r as the edges' shared Rule, which shares its pointers.
+func (r Rule) edge() edge.Rule {
+	return edge.Rule{First: edge.Bucket(r.First), Second: (*edge.Bucket)(r.Second), Concurrent: (*edge.Concurrent)(r.Concurrent)}
 }
 
 // clone returns r with its own copies of Second and Concurrent, so that a
 // callee may change them freely.
 func (r Rule) clone() Rule {
-	if r.Second != nil {
-		s := *r.Second
-		r.Second = &s
-	}
-	if r.Concurrent != nil {
-		c := *r.Concurrent
-		r.Concurrent = &c
-	}
+	r.Second, r.Concurrent = edge.Copy(r.Second), edge.Copy(r.Concurrent)
 	return r
 }
 
@@ -401,6 +366,8 @@ type config struct {
 	outcome func(Event)
 	refusal func(http.ResponseWriter, *http.Request, Refusal)
 	shadows []Shadow
+	// shadowNames are the shadows' names, which a new one must not take.
+	shadowNames []string
 }
 
 // WithHeaders adds RateLimit-Policy and RateLimit to admitted responses
@@ -501,61 +468,26 @@ type middleware struct {
 	config
 }
 
-// A result is one decided Rule: the Decision, whose Remaining is what each
-// bucket holds after the call, and with a concurrency part the Lease the
-// Decision's exported fields are copied from.
-type result struct {
-	d     admit.Decision
-	lease *admit.Lease // nil without a concurrency part
-}
-
-// allowed reports whether the decision admitted the request.
-func (res result) allowed() bool {
-	if res.lease != nil {
-		return res.lease.Granted()
-	}
-	return res.d.Allowed()
-}
-
-// denied is the part that refused: 0 when admitted.
-func (res result) denied() admit.Part {
-	if res.lease != nil {
-		return res.lease.Denied
-	}
-	return admit.Part(res.d.Denied)
-}
-
-// leaseResult is the result of an Acquire: its Decision is the Lease's
-// decision of the buckets (Allowed when granted), with, for a slot
-// refusal, the slot's RetryAfter and the buckets' Remaining.
-func leaseResult(x *admit.Lease) result {
-	d := x.Decision()
-	if x.Denied == admit.PartSlot {
-		d = admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}
-	}
-	return result{d: d, lease: x}
-}
-
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	rule := m.classify(r)
 	if rule.IsZero() {
-		m.runShadows(r, rule, result{})
-		m.emit(r, Unlimited, rule, result{}, nil)
+		m.runShadows(r, rule, edge.Result{})
+		m.emit(r, Unlimited, rule, edge.Result{}, nil)
 		next.ServeHTTP(w, r)
 		return
 	}
 	if err := checkRule(rule); err != nil {
-		m.runShadows(r, rule, result{})
+		m.runShadows(r, rule, edge.Result{})
 		m.invalid(w, r, rule, err)
 		return
 	}
 	res, err := m.decide(r, rule)
-	if res.lease != nil {
+	if res.Lease != nil {
 		// Whatever happens next, the handler returning or panicking
 		// included: a granted slot is freed, and so is one that an
 		// Acquire whose outcome is unknown may have taken. A lease that
 		// was refused, or never sent, sends nothing.
-		defer m.release(r, res.lease)
+		defer m.release(r, res.Lease)
 	}
 	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && errors.Is(r.Context().Err(), context.Canceled) {
 		// The request's own context was canceled, as net/http does when
@@ -563,7 +495,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// not known to be failing. (A deadline on the request's context,
 		// set by a server above, is a time bound like
 		// WithDecisionTimeout's: an outage.)
-		m.emit(r, ClientGone, rule, result{}, err)
+		m.emit(r, ClientGone, rule, edge.Result{}, err)
 		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
@@ -588,8 +520,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if ran.ran {
 			outcome = OutageServed
 		}
-		m.emit(r, outcome, rule, result{}, err)
-	case !res.allowed():
+		m.emit(r, outcome, rule, edge.Result{}, err)
+	case !res.Allowed():
 		m.emit(r, Refused, rule, res, nil)
 		m.refuse(w, r, rule, res)
 	default:
@@ -597,32 +529,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if m.headers {
 			setFields(w.Header(), rule, res)
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.d, Lease: res.lease})))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.Decision, Lease: res.Lease})))
 	}
 }
 
-// releaseTimeout bounds a release without WithDecisionTimeout.
-const releaseTimeout = time.Second
-
-// release frees the slot of x, on a context that outlives the request's
-// cancellation (a client that went away must not keep the slot), bounded
-// by the decision timeout or releaseTimeout. A failure goes to the error
-// hook, and so does a granted lease found expired: the handler outlived
-// its lease, and for a while the limit did not count it.
+// release frees the slot of x (see [edge.Release]); a failure, or a
+// granted lease found expired, goes to the error hook.
 func (m *middleware) release(r *http.Request, x *admit.Lease) {
-	d := releaseTimeout
-	if m.timeout > 0 {
-		d = m.timeout
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), d)
-	defer cancel()
-	live, err := x.Release(ctx)
-	switch {
-	case err != nil:
-		m.report(r, fmt.Errorf("admithttp: releasing the slot of %q: %w", x.Key, err))
-	case x.Granted() && !live:
-		m.report(r, fmt.Errorf("admithttp: the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
-			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL))
+	if err := edge.Release(r.Context(), x, m.timeout); err != nil {
+		m.report(r, fmt.Errorf("admithttp: %w", err))
 	}
 }
 
@@ -638,33 +553,9 @@ func (h *ranHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // decide runs rule on the limiter, all or nothing, within the decision
-// timeout if one is set: AllowAll for buckets alone, Acquire with a
-// concurrency part. With a concurrency part, the result's lease is never
-// nil, error or not.
-func (m *middleware) decide(r *http.Request, rule Rule) (result, error) {
-	ctx := r.Context()
-	if m.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, m.timeout)
-		defer cancel()
-	}
-	first, second := rule.Requests()
-	if c := rule.Concurrent; c != nil {
-		var fp *admit.Request
-		if rule.hasBuckets() {
-			fp = &first
-		}
-		x, err := m.lim.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, second)
-		if err != nil {
-			return result{lease: x}, err
-		}
-		return leaseResult(x), nil
-	}
-	d, err := m.lim.AllowAll(ctx, first, second)
-	if err != nil {
-		return result{}, err
-	}
-	return result{d: d}, nil
+// timeout if one is set (see [edge.Decide]).
+func (m *middleware) decide(r *http.Request, rule Rule) (edge.Result, error) {
+	return edge.Decide(r.Context(), m.lim, m.lim, rule.edge(), m.timeout)
 }
 
 func (m *middleware) report(r *http.Request, err error) {
@@ -676,80 +567,16 @@ func (m *middleware) report(r *http.Request, err error) {
 // invalid answers a request whose Rule is invalid: 500, never the handler.
 func (m *middleware) invalid(w http.ResponseWriter, r *http.Request, rule Rule, err error) {
 	m.report(r, err)
-	m.emit(r, RuleError, rule, result{}, err)
+	m.emit(r, RuleError, rule, edge.Result{}, err)
 	writeProblem(w, http.StatusInternalServerError, invalidBody)
 }
 
-// checkRule refuses a Rule with a missing field, and what admit does not
-// check: policy names and units that the header fields cannot carry, and
-// enforced keys in the shadow namespace. admit checks the rest (key
-// lengths, Costs, slots, a lease key equal to a bucket's).
+// checkRule refuses a Rule with a missing field or a key admit would
+// refuse (see [edge.Check]), before anything is sent; admit checks the
+// rest (that the keys share a cluster slot).
 func checkRule(rule Rule) error {
-	bs := rule.buckets() // none only with a concurrency part
-	for i, b := range bs {
-		switch {
-		case b.Key == "":
-			return invalidRule(i, b, errors.New("empty Key: no limit comes from the zero Rule only; "+
-				"build keys from request values with admit.KeyPart, which never returns an empty part"))
-		case b.Spec.IsZero():
-			return invalidRule(i, b, errors.New("zero Spec; give the bucket admit.NewSpec's or admit.MustSpec's"))
-		}
-		if err := checkName("policy name", b.Policy, true); err != nil {
-			return invalidRule(i, b, err)
-		}
-		if err := checkName("unit", b.Unit, false); err != nil {
-			return invalidRule(i, b, err)
-		}
-		if strings.HasPrefix(b.Key, ShadowPrefix) {
-			return invalidRule(i, b, fmt.Errorf("key %q is in the shadow rules' namespace %q; enforced keys must not start with it", b.Key, ShadowPrefix))
-		}
-	}
-	if len(bs) == 2 && bs[0].Policy == bs[1].Policy {
-		return invalidRule(1, bs[1], fmt.Errorf("policy name %q is the first bucket's too; name each bucket differently", bs[1].Policy))
-	}
-	if c := rule.Concurrent; c != nil {
-		switch {
-		case c.Key == "":
-			return invalidConcurrent(c, errors.New("empty Key: no limit comes from the zero Rule only; "+
-				"build keys from request values with admit.KeyPart, which never returns an empty part"))
-		case c.Spec.IsZero():
-			return invalidConcurrent(c, errors.New("zero Spec; give it admit.NewConcurrency's or admit.MustConcurrency's"))
-		case strings.HasPrefix(c.Key, ShadowPrefix):
-			return invalidConcurrent(c, fmt.Errorf("key %q is in the shadow rules' namespace %q; enforced keys must not start with it", c.Key, ShadowPrefix))
-		}
-		if err := checkName("policy name", c.Policy, true); err != nil {
-			return invalidConcurrent(c, err)
-		}
-		for _, b := range bs {
-			if b.Policy == c.Policy {
-				return invalidConcurrent(c, fmt.Errorf("policy name %q is a bucket's too; name each part differently", c.Policy))
-			}
-		}
-	}
-	return nil
-}
-
-func invalidConcurrent(c *Concurrent, err error) error {
-	return fmt.Errorf("admithttp: concurrency part (policy %q) of the Rule: %w (%w, %w)", c.Policy, err, admit.ErrInvalidRequest, admit.ErrNotExecuted)
-}
-
-func invalidRule(i int, b Bucket, err error) error {
-	return fmt.Errorf("admithttp: bucket %d (policy %q) of the Rule: %w (%w, %w)", i+1, b.Policy, err, admit.ErrInvalidRequest, admit.ErrNotExecuted)
-}
-
-// checkName refuses a value that a Structured Field String cannot hold:
-// anything but printable ASCII.
-func checkName(what, s string, required bool) error {
-	if s == "" {
-		if required {
-			return fmt.Errorf("empty %s; every bucket needs one for the RateLimit fields", what)
-		}
-		return nil
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%s %q has byte %#x at %d; a Structured Field String holds printable ASCII only", what, s, c, i)
-		}
+	if f := edge.Check(rule.edge()); f != nil {
+		return fmt.Errorf("admithttp: %w", f)
 	}
 	return nil
 }

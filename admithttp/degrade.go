@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // Degrade returns an OutageHandler that decides the request's Rule in this
@@ -43,7 +44,7 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			Refuse(w, r, next, err)
 			return
 		}
-		if !o.rule.hasBuckets() {
+		if !o.rule.edge().HasBuckets() {
 			next.ServeHTTP(w, r) // a concurrency limit alone: not enforced while degraded
 			return
 		}
@@ -56,7 +57,7 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			Refuse(w, r, next, err)
 			return
 		}
-		res := result{d: dec}
+		res := edge.Result{Decision: dec}
 		if !dec.Allowed() {
 			o.m.refuse(w, r, scaled, res)
 			return

@@ -6,6 +6,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/internal/minitest"
 )
 
 // TestDegrade: while the store is down, Degrade decides each request in
@@ -14,7 +15,7 @@ import (
 // once the store answers again, the next request is decided there, from a
 // full bucket, with nothing carried over.
 func TestDegrade(t *testing.T) {
-	srv, c := newMini(t)
+	srv, c := minitest.Start(t)
 	g, err := admit.NewDegraded(0.25, 64)
 	if err != nil {
 		t.Fatal(err)

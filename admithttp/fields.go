@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // The names of draft-ietf-httpapi-ratelimit-headers-11, in one place: the
@@ -138,7 +139,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 			left = max(ref.Decision.Remaining[i], 0)
 		}
 		detail = "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
-			" of the " + strconv.Itoa(ref.Violated.cost()) + " this request needs; retry after " +
+			" of the " + strconv.Itoa(edge.Bucket(ref.Violated).Tokens()) + " this request needs; retry after " +
 			formatSeconds(ref.RetryAfter()) + " s"
 	}
 	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
@@ -151,9 +152,9 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 }
 
 // refuse answers a request the limiter refused.
-func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, res result) {
-	ref := Refusal{Rule: rule, Decision: res.d, Lease: res.lease}
-	switch res.denied() {
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, res edge.Result) {
+	ref := Refusal{Rule: rule, Decision: res.Decision, Lease: res.Lease}
+	switch res.Denied() {
 	case admit.PartSlot:
 		ref.ViolatedConcurrent = rule.Concurrent
 	case admit.PartSecond:
@@ -193,14 +194,14 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // setFields sets RateLimit-Policy for every part of rule and RateLimit
 // for every part the decision evaluated: the concurrency part first, as
 // it is decided first, then the buckets.
-func setFields(h http.Header, rule Rule, res result) {
+func setFields(h http.Header, rule Rule, res edge.Result) {
 	var policy, limit strings.Builder
 	sep := func(b *strings.Builder) {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
 	}
-	if c := rule.Concurrent; c != nil && res.lease != nil {
+	if c := rule.Concurrent; c != nil && res.Lease != nil {
 		n := c.Spec.Limit()
 		writeString(&policy, c.Policy)
 		writeParam(&policy, quotaParam, int64(n))
@@ -211,17 +212,17 @@ func setFields(h http.Header, rule Rule, res result) {
 		// are free: for a refusal, until the oldest lease expires (the
 		// Retry-After); else within one lease duration, when this
 		// request's own lease ends at the latest. No slot taken, no t.
-		r := max(n-res.lease.Holders, 0)
+		r := max(n-res.Lease.Holders, 0)
 		writeString(&limit, c.Policy)
 		writeParam(&limit, remainingParam, int64(r))
 		switch {
-		case res.lease.Denied == admit.PartSlot:
-			writeParam(&limit, resetParam, ceilSeconds(res.lease.RetryAfter))
+		case res.Lease.Denied == admit.PartSlot:
+			writeParam(&limit, resetParam, ceilSeconds(res.Lease.RetryAfter))
 		case r < n:
 			writeParam(&limit, resetParam, ceilSeconds(c.Spec.Lease()))
 		}
 	}
-	for i, b := range rule.buckets() {
+	for i, b := range rule.edge().Buckets() {
 		sep(&policy)
 		burst := b.Spec.Burst()
 		writeString(&policy, b.Policy)
@@ -232,14 +233,14 @@ func setFields(h http.Header, rule Rule, res result) {
 		}
 		writeParam(&policy, windowParam, max(ceilSeconds(time.Duration(burst)*b.Spec.Interval()), 1))
 
-		r := res.d.Remaining[i]
+		r := res.Decision.Remaining[i]
 		if r < 0 {
 			continue // not evaluated: an earlier part refused
 		}
 		sep(&limit)
 		writeString(&limit, b.Policy)
 		writeParam(&limit, remainingParam, int64(r))
-		if t, ok := effectiveWindow(b, r, int(res.d.Denied) == i+1, res.d.RetryAfter); ok {
+		if t, ok := effectiveWindow(b, r, int(res.Decision.Denied) == i+1, res.Decision.RetryAfter); ok {
 			writeParam(&limit, resetParam, t)
 		}
 	}
@@ -252,7 +253,7 @@ func setFields(h http.Header, rule Rule, res result) {
 // refusing bucket, that is its RetryAfter. For another, the next token
 // comes within one Interval, the bound the Decision allows; a full bucket
 // gains nothing more, and has no t (ok false).
-func effectiveWindow(b Bucket, r int, refused bool, retryAfter time.Duration) (t int64, ok bool) {
+func effectiveWindow(b edge.Bucket, r int, refused bool, retryAfter time.Duration) (t int64, ok bool) {
 	switch {
 	case refused:
 		return ceilSeconds(retryAfter), true

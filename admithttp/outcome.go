@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // An Outcome is what the middleware did with one request.
@@ -100,8 +101,8 @@ func WithOutcome(f func(Event)) Option {
 }
 
 // emit reports an Outcome to the hook, if there is one.
-func (m *middleware) emit(r *http.Request, o Outcome, rule Rule, res result, err error) {
+func (m *middleware) emit(r *http.Request, o Outcome, rule Rule, res edge.Result, err error) {
 	if m.outcome != nil {
-		m.outcome(Event{Request: r, Outcome: o, Rule: rule, Decision: res.d, Lease: res.lease, Err: err})
+		m.outcome(Event{Request: r, Outcome: o, Rule: rule, Decision: res.Decision, Lease: res.Lease, Err: err})
 	}
 }

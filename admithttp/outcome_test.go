@@ -13,6 +13,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/google/go-cmp/cmp"
 	"github.com/valkey-io/valkey-go"
 )
@@ -68,7 +69,7 @@ func (c *switchClient) Do(ctx context.Context, cmd valkey.Completed) valkey.Valk
 // its Outcome (and one more per shadow that would refuse), whatever path
 // it takes; the Outage handler's choice decides served or refused.
 func TestOutcomeEvents(t *testing.T) {
-	_, mini := newMini(t)
+	_, mini := minitest.Start(t)
 	client := &switchClient{Client: mini}
 	var log eventLog
 	tight := admit.MustSpec(admit.Every(time.Minute), 1)
@@ -198,7 +199,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, mini := newMini(t)
+			srv, mini := minitest.Start(t)
 			client, ctx := tc.setup(mini)
 			var outages outageLog
 			var log eventLog
@@ -231,7 +232,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 // request's context is a time bound, not a client gone: the Outage handler
 // of the error's class answers.
 func TestParentDeadlineIsAnOutage(t *testing.T) {
-	_, mini := newMini(t)
+	_, mini := minitest.Start(t)
 	var log eventLog
 	h := mustNew(t, admit.New(stallingClient{mini}), lanes("t:"), refuseAll, admithttp.WithOutcome(log.record))(&recordingHandler{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
@@ -258,7 +259,7 @@ func (stallingClient) Do(ctx context.Context, _ valkey.Completed) valkey.ValkeyR
 // answers (the command was in flight: outcome unknown), with the deadline
 // in the error; Refuse's 503 carries Retry-After.
 func TestDecisionTimeout(t *testing.T) {
-	_, mini := newMini(t)
+	_, mini := minitest.Start(t)
 	var log eventLog
 	var reported []error
 	h := mustNew(t, admit.New(stallingClient{mini}), func(*http.Request) admithttp.Rule {
@@ -305,7 +306,7 @@ func TestWithRefusal(t *testing.T) {
 		return admithttp.Rule{First: admithttp.Bucket{Policy: "p", Key: "k", Spec: admit.MustSpec(admit.Every(time.Minute), 1)}}
 	}
 	run := func(opts ...admithttp.Option) *httptest.ResponseRecorder {
-		_, c := newMini(t)
+		_, c := minitest.Start(t)
 		h := mustNew(t, admit.New(c), rule, refuseAll, opts...)(&recordingHandler{})
 		send(h, "", "")
 		return send(h, "", "")
@@ -347,7 +348,7 @@ func (w *nopWriter) Write(b []byte) (int, error) { return len(b), nil }
 // does the hook; on the decided paths, the unset hook costs no allocation
 // that a set one does not (the Event is built only when there is a hook).
 func TestOutcomeHookAllocatesNothingUnset(t *testing.T) {
-	_, c := newMini(t)
+	_, c := minitest.Start(t)
 	lim := admit.New(c)
 	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 	unlimited := mustNew(t, lim, func(*http.Request) admithttp.Rule { return admithttp.Rule{} }, refuseAll)(noop)

@@ -1,12 +1,12 @@
 package admithttp
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -84,31 +84,16 @@ func (r ShadowReport) EnforcedAdmitted() bool {
 // WithShadow adds a shadow rule; give it once per Shadow.
 func WithShadow(s Shadow) Option {
 	return optionFunc(func(c *config) error {
-		switch {
-		case s.Name == "":
-			return errors.New("admithttp: WithShadow: empty Name; name the candidate, for example \"tight-standard\"")
-		case strings.ContainsAny(s.Name, "{}"):
-			return fmt.Errorf("admithttp: WithShadow: Name %q holds a brace, which would change its keys' hash tag; drop it", s.Name)
-		case s.Rule == nil:
-			return fmt.Errorf("admithttp: WithShadow(%q): nil Rule; pass a function from the request to the candidate Rule", s.Name)
-		case s.Report == nil:
-			return fmt.Errorf("admithttp: WithShadow(%q): nil Report; a shadow that reports nowhere only costs round trips", s.Name)
-		}
-		if err := checkName("Name", s.Name, true); err != nil {
+		if err := edge.CheckShadow(s.Name, c.shadowNames, s.Rule != nil, s.Report != nil, "request"); err != nil {
 			return fmt.Errorf("admithttp: WithShadow: %w", err)
 		}
-		for _, o := range c.shadows {
-			if o.Name == s.Name {
-				return fmt.Errorf("admithttp: WithShadow: two shadows named %q; their keys would collide", s.Name)
-			}
-		}
-		c.shadows = append(c.shadows, s)
+		c.shadows, c.shadowNames = append(c.shadows, s), append(c.shadowNames, s.Name)
 		return nil
 	})
 }
 
 // runShadows decides and reports every shadow rule for r.
-func (m *middleware) runShadows(r *http.Request, enforced Rule, res result) {
+func (m *middleware) runShadows(r *http.Request, enforced Rule, res edge.Result) {
 	for _, s := range m.shadows {
 		rule := s.Rule(r, enforced.clone())
 		rule = rule.clone()
@@ -122,11 +107,11 @@ func (m *middleware) runShadows(r *http.Request, enforced Rule, res result) {
 				b.Key = prefix + b.Key
 			}
 		}
-		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.d, EnforcedLease: res.lease}
+		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.Decision, EnforcedLease: res.Lease}
 		if rep.Err = checkShadowRule(rule); rep.Err == nil {
-			var res result
+			var res edge.Result
 			res, rep.Err = m.decide(r, rule)
-			rep.Decision = res.d
+			rep.Decision = res.Decision
 		}
 		s.Report(rep)
 		if rep.Err == nil && !rep.Decision.Allowed() && m.outcome != nil {

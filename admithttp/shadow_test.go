@@ -13,6 +13,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/google/go-cmp/cmp"
 	"github.com/valkey-io/valkey-go"
 )
@@ -83,8 +84,8 @@ func keyState(t *testing.T, c valkey.Client) map[string]string {
 // candidate, the enforced rule on shadow keys, decides exactly as the
 // enforced rule does.
 func TestShadowNeverRefusesNorTouchesEnforced(t *testing.T) {
-	_, withShadow := newMini(t)
-	_, without := newMini(t)
+	_, withShadow := minitest.Start(t)
+	_, without := minitest.Start(t)
 	var tight, same shadowTally
 	shadowed := mustNew(t, admit.New(withShadow), lanes("t:"), refuseAll, admithttp.WithHeaders(),
 		admithttp.WithShadow(admithttp.Shadow{Name: "tight", Report: tight.report,
@@ -165,7 +166,7 @@ func secondKey(r admithttp.Rule) string {
 // TestShadowErrorNeverRefuses: a shadow decision that fails is reported
 // with its error; the request is answered by the enforced rule alone.
 func TestShadowErrorNeverRefuses(t *testing.T) {
-	_, c := newMini(t)
+	_, c := minitest.Start(t)
 	var tally shadowTally
 	next := &recordingHandler{}
 	h := mustNew(t, admit.New(&shadowFailingClient{Client: c}), lanes("t:"), refuseAll,
@@ -199,7 +200,7 @@ func (c *shadowFailingClient) Do(ctx context.Context, cmd valkey.Completed) valk
 // none; it never refuses there either, and reports Enforced as the zero
 // Decision.
 func TestShadowOnUnlimitedRoute(t *testing.T) {
-	_, c := newMini(t)
+	_, c := minitest.Start(t)
 	var tally shadowTally
 	next := &recordingHandler{}
 	h := mustNew(t, admit.New(c), lanes("t:"), refuseAll,

@@ -46,7 +46,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/admitkit/admit/examples/internal/demostore"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -60,7 +60,7 @@ func main() {
 }
 
 func start(addr string) error {
-	client, where, stop, err := connect(time.Time{}) // the machine's clock
+	client, where, stop, err := demostore.Connect(time.Time{}) // the machine's clock
 	if err != nil {
 		return err
 	}
@@ -158,36 +158,4 @@ func run(ctx context.Context, w io.Writer, client valkey.Client, g *gateway) (su
 	fmt.Fprintf(w, "the candidate lane would have refused %d of the %d standard requests, %d of them admitted today\n",
 		sum.candidateRefused, g.candidateSaw.Load(), sum.candidateAdmitted)
 	return sum, nil
-}
-
-// connect dials VALKEY_ADDR, or starts an in-process miniredis. A
-// non-zero fixedClock stops the in-process server's clock there (tests do
-// this, so that the story does not depend on the machine's speed); zero
-// leaves it on the machine's clock.
-func connect(fixedClock time.Time) (valkey.Client, string, func(), error) {
-	opt := valkey.ClientOption{DisableCache: true}
-	where, stopServer := "", func() {}
-	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
-		opt.InitAddress = []string{addr}
-		where = "Valkey at " + addr
-	} else {
-		srv, err := miniredis.Run()
-		if err != nil {
-			return nil, "", nil, err
-		}
-		// miniredis answers CLUSTER SLOTS; without this valkey-go would treat
-		// it as a cluster.
-		if !fixedClock.IsZero() {
-			srv.SetTime(fixedClock)
-		}
-		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
-		where = "an in-process miniredis (set VALKEY_ADDR=host:port to use your Valkey)"
-		stopServer = srv.Close
-	}
-	c, err := valkey.NewClient(opt)
-	if err != nil {
-		stopServer()
-		return nil, "", nil, fmt.Errorf("connect: %w", err)
-	}
-	return c, where, func() { c.Close(); stopServer() }, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,15 +12,12 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/examples/internal/demostore"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/valkey-io/valkey-go"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // The story the workload tells, request by request: HTTP status, and what
 // was refunded.
@@ -41,12 +37,12 @@ var wantOutcomes = []string{
 var wantSummary = summary{admitted: 5, refusedByLane: 1, refusedByShared: 2, refunded: 500*2 + 100,
 	candidateRefused: 3, candidateAdmitted: 2}
 
-// TestRunOnServer runs the gateway against a real server and checks every
+// TestIntegrationRun runs the gateway against a real server and checks every
 // decision, the refunds, and what the buckets hold at the end: exactly the
 // tokens the story leaves (lane 900: the shared bucket's refusal of s4
 // charged the lane nothing; shared 200), plus at most what they refilled
 // while the run took, by the server's clock.
-func TestRunOnServer(t *testing.T) {
+func TestIntegrationRun(t *testing.T) {
 	srv := testserver.Shared(t)
 	c := testserver.NewClient(t, srv)
 	ctx := context.Background()
@@ -87,16 +83,7 @@ func TestRunOnServer(t *testing.T) {
 // TestRunInProcess is what go run does with no VALKEY_ADDR: the same story
 // on an in-process miniredis.
 func TestRunInProcess(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect(testClock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	g, err := newGateway(c, "llmgateway:")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := inProcess(t)
 	var out strings.Builder
 	sum, err := run(context.Background(), &out, c, g)
 	if err != nil {
@@ -142,16 +129,7 @@ func serverMicros(t *testing.T, c valkey.Client) int64 {
 // TestRefusedBeforeTheLimiter: what the gateway refuses itself never
 // reaches the buckets.
 func TestRefusedBeforeTheLimiter(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect(testClock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	g, err := newGateway(c, "llmgateway:")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := inProcess(t)
 	for _, tc := range []struct {
 		key, body string
 		want      int
@@ -163,11 +141,7 @@ func TestRefusedBeforeTheLimiter(t *testing.T) {
 		{"key-premium", `{"prompt_tokens":1000,"max_tokens":11001}`, http.StatusRequestEntityTooLarge}, // above the shared 12000
 		{"key-premium", `{"prompt_tokens":1,"max_tokens":9223372036854775807}`, http.StatusRequestEntityTooLarge},
 	} {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(tc.body))
-		req.Header.Set("X-API-Key", tc.key)
-		rec := httptest.NewRecorder()
-		g.ServeHTTP(rec, req)
-		if rec.Code != tc.want {
+		if rec := post(g, tc.key, tc.body); rec.Code != tc.want {
 			t.Errorf("%s %s: %d, want %d", tc.key, tc.body, rec.Code, tc.want)
 		}
 	}
@@ -180,27 +154,43 @@ func TestRefusedBeforeTheLimiter(t *testing.T) {
 // still, so no bucket refills while a slow machine runs the story.
 var testClock = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
+// inProcess is what go run does with no VALKEY_ADDR, on a server whose
+// clock stands at testClock: the client and the gateway, closed when the
+// test ends.
+func inProcess(t *testing.T) (valkey.Client, *gateway) {
+	t.Helper()
+	t.Setenv("VALKEY_ADDR", "")
+	c, _, stop, err := demostore.Connect(testClock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	g, err := newGateway(c, "llmgateway:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, g
+}
+
+// post sends g a chat request with the API key and body, and returns its
+// answer.
+func post(g *gateway, key, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(body))
+	req.Header.Set("X-API-Key", key)
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, req)
+	return rec
+}
+
 // TestFieldsCountTokens: every token policy of every response that carries
 // the fields says its quota counts model tokens, never the draft's default
 // of requests; the organisation's concurrency limit says it counts
 // requests in flight.
 func TestFieldsCountTokens(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect(testClock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	g, err := newGateway(c, "llmgateway:")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, g := inProcess(t)
 	seen := map[int]bool{}
 	for _, key := range []string{"key-standard", "key-standard", "key-standard", "key-premium"} {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(`{"prompt_tokens":1000,"max_tokens":2000}`))
-		req.Header.Set("X-API-Key", key)
-		rec := httptest.NewRecorder()
-		g.ServeHTTP(rec, req)
+		rec := post(g, key, `{"prompt_tokens":1000,"max_tokens":2000}`)
 		seen[rec.Code] = true
 		policy := rec.Header().Get("RateLimit-Policy")
 		items := strings.Split(policy, ", ")
@@ -227,16 +217,7 @@ func TestFieldsCountTokens(t *testing.T) {
 // the "inflight" policy, which take no tokens; another organisation is
 // admitted meanwhile; once the answers are done, every slot is free.
 func TestConcurrentPerOrganisation(t *testing.T) {
-	t.Setenv("VALKEY_ADDR", "")
-	c, _, stop, err := connect(testClock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	g, err := newGateway(c, "llmgateway:")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := inProcess(t)
 	var now, most atomic.Int64
 	entered := make(chan string, 16)
 	gate := make(chan struct{})
@@ -254,13 +235,7 @@ func TestConcurrentPerOrganisation(t *testing.T) {
 		}
 		return complete(r)
 	}
-	post := func(key string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat", strings.NewReader(`{"prompt_tokens":100,"max_tokens":100}`))
-		req.Header.Set("X-API-Key", key)
-		rec := httptest.NewRecorder()
-		g.ServeHTTP(rec, req)
-		return rec
-	}
+	const body = `{"prompt_tokens":100,"max_tokens":100}`
 	lane := func() int64 { // the standard lane's tokens, by a Peek
 		d, err := g.lim.Peek(context.Background(), admit.Request{Key: g.laneKey, Spec: laneSpec}, nil)
 		if err != nil {
@@ -271,7 +246,7 @@ func TestConcurrentPerOrganisation(t *testing.T) {
 	const limit, sent = 4, 7
 	done := make(chan *httptest.ResponseRecorder, sent)
 	for range limit {
-		go func() { done <- post("key-standard") }()
+		go func() { done <- post(g, "key-standard", body) }()
 	}
 	for range limit {
 		select {
@@ -282,7 +257,7 @@ func TestConcurrentPerOrganisation(t *testing.T) {
 	}
 	before := lane()
 	for range sent - limit {
-		rec := post("key-standard")
+		rec := post(g, "key-standard", body)
 		if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"violated-policies":["inflight"]`) {
 			t.Errorf("a fifth request of the organisation: %d %s; want 429 by the inflight policy", rec.Code, rec.Body.String())
 		}
@@ -293,7 +268,7 @@ func TestConcurrentPerOrganisation(t *testing.T) {
 	if after := lane(); after != before {
 		t.Errorf("the lane holds %d after the refusals, %d before: a refusal by the concurrency limit took tokens", after, before)
 	}
-	if rec := post("key-standard-2"); rec.Code != http.StatusOK {
+	if rec := post(g, "key-standard-2", body); rec.Code != http.StatusOK {
 		t.Errorf("another organisation, while the first is at its limit: %d %s", rec.Code, rec.Body.String())
 	}
 	<-entered

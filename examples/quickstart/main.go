@@ -18,8 +18,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/alicebob/miniredis/v2"
-	"github.com/valkey-io/valkey-go"
+	"github.com/admitkit/admit/examples/internal/demostore"
 )
 
 // Specs are built once. Both keys share the hash tag {chan:42}, so on Valkey
@@ -42,9 +41,9 @@ func main() {
 }
 
 // run tells the story on VALKEY_ADDR's server, or on an in-process one
-// whose clock is fixedClock when that is not zero (see connect).
+// whose clock is fixedClock when that is not zero (see demostore.Connect).
 func run(ctx context.Context, w io.Writer, fixedClock time.Time) error {
-	client, where, stop, err := connect(fixedClock)
+	client, where, stop, err := demostore.Connect(fixedClock)
 	if err != nil {
 		return err
 	}
@@ -90,36 +89,4 @@ func describe(d admit.Decision, first, second string) string {
 	default:
 		return fmt.Sprintf("denied by the %s bucket, retry after %v", second, d.RetryAfter.Round(time.Millisecond))
 	}
-}
-
-// connect dials VALKEY_ADDR, or starts an in-process miniredis. A
-// non-zero fixedClock stops the in-process server's clock there (tests do
-// this, so that the story does not depend on the machine's speed); zero
-// leaves it on the machine's clock.
-func connect(fixedClock time.Time) (valkey.Client, string, func(), error) {
-	opt := valkey.ClientOption{DisableCache: true}
-	where, stopServer := "", func() {}
-	if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
-		opt.InitAddress = []string{addr}
-		where = "Valkey at " + addr
-	} else {
-		srv, err := miniredis.Run()
-		if err != nil {
-			return nil, "", nil, err
-		}
-		// miniredis answers CLUSTER SLOTS; without this valkey-go would treat
-		// it as a cluster.
-		if !fixedClock.IsZero() {
-			srv.SetTime(fixedClock)
-		}
-		opt.InitAddress, opt.ForceSingleClient = []string{srv.Addr()}, true
-		where = "an in-process miniredis (set VALKEY_ADDR=host:port to use your Valkey)"
-		stopServer = srv.Close
-	}
-	c, err := valkey.NewClient(opt)
-	if err != nil {
-		stopServer()
-		return nil, "", nil, fmt.Errorf("connect: %w", err)
-	}
-	return c, where, func() { c.Close(); stopServer() }, nil
 }

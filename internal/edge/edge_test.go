@@ -1,0 +1,150 @@
+package edge_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/internal/minitest"
+)
+
+// TestCheck: every fault Check finds names its part, says whether it is
+// in a key (what a client's value may have made it), reads as what to fix,
+// and is an invalid request that was not executed; keys are checked
+// before anything else, so a Rule with a hostile key and a code fault is
+// the client's.
+func TestCheck(t *testing.T) {
+	spec := admit.MustSpec(admit.Every(time.Second), 5)
+	conc := admit.MustConcurrency(2, time.Minute)
+	b := func(policy, key string) edge.Bucket { return edge.Bucket{Policy: policy, Key: key, Spec: spec} }
+	two := func(first, second edge.Bucket) edge.Rule { return edge.Rule{First: first, Second: &second} }
+	withConc := func(r edge.Rule, c edge.Concurrent) edge.Rule { r.Concurrent = &c; return r }
+	long := strings.Repeat("k", admit.MaxKeyLen+1)
+	for _, tc := range []struct {
+		name  string
+		rule  edge.Rule
+		part  int
+		inKey bool
+		says  string
+	}{
+		{"empty key", edge.Rule{First: b("p", "")}, 1, true, "empty Key"},
+		{"long key", two(b("p", "a"), b("q", long)), 2, true, "over"},
+		{"shadow key", edge.Rule{First: b("p", edge.ShadowPrefix+"a")}, 1, true, "namespace"},
+		{"one key twice", two(b("p", "a"), b("q", "a")), 2, true, "own key"},
+		{"slot key empty", withConc(edge.Rule{}, edge.Concurrent{Policy: "c", Spec: conc}), 0, true, "empty Key"},
+		{"slot key is a bucket's", withConc(edge.Rule{First: b("p", "a")}, edge.Concurrent{Policy: "c", Key: "a", Spec: conc}), 0, true, "own key"},
+		{"key before code", two(edge.Bucket{Key: "a"}, b("q", "")), 2, true, "empty Key"},
+		{"zero spec", edge.Rule{First: edge.Bucket{Policy: "p", Key: "a"}}, 1, false, "zero Spec"},
+		{"cost above burst", edge.Rule{First: edge.Bucket{Policy: "p", Key: "a", Spec: spec, Cost: 6}}, 1, false, "burst 5"},
+		{"negative cost", edge.Rule{First: edge.Bucket{Policy: "p", Key: "a", Spec: spec, Cost: -1}}, 1, false, "burst"},
+		{"no policy", edge.Rule{First: b("", "a")}, 1, false, "empty policy name"},
+		{"policy not ascii", edge.Rule{First: b("café", "a")}, 1, false, "printable ASCII"},
+		{"unit not ascii", edge.Rule{First: edge.Bucket{Policy: "p", Key: "a", Spec: spec, Unit: "\n"}}, 1, false, "unit"},
+		{"one policy twice", two(b("p", "a"), b("p", "b")), 2, false, "name each bucket"},
+		{"slot zero spec", withConc(edge.Rule{}, edge.Concurrent{Policy: "c", Key: "s"}), 0, false, "zero Spec"},
+		{"slot policy is a bucket's", withConc(edge.Rule{First: b("p", "a")}, edge.Concurrent{Policy: "p", Key: "s", Spec: conc}), 0, false, "name each part"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := edge.Check(tc.rule)
+			if f == nil {
+				t.Fatal("no fault")
+			}
+			if f.Part != tc.part || f.InKey != tc.inKey || !strings.Contains(f.Error(), tc.says) {
+				t.Errorf("fault in part %d, in a key %v: %v; want part %d, in a key %v, saying %q", f.Part, f.InKey, f, tc.part, tc.inKey, tc.says)
+			}
+			if !errors.Is(f, admit.ErrInvalidRequest) || !errors.Is(f, admit.ErrNotExecuted) {
+				t.Errorf("%v is not ErrInvalidRequest and ErrNotExecuted", f)
+			}
+		})
+	}
+	for _, r := range []edge.Rule{
+		{First: b("p", "a")},
+		two(b("p", "a"), edge.Bucket{Policy: "q", Key: "b", Spec: spec, Cost: 5, Unit: "llm-tokens"}),
+		withConc(edge.Rule{}, edge.Concurrent{Policy: "c", Key: "s", Spec: conc}),
+		withConc(two(b("p", "a"), b("q", "b")), edge.Concurrent{Policy: "c", Key: "s", Spec: conc}),
+	} {
+		if f := edge.Check(r); f != nil {
+			t.Errorf("Check(%+v): %v; want a valid Rule", r, f)
+		}
+	}
+}
+
+// TestRuleBuckets: a Rule names its buckets in order, and only a Rule with
+// a concurrency part and neither bucket names none (its Requests are the
+// zero Request and nil, nothing to refund).
+func TestRuleBuckets(t *testing.T) {
+	spec := admit.MustSpec(admit.Every(time.Second), 5)
+	first, second := edge.Bucket{Policy: "p", Key: "a", Spec: spec}, edge.Bucket{Policy: "q", Key: "b", Spec: spec, Cost: 2}
+	slot := &edge.Concurrent{Policy: "c", Key: "s"}
+	for _, tc := range []struct {
+		rule edge.Rule
+		want []edge.Bucket
+	}{
+		{edge.Rule{First: first}, []edge.Bucket{first}},
+		{edge.Rule{First: first, Second: &second}, []edge.Bucket{first, second}},
+		{edge.Rule{Concurrent: slot}, nil},
+		{edge.Rule{First: first, Concurrent: slot}, []edge.Bucket{first}},
+		{edge.Rule{Second: &second, Concurrent: slot}, []edge.Bucket{{}, second}},
+	} {
+		got := tc.rule.Buckets()
+		if len(got) != len(tc.want) || (len(got) > 0 && got[0] != tc.want[0]) || (len(got) > 1 && got[1] != tc.want[1]) {
+			t.Errorf("%+v: buckets %+v, want %+v", tc.rule, got, tc.want)
+		}
+		r1, r2 := tc.rule.Requests()
+		if len(tc.want) == 0 && (r1 != (admit.Request{}) || r2 != nil) {
+			t.Errorf("%+v: requests %+v, %v; want none", tc.rule, r1, r2)
+		}
+		if len(tc.want) == 2 && (r2 == nil || *r2 != tc.want[1].Request()) {
+			t.Errorf("%+v: second request %v, want %+v", tc.rule, r2, tc.want[1].Request())
+		}
+	}
+	if got := (edge.Bucket{}).Tokens(); got != 1 {
+		t.Errorf("a Cost of 0 takes %d tokens, want 1", got)
+	}
+}
+
+// TestDecide, on miniredis with its clock standing still: buckets alone
+// are one AllowAll, with no Lease; with a concurrency part, one Acquire
+// whose refusal by the slot carries the slot's RetryAfter (the oldest
+// lease's time left) and the buckets' Remaining: not evaluated (-1), and
+// untouched (the next grant leaves 0 of 3). Releasing a
+// granted lease frees its slot; releasing one found expired says that
+// the handler outlived it.
+func TestDecide(t *testing.T) {
+	srv, c := minitest.Start(t)
+	lim := admit.New(c)
+	ctx := context.Background()
+	bucket := edge.Bucket{Policy: "b", Key: "{o}:b", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
+
+	res, err := edge.Decide(ctx, lim, nil, edge.Rule{First: bucket}, time.Second)
+	if err != nil || !res.Allowed() || res.Lease != nil || res.Decision.Remaining[0] != 2 {
+		t.Fatalf("buckets alone: %+v, %v; want admitted, no lease, 2 left", res, err)
+	}
+
+	rule := edge.Rule{First: bucket, Concurrent: &edge.Concurrent{Policy: "c", Key: "{o}:c", Spec: admit.MustConcurrency(1, time.Minute)}}
+	held, err := edge.Decide(ctx, lim, lim, rule, 0)
+	if err != nil || !held.Allowed() || held.Lease == nil || held.Denied() != 0 || held.Decision.Remaining[0] != 1 {
+		t.Fatalf("first slot: %+v, %v; want granted, 1 left", held, err)
+	}
+	refused, err := edge.Decide(ctx, lim, lim, rule, 0)
+	if err != nil || refused.Allowed() || refused.Denied() != admit.PartSlot ||
+		refused.Decision.RetryAfter != time.Minute || refused.Decision.Remaining != [2]int{-1, -1} {
+		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after 1m, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+	}
+
+	if err := edge.Release(ctx, held.Lease, 0); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	again, err := edge.Decide(ctx, lim, lim, rule, 0)
+	if err != nil || !again.Allowed() || again.Decision.Remaining[0] != 0 {
+		t.Fatalf("after the release: %+v, %v; want granted, the bucket's last token taken", again, err)
+	}
+	srv.SetTime(minitest.Epoch.Add(2 * time.Minute))
+	if err := edge.Release(ctx, again.Lease, 0); err == nil || !strings.Contains(err.Error(), "had expired") {
+		t.Fatalf("release of an expired lease: %v; want the handler said to have outlived it", err)
+	}
+}
