@@ -3,13 +3,13 @@ package channels
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/examples/outgress/counting"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/valkey-io/valkey-go"
 )
 

@@ -3,6 +3,9 @@ package helix
 import (
 	"context"
 	"errors"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,10 +16,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/command"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 )
 
 // connServer is an HTTP/1.1 test server that counts the connections it

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/admitkit/admit/examples/outgress/counting"
+	"github.com/admitkit/admit/examples/outgress/internal/testenv"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,10 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitkit/admit/examples/outgress/counting"
-	"github.com/admitkit/admit/examples/outgress/internal/testenv"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/valkey-io/valkey-go"
 )
 
