@@ -5,9 +5,9 @@
 #                              the real-server tests that ran and skipped (scripts/test.sh)
 # make lint                    gofmt -l, then go vet, staticcheck and go mod tidy -diff
 #                              in every module; fails on any finding
-# make integration             the real-server tests alone (./integration, and in the
-#                              root the property tests' real tier and the key-slot
-#                              check), with a missing server a failure:
+# make integration             the real-server tests alone (./integration, and the
+#                              TestIntegration* and TestConformance* tests of the other
+#                              packages and modules), with a missing server a failure:
 #                              VALKEY_SERVER=path, or valkey-server on PATH
 #
 # Benchmarks against a real server, in the benchmarks module (benchmarks/):
@@ -46,7 +46,9 @@ test:
 # without a server.
 integration:
 	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 ./integration
-	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/
+	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/ ./examples/...
+	cd admitgrpc && ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^TestIntegration' ./...
+	cd examples/outgress && ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^TestAdmitConformance$$' ./limits
 
 lint:
 	@echo "== gofmt -l"; out=$$(gofmt -l $$(git ls-files '*.go')); \

@@ -488,12 +488,16 @@ func TestMutantsApply(t *testing.T) {
 // unmutated package first: a mutant "caught" by a check that fails anyway
 // proves nothing. It needs a real server and ADMIT_MUTANTS=1, since it
 // tests the tests (CI runs it once).
+//
+// The mutants run side by side: those the rules catch on servers of their
+// own (a rule run mostly waits on its server), those a test catches a few
+// at a time (a Go mutant is a build, which keeps a CPU busy).
 func TestMutants(t *testing.T) {
 	if os.Getenv("ADMIT_MUTANTS") != "1" {
 		t.Skip("tests the tests; set ADMIT_MUTANTS=1 to run it")
 	}
-	c, opts := openTarget(t)
-	for _, r := range admittest.Rules(t, c, nil, opts...) {
+	targets := openTargets(t, ruleServers)
+	for _, r := range admittest.Rules(t, targets[0].client, nil, targets[0].opts...) {
 		if err := runRule(r); err != nil {
 			if _, skip := admittest.IsSkip(err); !skip {
 				t.Fatalf("the shipped script fails %s; fix that first:\n%v", r.Name, err)
@@ -502,9 +506,10 @@ func TestMutants(t *testing.T) {
 	}
 	built := newOverlayRunner(t)
 	caught := make([]string, len(mutants))
-	ran := make([]bool, len(mutants))     // -run may pick some
-	t.Run("mutants", func(t *testing.T) { // returns when every parallel subtest has
-		for i, m := range mutants {
+	ran := make([]bool, len(mutants)) // -run may pick some
+	t.Run("mutants", func(t *testing.T) {
+		one := func(i int, tg *target) {
+			m := mutants[i]
 			by := "rules"
 			if m.catcher != "" {
 				by = "test"
@@ -516,9 +521,8 @@ func TestMutants(t *testing.T) {
 					t.Fatal(err)
 				}
 				if m.catcher == "" {
-					caught[i] = caughtByRules(t, c, opts, m, mutated)
+					caught[i] = caughtByRules(t, tg, m, mutated)
 				} else {
-					t.Parallel() // a build and a go test run: two at a time
 					caught[i] = built.caught(t, m, mutated)
 				}
 				if caught[i] == "" {
@@ -526,6 +530,33 @@ func TestMutants(t *testing.T) {
 				}
 			})
 		}
+		byRules, byTest := make(chan int), make(chan int)
+		var wg sync.WaitGroup
+		for _, tg := range targets {
+			wg.Go(func() {
+				for i := range byRules {
+					one(i, tg)
+				}
+			})
+		}
+		for range buildWorkers() {
+			wg.Go(func() {
+				for i := range byTest {
+					one(i, nil)
+				}
+			})
+		}
+		feed := func(ch chan<- int, rules bool) {
+			for i, m := range mutants {
+				if (m.catcher == "") == rules {
+					ch <- i
+				}
+			}
+			close(ch)
+		}
+		wg.Go(func() { feed(byRules, true) })
+		feed(byTest, false)
+		wg.Wait()
 	})
 	var b strings.Builder
 	b.WriteString("mutant -> what caught it (the catcher first)\n")
@@ -541,40 +572,54 @@ func TestMutants(t *testing.T) {
 	t.Log(b.String())
 }
 
-// openTarget is the server the rules run on: the shared server the tests
-// start, theirs alone.
-func openTarget(t *testing.T) (valkey.Client, []admittest.Option) {
-	t.Helper()
-	srv := testserver.Shared(t)
-	opt := valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true}
-	c, err := valkey.NewClient(opt)
-	if err != nil {
-		t.Fatalf("dial %s: %v", srv.Addr, err)
-	}
-	t.Cleanup(c.Close)
-	return c, []admittest.Option{admittest.WithClientOption(opt), admittest.Owned()}
+// ruleServers is how many servers the rule-caught mutants share out.
+const ruleServers = 4
+
+// buildWorkers is how many test-caught mutants run at once: one per CPU,
+// two at least, four at most.
+func buildWorkers() int { return max(2, min(4, runtime.GOMAXPROCS(0))) }
+
+// A target is a server the rules run on, the tests' alone, and how to
+// reach it.
+type target struct {
+	client valkey.Client
+	opts   []admittest.Option
 }
 
-// caughtByRules runs every conformance rule against Limiters built around
-// the mutated script and returns the rules that failed.
-func caughtByRules(t *testing.T, c valkey.Client, opts []admittest.Option, m mutant, src string) string {
+func openTargets(t *testing.T, n int) []*target {
+	t.Helper()
+	targets := make([]*target, n)
+	for i := range targets {
+		srv := testserver.Own(t)
+		opt := valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true}
+		c, err := valkey.NewClient(opt)
+		if err != nil {
+			t.Fatalf("dial %s: %v", srv.Addr, err)
+		}
+		t.Cleanup(c.Close)
+		targets[i] = &target{c, []admittest.Option{admittest.WithClientOption(opt), admittest.Owned()}}
+	}
+	return targets
+}
+
+// caughtByRules runs the conformance rules against Limiters built around
+// the mutated script, until one fails, and returns its name.
+func caughtByRules(t *testing.T, tg *target, m mutant, src string) string {
 	newLimiter := func(c valkey.Client) *admit.Limiter {
 		if m.wrap != nil {
 			c = m.wrap(c)
 		}
 		return admit.NewLimiterWithScript(c, src)
 	}
-	var caught []string
-	for _, r := range admittest.Rules(t, c, newLimiter, opts...) {
+	for _, r := range admittest.Rules(t, tg.client, newLimiter, tg.opts...) {
 		err := runRule(r)
 		if _, skip := admittest.IsSkip(err); err == nil || skip {
 			continue
 		}
-		if caught = append(caught, r.Name); len(caught) == 1 {
-			t.Logf("evidence: %s: %s", r.Name, firstLine(err.Error()))
-		}
+		t.Logf("evidence: %s: %s", r.Name, firstLine(err.Error()))
+		return r.Name
 	}
-	return strings.Join(caught, ", ")
+	return ""
 }
 
 func runRule(r admittest.Rule) error {
@@ -594,17 +639,47 @@ func firstLine(s string) string {
 	return s
 }
 
-// overlayRunner runs a mutant's catcher with go test -overlay: the
-// package's tests built with the mutated file in place of the file, which
-// stays as it is on disk. A few at a time (two, or one per CPU up to
-// four): a run is about half compiling and half waiting on servers.
+// overlayRunner runs a mutant's catcher on the mutated package. A Go
+// mutant is built with go test -overlay: the package's tests with the
+// mutated file in place of the file, which stays as it is on disk. A
+// script mutant, and every catcher's run on the unmutated package, run in
+// a test binary built once per package, into which the overlay adds
+// scriptHook: it runs the script that ADMIT_TEST_SCRIPT names in place of
+// script.lua, or script.lua when that is unset.
 type overlayRunner struct {
-	goBin string
-	dir   string
-	slots chan struct{}
-	mu    sync.Mutex
-	clean map[string]string // catcher -> the error of its run on the unmutated package ("" when it passed)
+	goBin   string
+	root    string // the package's directory
+	dir     string
+	mu      sync.Mutex           // guards bins
+	bins    map[string]*prebuilt // package -> its test binary
+	cleanMu sync.Mutex           // guards clean, and is held while a catcher runs on the unmutated package
+	clean   map[string]string    // catcher -> the error of its run on the unmutated package ("" when it passed)
 }
+
+type prebuilt struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// scriptHook is added to package admit in the runner's test binaries: a
+// variable initialized before any of the tests' own, so that
+// ScriptSource (export_test.go) reads the mutant too.
+const scriptHook = `package admit
+
+import "os"
+
+var _ = func() int {
+	if path := os.Getenv("ADMIT_TEST_SCRIPT"); path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			panic(err)
+		}
+		scriptSource = string(b)
+	}
+	return 0
+}()
+`
 
 func newOverlayRunner(t *testing.T) *overlayRunner {
 	// go test puts its own GOROOT/bin first on the test's PATH, so this
@@ -613,42 +688,87 @@ func newOverlayRunner(t *testing.T) *overlayRunner {
 	if err != nil {
 		t.Fatalf("mutants need the go command: %v", err)
 	}
-	return &overlayRunner{goBin: goBin, dir: t.TempDir(), slots: make(chan struct{}, max(2, min(4, runtime.GOMAXPROCS(0)))), clean: map[string]string{}}
+	root, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &overlayRunner{goBin: goBin, root: root, dir: t.TempDir(), clean: map[string]string{}, bins: map[string]*prebuilt{}}
 }
 
 var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
 
-// run runs the tests that pattern selects, with file replaced by the
-// contents of overlay when that is not empty, and returns the tests that
-// failed and the output.
-func (o *overlayRunner) run(pattern, file, overlay string) (failed []string, out string) {
-	o.slots <- struct{}{}
-	defer func() { <-o.slots }()
-	args := []string{"test", "-vet=off", "-count=1", "-run", pattern}
-	if overlay != "" {
-		abs, err := filepath.Abs(file)
-		if err != nil {
-			return []string{"(no overlay: " + err.Error() + ")"}, ""
-		}
-		spec, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: overlay}})
-		path := overlay + ".json"
-		if err := os.WriteFile(path, spec, 0o644); err != nil {
-			return []string{"(no overlay: " + err.Error() + ")"}, ""
-		}
-		args = append(args, "-overlay", path)
+// goCommand is the go command, offline (everything needed is in the
+// module cache already), as a child that never runs the mutants itself.
+func (o *overlayRunner) goCommand(args ...string) *exec.Cmd {
+	cmd := exec.Command(o.goBin, args...)
+	cmd.Dir = o.root
+	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local", "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1")
+	return cmd
+}
+
+// writeOverlay writes an overlay that replaces (or adds) each file of
+// replace, by its path in the package, with the file named, and returns
+// the overlay's path.
+func (o *overlayRunner) writeOverlay(name string, replace map[string]string) (string, error) {
+	abs := map[string]string{}
+	for file, with := range replace {
+		abs[filepath.Join(o.root, file)] = with
 	}
+	spec, _ := json.Marshal(map[string]map[string]string{"Replace": abs})
+	path := filepath.Join(o.dir, name+".overlay.json")
+	return path, os.WriteFile(path, spec, 0o644)
+}
+
+// binary returns pkg's test binary with scriptHook, built on first use.
+func (o *overlayRunner) binary(pkg string) (string, error) {
+	o.mu.Lock()
+	b := o.bins[pkg]
+	if b == nil {
+		b = &prebuilt{}
+		o.bins[pkg] = b
+	}
+	o.mu.Unlock()
+	b.once.Do(func() {
+		hook := filepath.Join(o.dir, "script_hook.go")
+		if b.err = os.WriteFile(hook, []byte(scriptHook), 0o644); b.err != nil {
+			return
+		}
+		overlay, err := o.writeOverlay("hook", map[string]string{"mutants_script_hook.go": hook})
+		if b.err = err; err != nil {
+			return
+		}
+		b.path = filepath.Join(o.dir, strings.Trim(strings.ReplaceAll(pkg, "/", "-"), ".-")+"pkg.test")
+		out, err := o.goCommand("test", "-c", "-vet=off", "-overlay", overlay, "-o", b.path, pkg).CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("building %s's tests: %v\n%s", pkg, err, out)
+		}
+	})
+	return b.path, b.err
+}
+
+// run runs the tests that pattern selects, with file replaced by the
+// contents of mutated when that is not empty, and returns the tests that
+// failed and the output.
+func (o *overlayRunner) run(pattern, file, mutated string) (failed []string, out string) {
 	pkg := "."
 	if top := strings.TrimLeft(pattern, "^("); strings.HasPrefix(top, "TestIntegration") || strings.HasPrefix(top, "TestConformance") {
 		pkg = "./integration" // the real-server tests
 	}
-	cmd := exec.Command(o.goBin, append(args, pkg)...)
-	// Offline: everything needed is in the module cache already. A child
-	// never runs the mutants itself.
-	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local", "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1")
-	if overlay != "" && file == scriptFile {
-		// The integration tests that send the script themselves read it
-		// from here (integration/main_test.go), not from the build.
-		cmd.Env = append(cmd.Env, "ADMIT_TEST_SCRIPT="+overlay)
+	var cmd *exec.Cmd
+	if mutated == "" || file == scriptFile {
+		bin, err := o.binary(pkg)
+		if err != nil {
+			return []string{"(did not build)"}, err.Error()
+		}
+		cmd = exec.Command(bin, "-test.run", pattern, "-test.count=1", "-test.timeout=10m")
+		cmd.Dir = filepath.Join(o.root, pkg) // where its tests read their files
+		cmd.Env = append(os.Environ(), "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1", "ADMIT_TEST_SCRIPT="+mutated)
+	} else {
+		overlay, err := o.writeOverlay(filepath.Base(mutated), map[string]string{file: mutated})
+		if err != nil {
+			return []string{"(no overlay: " + err.Error() + ")"}, ""
+		}
+		cmd = o.goCommand("test", "-vet=off", "-count=1", "-run", pattern, "-overlay", overlay, pkg)
 	}
 	b, err := cmd.CombinedOutput()
 	for _, m := range failLine.FindAllStringSubmatch(string(b), -1) {
@@ -688,7 +808,7 @@ func pattern(catcher string) string {
 // the catcher first, or "" when no test the catcher names failed.
 func (o *overlayRunner) caught(t *testing.T, m mutant, mutated string) string {
 	run := pattern(m.catcher)
-	o.mu.Lock()
+	o.cleanMu.Lock()
 	cleanErr, ok := o.clean[run]
 	if !ok { // the catcher on the unmutated package, once
 		failed, out := o.run(run, "", "")
@@ -697,7 +817,7 @@ func (o *overlayRunner) caught(t *testing.T, m mutant, mutated string) string {
 		}
 		o.clean[run] = cleanErr
 	}
-	o.mu.Unlock()
+	o.cleanMu.Unlock()
 	if cleanErr != "" {
 		t.Fatal(cleanErr)
 	}

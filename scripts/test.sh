@@ -6,6 +6,9 @@
 # Every module runs even when one fails; the failures are listed at the
 # end. After each module it prints how many real-server tests ran and how
 # many skipped for want of a server (go test alone prints "ok" either way).
+# examples/outgress is tested as a user would have it: a copy outside the
+# repository (examples/outgress/scripts/standalone.sh), which also proves
+# that it stands on its own.
 # Two modules are left out unless asked for, so that a plain make test
 # downloads nothing it will not run:
 #   internal/containertest  only with VALKEY_IMAGE set (needs a Docker engine)
@@ -26,9 +29,14 @@ for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | so
     echo "== skipped $mod: benchmarks only (BENCHMARKS.md)"
     continue ;;
   esac
-  echo "== go test -race -count=1 ./... in $mod"
   : >"$tally"
-  (cd "$mod" && ADMIT_SERVER_TALLY="$tally" go test -race -count=1 ./...) || failed+=("$mod")
+  if [ "$mod" = ./examples/outgress ]; then
+    echo "== go build, vet and test -race -count=1 ./... in a copy of $mod outside the repository"
+    ADMIT_SERVER_TALLY="$tally" bash "$mod/scripts/standalone.sh" -race -count=1 || failed+=("$mod")
+  else
+    echo "== go test -race -count=1 ./... in $mod"
+    (cd "$mod" && ADMIT_SERVER_TALLY="$tally" go test -race -count=1 ./...) || failed+=("$mod")
+  fi
   # A name that ran on a server is not also counted as skipped.
   ran=$(awk -F'\t' '$1 == "ran" { print $2 "\t" $3 }' "$tally" | sort -u)
   skipped=$(awk -F'\t' '$1 == "skipped" { print $2 "\t" $3 }' "$tally" | sort -u | comm -23 - <(echo "$ran"))

@@ -8,8 +8,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)   # examples/outgress
 root=$(cd "$here/../.." && pwd)          # the admit checkout
-tmp=$(mktemp -d)
+# The same place for the same checkout, so that the build cache, which
+# keys a package by its directory, serves the next run too.
+tmp=${TMPDIR:-/tmp}/admit-outgress-standalone-$(printf %s "$root" | cksum | cut -d ' ' -f 1)
 trap 'rm -rf "$tmp"' EXIT
+rm -rf "$tmp" && mkdir -p "$tmp"
 cp -R "$here" "$tmp/outgress"
 cd "$tmp/outgress"
 go mod edit -replace "github.com/admitkit/admit=$root"
