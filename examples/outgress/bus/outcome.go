@@ -2,6 +2,8 @@ package bus
 
 import (
 	"time"
+
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // A [Handler]'s error tells the bus what to do with the message:
@@ -33,7 +35,7 @@ const (
 var nackNames = [NumNackReasons]string{"paused", "limited", "throttled"}
 
 // String is the reason's metric label.
-func (r NackReason) String() string { return label(nackNames[:], r) }
+func (r NackReason) String() string { return label.Of(nackNames[:], r) }
 
 // ExpectedNack postpones a message: expected backpressure, not a failure.
 type ExpectedNack struct {
@@ -89,7 +91,7 @@ func NoTimeToRetry(reason NackReason) DropReason {
 }
 
 // String is the reason's metric label.
-func (r DropReason) String() string { return label(dropNames[:], r) }
+func (r DropReason) String() string { return label.Of(dropNames[:], r) }
 
 // Dropped acknowledges a message without doing its work.
 type Dropped struct {
@@ -136,15 +138,7 @@ const (
 var outcomeNames = [NumOutcomes]string{"acked", "nacked", "dropped", "error", "released"}
 
 // String is the outcome's metric label.
-func (o Outcome) String() string { return label(outcomeNames[:], o) }
-
-// label is v's name in names, or "invalid" for a value past the list.
-func label[V ~uint8](names []string, v V) string {
-	if int(v) < len(names) {
-		return names[v]
-	}
-	return "invalid"
-}
+func (o Outcome) String() string { return label.Of(outcomeNames[:], o) }
 
 // Final reports whether the outcome ends the message's life in the stream.
 func (o Outcome) Final() bool { return o == OutcomeAcked || o == OutcomeDropped }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit/examples/outgress/internal/defaults"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -200,12 +201,7 @@ const (
 var cacheUseNames = [NumCacheUses]string{"none", "hit", "miss", "joined"}
 
 // String is the use's metric label.
-func (c CacheUse) String() string {
-	if c < NumCacheUses {
-		return cacheUseNames[c]
-	}
-	return "invalid"
-}
+func (c CacheUse) String() string { return label.Of(cacheUseNames[:], c) }
 
 // ChatKeys returns a channel's two chat bucket keys. The hash tag
 // {chan:<id>} puts both in one cluster slot, so one script can decide both.

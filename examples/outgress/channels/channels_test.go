@@ -5,7 +5,6 @@ import (
 	"errors"
 	"github.com/admitkit/admit/examples/outgress/counting"
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -77,16 +76,14 @@ func TestChannelCacheConcurrentMissesShareOneLoad(t *testing.T) {
 	var uses [NumCacheUses]atomic.Int64
 	chans := make([]*Channel, callers)
 	for i := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ch, use, err := cc.Get(testenv.Ctx(t), "7")
 			if err != nil {
 				t.Error(err)
 			}
 			chans[i] = ch
 			uses[use].Add(1)
-		}()
+		})
 	}
 	if !testenv.WaitFor(func() bool { return loads.Load() == 1 && cc.waiting.Load() == callers-1 }) {
 		t.Errorf("%d loads, %d waiting; want 1 and %d", loads.Load(), cc.waiting.Load(), callers-1)
@@ -197,12 +194,8 @@ func heldLoads(t *testing.T, id, login string) (_ *Cache, loads *atomic.Int64, r
 	return New(c, Config{Prefix: prefix}), loads, release
 }
 
-// TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+// TestMain stops the shared test servers after the last test.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // env is a cache's view of the shared test server: a counting client and a
 // key prefix of the test's own.

@@ -8,7 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // Kind is what a command asks the worker to do.
@@ -27,12 +30,7 @@ const (
 var kindNames = [NumKinds]string{"chat", "api", "announce", "shoutout"}
 
 // String is the kind's metric label.
-func (k Kind) String() string {
-	if k < NumKinds {
-		return kindNames[k]
-	}
-	return "invalid"
-}
+func (k Kind) String() string { return label.Of(kindNames[:], k) }
 
 // NeedsChannel reports whether the kind acts in a channel, so the worker
 // must look the channel up first.
@@ -81,19 +79,11 @@ func Decode(data []byte) (Command, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return Command{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	c := Command{Channel: w.Channel, Text: w.Text, Color: w.Color, To: w.To, Method: w.Method, Path: w.Path}
-	switch w.Kind {
-	case "chat":
-		c.Kind = KindChat
-	case "api":
-		c.Kind = KindAPI
-	case "announce":
-		c.Kind = KindAnnounce
-	case "shoutout":
-		c.Kind = KindShoutout
-	default:
+	kind := slices.Index(kindNames[:], w.Kind) // the wire names are the kinds' names
+	if kind < 0 {
 		return Command{}, malformed("unknown kind")
 	}
+	c := Command{Kind: Kind(kind), Channel: w.Channel, Text: w.Text, Color: w.Color, To: w.To, Method: w.Method, Path: w.Path}
 	if c.Kind.NeedsChannel() && !isID(c.Channel) {
 		return Command{}, malformed("channel must be 1 to 20 decimal digits")
 	}

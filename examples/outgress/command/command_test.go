@@ -19,6 +19,9 @@ func TestDecodeCommand(t *testing.T) {
 		{`{"kind":"api","method":"GET","path":"/helix/users?id=1"}`, KindAPI, true},
 		{`not json`, 0, false},
 		{`{"kind":"dance","channel":"42"}`, 0, false},
+		{`{"kind":"CHAT","channel":"42","text":"hi"}`, 0, false},    // the names are exact
+		{`{"kind":"invalid","channel":"42","text":"hi"}`, 0, false}, // String of no kind
+		{`{"channel":"42","text":"hi"}`, 0, false},
 		{`{"kind":"chat","channel":"4}2","text":"hi"}`, 0, false}, // would break the hash tag
 		{`{"kind":"chat","channel":"{42}","text":"hi"}`, 0, false},
 		{`{"kind":"chat","channel":"123456789012345678901","text":"hi"}`, 0, false},

@@ -12,15 +12,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/command"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // Config configures a Helix client. Zero fields take the defaults named.
@@ -251,12 +253,7 @@ const (
 var protoNames = [NumProtos]string{"HTTP/1", "HTTP/2", "other"}
 
 // String is the protocol's metric label.
-func (p Proto) String() string {
-	if p < NumProtos {
-		return protoNames[p]
-	}
-	return "invalid"
-}
+func (p Proto) String() string { return label.Of(protoNames[:], p) }
 
 // ProtoOf is the protocol of a response with that major version.
 func ProtoOf(major int) Proto {
@@ -287,12 +284,7 @@ const (
 var statusNames = [NumStatus]string{"2xx", "3xx", "4xx", "429", "5xx", "error", "auth"}
 
 // String is the class's metric label.
-func (s StatusClass) String() string {
-	if s < NumStatus {
-		return statusNames[s]
-	}
-	return "invalid"
-}
+func (s StatusClass) String() string { return label.Of(statusNames[:], s) }
 
 // ClassOf is the class of an HTTP status code.
 func ClassOf(code int) StatusClass {

@@ -148,12 +148,10 @@ func TestDrainCloseReusesConcurrent(t *testing.T) {
 			for round := range rounds {
 				var wg sync.WaitGroup
 				for i := range workers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						status := testStatuses[(round*workers+i)%len(testStatuses)]
 						get(t, client, srv.URL+"/?size=64&status="+strconv.Itoa(status), func(r *http.Response) { DrainClose(r.Body, 1024) })
-					}()
+					})
 				}
 				wg.Wait()
 			}

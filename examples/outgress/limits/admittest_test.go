@@ -19,11 +19,7 @@ import (
 )
 
 // TestMain stops the shared test servers after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // deployment is the addresses the conformance suite runs on: a 3-primary
 // cluster of the tests' own with VALKEY_CLUSTER=1, else the shared server.

@@ -5,10 +5,11 @@
 package limits
 
 import (
-	"github.com/admitkit/admit/examples/outgress/channels"
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
 )
 
 // The third party's limits, and the share of each that the standard lane may
@@ -74,12 +75,7 @@ const (
 var laneNames = [NumLanes]string{"standard", "premium", "system"}
 
 // String is the lane's metric label.
-func (l Lane) String() string {
-	if l < NumLanes {
-		return laneNames[l]
-	}
-	return "invalid"
-}
+func (l Lane) String() string { return label.Of(laneNames[:], l) }
 
 // BucketClass is a bucket's role. It is the fixed metric label for a
 // denial: never the key, which names a channel.
@@ -97,12 +93,7 @@ const (
 var classNames = [NumClasses]string{"standard", "shared", "general", "system"}
 
 // String is the class's metric label.
-func (c BucketClass) String() string {
-	if c < NumClasses {
-		return classNames[c]
-	}
-	return "invalid"
-}
+func (c BucketClass) String() string { return label.Of(classNames[:], c) }
 
 // Plan is one limiter call (the worker makes it with AllowOrderedOnce):
 // First, then Second when HasSecond; the classes name the buckets for

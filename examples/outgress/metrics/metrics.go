@@ -11,12 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/admitkit/admit/examples/outgress/bus"
-	"github.com/admitkit/admit/examples/outgress/channels"
-	"github.com/admitkit/admit/examples/outgress/command"
-	"github.com/admitkit/admit/examples/outgress/helix"
-	"github.com/admitkit/admit/examples/outgress/limits"
-	"github.com/admitkit/admit/examples/outgress/pause"
 	"io"
 	"math"
 	"net"
@@ -27,6 +21,13 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/examples/outgress/bus"
+	"github.com/admitkit/admit/examples/outgress/channels"
+	"github.com/admitkit/admit/examples/outgress/command"
+	"github.com/admitkit/admit/examples/outgress/helix"
+	"github.com/admitkit/admit/examples/outgress/internal/label"
+	"github.com/admitkit/admit/examples/outgress/limits"
+	"github.com/admitkit/admit/examples/outgress/pause"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -57,12 +58,7 @@ const (
 var stageNames = [NumStages]string{"decode", "pause", "channel", "channel_load", "build", "pre_http", "http", "publish_to_sent"}
 
 // String is the stage's metric label.
-func (s Stage) String() string {
-	if s < NumStages {
-		return stageNames[s]
-	}
-	return "invalid"
-}
+func (s Stage) String() string { return label.Of(stageNames[:], s) }
 
 // Decision is the label of a limiter call's outcome: admitted, denied by a
 // bucket of a class, or failed in one of admit's two error classes.
@@ -296,12 +292,7 @@ const (
 var callOutcomeNames = [NumCallOutcomes]string{"allowed", "denied", "replayed", "cached", "not_executed", "outcome_unknown"}
 
 // String is the outcome's metric label.
-func (o CallOutcome) String() string {
-	if o < NumCallOutcomes {
-		return callOutcomeNames[o]
-	}
-	return "invalid"
-}
+func (o CallOutcome) String() string { return label.Of(callOutcomeNames[:], o) }
 
 // numOps bounds admit's Ops (OpTake is 1); op 0 is "invalid", where an Op
 // admit adds later is counted until it is listed.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,11 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+// TestMain stops the shared test servers after the last test.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // subjects is a subject prefix of the test's own.
 func subjects() string { return fmt.Sprintf("mgmt-test.%x", rand.Uint64()) }

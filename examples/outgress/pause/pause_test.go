@@ -8,7 +8,6 @@ import (
 	"github.com/admitkit/admit/examples/outgress/internal/testenv"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -325,15 +324,13 @@ func TestPauseHotReadsSendNothing(t *testing.T) {
 	var wg sync.WaitGroup
 	var paused atomic.Int64
 	for range readers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range reads {
 				if errors.Is(p.Check(), ErrPaused) {
 					paused.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	for v := 1; v <= 20; v++ { // writers race the readers
 		publish(encodePauseEvent(v%2 == 1, 0, int64(v)))
@@ -593,12 +590,8 @@ func TestPauseLostKeysFailLoudly(t *testing.T) {
 	}
 }
 
-// TestMain stops the shared test server after the last test.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+// TestMain stops the shared test servers after the last test.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestPausePropagationMeasured: each change is measured once per replica,
 // from the time its writer stored to when the replica acted on it: by the
@@ -746,12 +739,10 @@ func TestPauseRacingWritersOneWins(t *testing.T) {
 		var versions [2]int64
 		var errs [2]error
 		for w, p := range []*Pause{a, b} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-start
 				versions[w], errs[w] = p.SetPaused(testenv.Ctx(t), w == 0, i) // a pauses, b resumes
-			}()
+			})
 		}
 		close(start)
 		wg.Wait()

@@ -1,13 +1,15 @@
 // Package testenv holds the helpers the outgress packages' tests share: a
-// bounded context, a bounded wait, a command-name check, the NATS server
-// the tests use (NATS_URL, else one embedded server per test binary) and
-// the pause events' subject of a test's fleet.
+// bounded context, a bounded wait, a free port, a command-name check, the
+// NATS server the tests use (NATS_URL, else one embedded server per test
+// binary), the pause events' subject of a test's fleet, and the Valkey
+// servers they run on (valkey.go).
 package testenv
 
 import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -37,6 +39,16 @@ func WaitFor(cond func() bool) bool {
 	return cond()
 }
 
+// FreePort is a TCP port free on 127.0.0.1 when asked.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
 // IsCommand reports whether cmd's name is name (case-insensitive).
 func IsCommand(cmd valkey.Completed, name string) bool {
 	parts := cmd.Commands()
@@ -50,7 +62,7 @@ var embedded struct {
 }
 
 // NATSURL is NATS_URL, else the URL of an embedded server started by the
-// first caller and stopped by StopNATS.
+// first caller and stopped by Stop.
 func NATSURL(tb testing.TB) string {
 	tb.Helper()
 	if u := os.Getenv("NATS_URL"); u != "" {
@@ -63,9 +75,16 @@ func NATSURL(tb testing.TB) string {
 	return embedded.e.URL()
 }
 
-// StopNATS stops the embedded server, if one was started; call it from
-// TestMain after the tests.
-func StopNATS() {
+// Main runs a test binary's tests, then stops the servers they shared
+// (Stop): a package's TestMain is testenv.Main(m).
+func Main(m *testing.M) {
+	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// stopNATS stops the embedded server, if one was started; Stop calls it.
+func stopNATS() {
 	if embedded.e != nil {
 		embedded.e.Close()
 	}
