@@ -1710,48 +1710,65 @@ func (r *propRun) awayFromExpiries(ctx context.Context) error {
 // miniBackend is the fast tier: miniredis, whose clock and TTLs move only
 // when the test moves them.
 type miniBackend struct {
-	srv        *miniredis.Miniredis
-	now        time.Time
+	propLimiters
+	srv *miniredis.Miniredis
+	now time.Time
+}
+
+func newMiniBackend(tb testing.TB) *miniBackend {
+	tb.Helper()
+	srv, c := minitest.Start(tb)
+	return &miniBackend{propLimiters: newPropLimiters(tb, c, srv.Addr()), srv: srv, now: minitest.Epoch}
+}
+
+// propLimiters are a backend's three Limiters: plain, with a denial cache
+// whose commands it counts, and lossy, through a proxy that can lose a
+// reply.
+type propLimiters struct {
 	pl, ca, lo *admit.Limiter
 	lc         valkey.Client // the lossy Limiter's
 	sent       *atomic.Int64
 	px         *delayproxy.Proxy
 }
 
-func newMiniBackend(tb testing.TB) *miniBackend {
+// newPropLimiters builds them on c, a client to the server at addr, each
+// with opts.
+func newPropLimiters(tb testing.TB, c valkey.Client, addr string, opts ...admit.Option) propLimiters {
 	tb.Helper()
-	srv, c := minitest.Start(tb)
-	b := &miniBackend{srv: srv, now: minitest.Epoch, sent: new(atomic.Int64)}
-	dial := func(addr string) valkey.Client { return minitest.Client(tb, addr) }
 	// The proxy's script must be loaded, so that the command whose reply
 	// it loses is the script, not a NOSCRIPT answer.
 	if err := c.Do(context.Background(), c.B().ScriptLoad().Script(admit.ScriptSource).Build()).Error(); err != nil {
 		tb.Fatalf("SCRIPT LOAD: %v", err)
 	}
-	px, err := delayproxy.Start(srv.Addr(), 0)
+	px, err := delayproxy.Start(addr, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { px.Close() })
-	b.px = px
-	b.pl = admit.New(c)
-	b.ca = admit.New(countingClient{c, b.sent}, admit.WithDenialCache(64))
-	b.lc = dial(px.Addr())
-	b.lo = admit.New(b.lc)
-	return b
+	lc, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{px.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		tb.Fatalf("dial the proxy: %v", err)
+	}
+	tb.Cleanup(lc.Close)
+	l := propLimiters{px: px, sent: new(atomic.Int64), lc: lc}
+	l.pl = admit.New(c, opts...)
+	l.ca = admit.New(countingClient{c, l.sent}, append([]admit.Option{admit.WithDenialCache(64)}, opts...)...)
+	l.lo = admit.New(l.lc, opts...)
+	return l
 }
 
-func (b *miniBackend) warmLossy(ctx context.Context) error {
-	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
+func (l *propLimiters) warmLossy(ctx context.Context) error {
+	return l.lc.Do(ctx, l.lc.B().Ping().Build()).Error()
 }
 
-func (b *miniBackend) plain() *admit.Limiter    { return b.pl }
-func (b *miniBackend) cached() *admit.Limiter   { return b.ca }
-func (b *miniBackend) lossy() *admit.Limiter    { return b.lo }
-func (b *miniBackend) sentCached() int64        { return b.sent.Load() }
-func (b *miniBackend) proxy() *delayproxy.Proxy { return b.px }
-func (b *miniBackend) expiry() model.Expiry     { return model.Countdown }
-func (b *miniBackend) exact() bool              { return true }
+func (l *propLimiters) plain() *admit.Limiter    { return l.pl }
+func (l *propLimiters) cached() *admit.Limiter   { return l.ca }
+func (l *propLimiters) lossy() *admit.Limiter    { return l.lo }
+func (l *propLimiters) sentCached() int64        { return l.sent.Load() }
+func (l *propLimiters) proxy() *delayproxy.Proxy { return l.px }
+
+func (b *miniBackend) expiry() model.Expiry { return model.Countdown }
+func (b *miniBackend) exact() bool          { return true }
 
 func (b *miniBackend) advance(_ context.Context, d time.Duration) error {
 	b.now = b.now.Add(d)
@@ -1862,56 +1879,27 @@ func TestIntegrationProperty(t *testing.T) {
 // realBackend is a real server started with the clock-shift shim. Each
 // run flushes it and sets its clock back to the host's.
 type realBackend struct {
-	tb         testing.TB
-	c          valkey.Client
-	clk        *testserver.Clock
-	offset     time.Duration
-	pl, ca, lo *admit.Limiter
-	lc         valkey.Client // the lossy Limiter's
-	sent       *atomic.Int64
-	px         *delayproxy.Proxy
+	propLimiters
+	tb     testing.TB
+	c      valkey.Client
+	clk    *testserver.Clock
+	offset time.Duration
 }
 
 // newRealBackend builds its Limiters with opts too.
 func newRealBackend(tb testing.TB, srv *testserver.Server, clock *testserver.Clock, opts ...admit.Option) *realBackend {
 	tb.Helper()
-	ctx := context.Background()
-	b := &realBackend{tb: tb, c: testserver.NewClient(tb, srv), clk: clock, sent: new(atomic.Int64)}
+	b := &realBackend{tb: tb, c: testserver.NewClient(tb, srv), clk: clock}
 	clock.Set(tb, 0)
-	if err := b.c.Do(ctx, b.c.B().Flushall().Build()).Error(); err != nil {
+	if err := b.c.Do(context.Background(), b.c.B().Flushall().Build()).Error(); err != nil {
 		tb.Fatalf("FLUSHALL: %v", err)
 	}
-	if err := b.c.Do(ctx, b.c.B().ScriptLoad().Script(admit.ScriptSource).Build()).Error(); err != nil {
-		tb.Fatalf("SCRIPT LOAD: %v", err)
-	}
-	px, err := delayproxy.Start(srv.Addr, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { px.Close() })
-	b.px = px
-	lc, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{px.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatalf("dial the proxy: %v", err)
-	}
-	tb.Cleanup(lc.Close)
-	b.pl = admit.New(b.c, opts...)
-	b.ca = admit.New(countingClient{b.c, b.sent}, append([]admit.Option{admit.WithDenialCache(64)}, opts...)...)
-	b.lc, b.lo = lc, admit.New(lc, opts...)
+	b.propLimiters = newPropLimiters(tb, b.c, srv.Addr, opts...)
 	return b
 }
 
-func (b *realBackend) warmLossy(ctx context.Context) error {
-	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
-}
-
-func (b *realBackend) plain() *admit.Limiter    { return b.pl }
-func (b *realBackend) cached() *admit.Limiter   { return b.ca }
-func (b *realBackend) lossy() *admit.Limiter    { return b.lo }
-func (b *realBackend) sentCached() int64        { return b.sent.Load() }
-func (b *realBackend) proxy() *delayproxy.Proxy { return b.px }
-func (b *realBackend) expiry() model.Expiry     { return model.Absolute }
-func (b *realBackend) exact() bool              { return false }
+func (b *realBackend) expiry() model.Expiry { return model.Absolute }
+func (b *realBackend) exact() bool          { return false }
 
 func (b *realBackend) advance(_ context.Context, d time.Duration) error {
 	b.offset += d
