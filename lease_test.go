@@ -22,29 +22,19 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/model"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
-// leaseEpoch is the miniredis clock at the start of a lease test.
-var leaseEpoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
-
-// newLeaseMini returns a miniredis whose clock reads leaseEpoch and only
-// moves when the test moves it, and a client on it.
-func newLeaseMini(tb testing.TB) (*miniredis.Miniredis, valkey.Client) {
-	tb.Helper()
-	srv := miniredis.RunT(tb)
-	srv.SetTime(leaseEpoch)
-	srv.ClockTTL(true)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(c.Close)
-	return srv, c
-}
+// twoAtOnce and aBucket are the Concurrency and the bucket of the lease
+// unit tests.
+var (
+	twoAtOnce = admit.MustConcurrency(2, time.Second)
+	aBucket   = admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
+)
 
 func TestConcurrencySpec(t *testing.T) {
 	for _, tc := range []struct {
@@ -79,11 +69,9 @@ func TestConcurrencySpec(t *testing.T) {
 // ErrInvalidRequest and ErrNotExecuted, and a Release of the Lease sends
 // nothing.
 func TestLeaseInvalid(t *testing.T) {
-	srv, c := newLeaseMini(t)
-	l := admit.New(c)
+	srv, c := minitest.Start(t)
+	l, spec, b := admit.New(c), twoAtOnce, aBucket
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
-	b := admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
 	for _, tc := range []struct {
 		name          string
 		slot          admit.Slot
@@ -119,10 +107,10 @@ func TestLeaseInvalid(t *testing.T) {
 // model, state included, on a clock that moves only when the test moves
 // it.
 func TestLeaseSteps(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	l := admit.New(c)
 	ctx := context.Background()
-	m := model.NewLeaseServer(leaseEpoch.UnixMicro(), model.Countdown)
+	m := model.NewLeaseServer(minitest.Epoch.UnixMicro(), model.Countdown)
 	spec := admit.MustConcurrency(2, 10*time.Second)
 	b1 := admit.Request{Key: "b1", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
 	b2 := admit.Request{Key: "b2", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
@@ -248,11 +236,9 @@ func leaseMiniDiff(srv *miniredis.Miniredis, m *model.LeaseServer) string {
 // call on a bucket's key, and a bucket call on a lease key, are
 // ErrWrongType.
 func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
-	srv, c := newLeaseMini(t)
-	l := admit.New(c)
+	srv, c := minitest.Start(t)
+	l, spec, b := admit.New(c), twoAtOnce, aBucket
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
-	b := admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
 	srv.Set("str", "x")
 	srv.ZAdd("foreign", 1.5, "m")
 	if _, err := l.AllowOrdered(ctx, b, nil); err != nil {
@@ -292,7 +278,7 @@ func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
 // TestLeaseBinaryNames: a name may hold any bytes, spaces, braces and NUL
 // included, up to MaxLeaseNameLen; each is its own holder.
 func TestLeaseBinaryNames(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	l := admit.New(c)
 	ctx := context.Background()
 	spec := admit.MustConcurrency(admit.MaxConcurrency, time.Minute)
@@ -321,7 +307,7 @@ func TestLeaseBinaryNames(t *testing.T) {
 // TestLeaseScriptRefusesBadArgs: the script checks a lease call's
 // arguments itself, before reading anything.
 func TestLeaseScriptRefusesBadArgs(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	ctx := context.Background()
 	for _, args := range [][]string{
 		{"l", "0 1000 n"}, {"l", "10001 1000 n"}, {"l", "1 999 n"}, {"l", "1 86400000001 n"},
@@ -368,7 +354,7 @@ func newLeaseBackend(tb testing.TB, addr string, mini *miniredis.Miniredis, clk 
 		tb.Cleanup(c.Close)
 		return c
 	}
-	b := &leaseBackend{c: dial(addr), mini: mini, clk: clk, expiry: model.Absolute, now: leaseEpoch}
+	b := &leaseBackend{c: dial(addr), mini: mini, clk: clk, expiry: model.Absolute, now: minitest.Epoch}
 	if mini != nil {
 		b.expiry = model.Countdown
 	}
@@ -448,7 +434,7 @@ type leaseRun struct {
 
 // TestLeaseProperty runs the lease property test on miniredis.
 func TestLeaseProperty(t *testing.T) {
-	mini, _ := newLeaseMini(t)
+	mini, _ := minitest.Start(t)
 	b := newLeaseBackend(t, mini.Addr(), mini, nil)
 	leaseProperty(t, b, leaseSteps(t, 3000))
 }
@@ -1068,9 +1054,9 @@ func TestLeaseHolderProcess(t *testing.T) {
 // TestLeaseBadReply: a reply the script never gives is ErrBadReply,
 // classed outcome unknown, and never a grant.
 func TestLeaseBadReply(t *testing.T) {
-	_, c := newLeaseMini(t)
+	_, c := minitest.Start(t)
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
+	spec := twoAtOnce
 	for _, reply := range []string{
 		"return 1", "return 'x'", "return '0 0 -1 -1 1 1000'", "return '0 0 -1 -1 0 1000 0'", "return '0 5 -1 -1 1 1000 0'",
 		"return '4 5 -1 -1 1 0 0'", "return '1 5 -1 -1 1 0 0'", "return '0 0 -1 -1 1 0 0'", "return '3 5 -1 -1 1 0 1'",
