@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,11 +38,9 @@ func (t *Target) Destructive() bool {
 	return t.Owned || os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") == "1"
 }
 
-var sharedCluster struct {
-	once sync.Once
-	c    *Cluster
-	err  error
-}
+// sharedCluster is the cluster VALKEY_CLUSTER=1 starts; nil without a
+// server binary.
+var sharedCluster once[*Cluster]
 
 // Deployment returns the target of the conformance suite:
 // VALKEY_CLUSTER_ADDR, else a cluster started once when VALKEY_CLUSTER=1,
@@ -60,18 +57,18 @@ func Deployment(tb testing.TB) *Target {
 		return &Target{Name: v + ", cluster at " + list, Addrs: addrs, Cluster: true, Version: v}
 	}
 	if os.Getenv("VALKEY_CLUSTER") == "1" {
-		sharedCluster.once.Do(func() {
+		c, err := sharedCluster.get(func() (*Cluster, error) {
 			if bin := Binary(); bin != "" {
-				sharedCluster.c, sharedCluster.err = StartCluster(bin, 3)
+				return StartCluster(bin, 3)
 			}
+			return nil, nil
 		})
-		if sharedCluster.err != nil {
-			tb.Fatalf("cluster: %v", sharedCluster.err)
+		if err != nil {
+			tb.Fatalf("cluster: %v", err)
 		}
-		if sharedCluster.c == nil {
+		if c == nil {
 			SkipOrFail(tb, "VALKEY_CLUSTER=1 needs a server binary: "+Help)
 		}
-		c := sharedCluster.c
 		tally(tb, "ran")
 		return &Target{
 			Name:  fmt.Sprintf("%s, %d-primary cluster, started by the tests", c.Version, len(c.Primaries)),

@@ -103,43 +103,49 @@ func Binary() string {
 	return ""
 }
 
-var shared struct {
-	once sync.Once
-	srv  *Server
-	err  error
+// once is a value made at most once, by the first get.
+type once[T any] struct {
+	sync.Once
+	v   T
+	err error
 }
+
+func (o *once[T]) get(make func() (T, error)) (T, error) {
+	o.Do(func() { o.v, o.err = make() })
+	return o.v, o.err
+}
+
+// shared is the test binary's server; nil without one.
+var shared once[*Server]
 
 // Shared returns the test binary's server: VALKEY_ADDR, or one server
 // started once and stopped by StopShared (call it from TestMain). Tests on
 // it isolate themselves by key prefix.
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
-	shared.once.Do(func() {
+	srv, err := shared.get(func() (*Server, error) {
 		if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
-			shared.srv, shared.err = dialExisting(addr)
-			return
+			return dialExisting(addr)
 		}
 		if image := os.Getenv("VALKEY_IMAGE"); image != "" {
-			shared.srv, shared.err = startImage(image)
-			return
+			return startImage(image)
 		}
-		bin := Binary()
-		if bin == "" {
-			return
+		if bin := Binary(); bin != "" {
+			return Start(bin)
 		}
-		shared.srv, shared.err = Start(bin)
+		return nil, nil
 	})
-	if errors.Is(shared.err, ErrNoEngine) {
-		SkipOrFail(tb, shared.err.Error())
+	if errors.Is(err, ErrNoEngine) {
+		SkipOrFail(tb, err.Error())
 	}
-	if shared.err != nil {
-		tb.Fatalf("server: %v", shared.err)
+	if err != nil {
+		tb.Fatalf("server: %v", err)
 	}
-	if shared.srv == nil {
+	if srv == nil {
 		SkipOrFail(tb, Help)
 	}
 	tally(tb, "ran")
-	return shared.srv
+	return srv
 }
 
 // Own starts a fresh server for checks that change server-wide state
@@ -402,11 +408,11 @@ func Main(m *testing.M) {
 // StopShared stops the shared server and cluster, if this test binary
 // started them.
 func StopShared() {
-	if shared.srv != nil {
-		shared.srv.Stop()
+	if shared.v != nil {
+		shared.v.Stop()
 	}
-	if sharedCluster.c != nil {
-		sharedCluster.c.Stop()
+	if sharedCluster.v != nil {
+		sharedCluster.v.Stop()
 	}
 }
 
