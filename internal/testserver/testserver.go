@@ -175,6 +175,32 @@ func Own(tb testing.TB, extra ...string) *Server {
 	return srv
 }
 
+// OwnReplicated starts a fresh primary and a replica of it, both stopped
+// when the test ends, and waits (at most 10 s) until the replica has
+// synced: its link to the primary is up and no sync is in progress. The
+// primary starts a diskless full sync at once (Valkey 8 waits 5 s by
+// default).
+func OwnReplicated(tb testing.TB) (primary, replica *Server) {
+	tb.Helper()
+	primary = Own(tb, "--repl-diskless-sync-delay", "0")
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	replica = Own(tb, "--replicaof", host, port)
+	c := NewClient(tb, replica)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		info, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
+		f := InfoFields(info)
+		if err == nil && f["master_link_status"] == "up" && f["master_sync_in_progress"] == "0" {
+			return primary, replica
+		}
+		if ctx.Err() != nil {
+			tb.Fatalf("the replica %s did not sync with %s within 10s: %v, master_link_status:%s", replica.Addr, primary.Addr, err, f["master_link_status"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // startImage starts image through StartImage and returns it as an owned
 // server, removed by Stop.
 func startImage(image string) (*Server, error) {
