@@ -663,6 +663,10 @@ func (r *propRun) requests(op propOp) (admit.Request, *admit.Request) {
 	return first, &second
 }
 
+// propMethods are the operations that are one call of a method on
+// first (and second), by the method they call.
+var propMethods = map[string]string{"allow": "AllowOrdered", "all": "AllowAll", "peek": "Peek", "refund": "Refund"}
+
 // exec runs one operation: its calls, each checked.
 func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 	if op.kind == "deploy" {
@@ -706,17 +710,8 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 			r.clock = r.ms[0].Now
 		}
 		return nil
-	case "allow":
-		_, f := r.call(ctx, propCall{method: "AllowOrdered", via: via, first: first, second: second})
-		return f
-	case "all":
-		_, f := r.call(ctx, propCall{method: "AllowAll", via: via, first: first, second: second})
-		return f
-	case "peek":
-		_, f := r.call(ctx, propCall{method: "Peek", via: via, first: first, second: second})
-		return f
-	case "refund":
-		_, f := r.call(ctx, propCall{method: "Refund", via: via, first: first, second: second})
+	case "allow", "all", "peek", "refund":
+		_, f := r.call(ctx, propCall{method: propMethods[op.kind], via: via, first: first, second: second})
 		return f
 	case "wait":
 		_, f := r.call(ctx, propCall{method: "Wait", via: via, first: first, second: second, deadline: op.wait})
