@@ -367,9 +367,7 @@ func BenchmarkDenialCacheFlood(b *testing.B) {
 					b.StartTimer()
 					start := time.Now()
 					for g := range goroutines {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
+						wg.Go(func() {
 							var addSum time.Duration
 							lat := lookups[g]
 							for i := g; i < len(flood); i += goroutines {
@@ -385,7 +383,7 @@ func BenchmarkDenialCacheFlood(b *testing.B) {
 								addSum += t2.Sub(t1)
 							}
 							lookups[g], adds[g] = lat, addSum
-						}()
+						})
 					}
 					wg.Wait()
 					wall += time.Since(start)

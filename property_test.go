@@ -2105,9 +2105,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	var calls, retries atomic.Int64
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			for i := 0; time.Now().Before(deadline) && i < 100_000; i++ {
 				calls.Add(1)
@@ -2191,7 +2189,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	end, err := (&realBackend{c: c}).clock(ctx)

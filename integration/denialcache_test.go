@@ -141,15 +141,13 @@ func TestIntegrationDenialCacheFlood(t *testing.T) {
 	var wg sync.WaitGroup
 	var wrong atomic.Int64
 	for range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range calls {
 				if d, err := l.AllowOrdered(ctx, std, &shared); err != nil || d.Denied != 1 || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
 					wrong.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	after := testserver.CommandStats(t, c)
