@@ -20,9 +20,10 @@ import (
 )
 
 // costCall is a row of a rule's table of calls on a std and a shared
-// bucket: each bucket's seed (nil: absent), each Request's Cost, and
-// whether the call has no second bucket.
+// bucket: its name, each bucket's seed (nil: absent), each Request's Cost,
+// and whether the call has no second bucket.
 type costCall struct {
+	name          string
 	first, second *seedAt
 	c1, c2        int
 	oneBucket     bool
@@ -114,21 +115,20 @@ func checkCostTransitions(ctx context.Context, e *env) error {
 	secondSpec := admit.MustSpec(admit.Every(30*time.Minute), 8)
 	var errs []error
 	for _, tc := range []struct {
-		name string
 		costCall
 		denied    uint8
 		remaining [2]int
 	}{
-		{"allow/allow", costCall{&seedAt{7, -sec}, &seedAt{6, -sec}, 3, 4, false}, 0, [2]int{4, 2}},
-		{"allow/allow, each holding exactly its cost", costCall{&seedAt{5, -sec}, &seedAt{4, -sec}, 5, 4, false}, 0, [2]int{0, 0}},
-		{"allow/allow, fresh buckets, cost = burst", costCall{nil, nil, 10, 8, false}, 0, [2]int{0, 0}},
-		{"allow/deny", costCall{&seedAt{7, -sec}, &seedAt{3, -sec}, 3, 4, false}, 2, [2]int{4, 3}},
-		{"allow/deny, second four tokens short", costCall{nil, &seedAt{1, -5 * sec}, 2, 5, false}, 2, [2]int{8, 1}},
-		{"deny/any", costCall{&seedAt{2, -sec}, &seedAt{8, -sec}, 3, 2, false}, 1, [2]int{2, -1}},
-		{"deny/any, first four tokens short, second absent", costCall{&seedAt{0, -sec}, nil, 4, 1, false}, 1, [2]int{0, -1}},
-		{"one bucket, two tokens earned, remainder kept", costCall{&seedAt{5, -2*hour - 5*sec}, nil, 7, 0, true}, 0, [2]int{0, -1}},
-		{"one bucket, one token short", costCall{&seedAt{5, -sec}, nil, 6, 0, true}, 1, [2]int{5, -1}},
-		{"cost 0 means 1", costCall{&seedAt{1, -sec}, &seedAt{1, -sec}, 0, 0, false}, 0, [2]int{0, 0}},
+		{costCall{"allow/allow", &seedAt{7, -sec}, &seedAt{6, -sec}, 3, 4, false}, 0, [2]int{4, 2}},
+		{costCall{"allow/allow, each holding exactly its cost", &seedAt{5, -sec}, &seedAt{4, -sec}, 5, 4, false}, 0, [2]int{0, 0}},
+		{costCall{"allow/allow, fresh buckets, cost = burst", nil, nil, 10, 8, false}, 0, [2]int{0, 0}},
+		{costCall{"allow/deny", &seedAt{7, -sec}, &seedAt{3, -sec}, 3, 4, false}, 2, [2]int{4, 3}},
+		{costCall{"allow/deny, second four tokens short", nil, &seedAt{1, -5 * sec}, 2, 5, false}, 2, [2]int{8, 1}},
+		{costCall{"deny/any", &seedAt{2, -sec}, &seedAt{8, -sec}, 3, 2, false}, 1, [2]int{2, -1}},
+		{costCall{"deny/any, first four tokens short, second absent", &seedAt{0, -sec}, nil, 4, 1, false}, 1, [2]int{0, -1}},
+		{costCall{"one bucket, two tokens earned, remainder kept", &seedAt{5, -2*hour - 5*sec}, nil, 7, 0, true}, 0, [2]int{0, -1}},
+		{costCall{"one bucket, one token short", &seedAt{5, -sec}, nil, 6, 0, true}, 1, [2]int{5, -1}},
+		{costCall{"cost 0 means 1", &seedAt{1, -sec}, &seedAt{1, -sec}, 0, 0, false}, 0, [2]int{0, 0}},
 	} {
 		first, second, seeds := tc.requests(e.prefix("cost-transitions"), firstSpec, secondSpec)
 		d, err := e.decideAndCompare(ctx, e.l, first, second, seeds)
@@ -214,17 +214,14 @@ func checkPeekWritesNothing(ctx context.Context, e *env) error {
 	spec1 := admit.MustSpec(admit.Every(time.Hour), 5)
 	spec2 := admit.MustSpec(admit.Every(30*time.Minute), 4)
 	var errs []error
-	for _, tc := range []struct {
-		name string
-		costCall
-	}{
-		{"both absent", costCall{nil, nil, 2, 3, false}},
-		{"allow/allow", costCall{&seedAt{4, -sec}, &seedAt{3, -sec}, 2, 3, false}},
-		{"allow/deny", costCall{&seedAt{4, -sec}, &seedAt{1, -sec}, 2, 3, false}},
-		{"deny/any", costCall{&seedAt{1, -sec}, &seedAt{3, -sec}, 2, 1, false}},
-		{"refill due (a write would move ts)", costCall{&seedAt{0, -2*hour - 5*sec}, &seedAt{0, -hour - sec}, 1, 1, false}},
-		{"one bucket", costCall{&seedAt{3, -sec}, nil, 3, 0, true}},
-		{"one bucket, absent", costCall{nil, nil, 1, 0, true}},
+	for _, tc := range []costCall{
+		{"both absent", nil, nil, 2, 3, false},
+		{"allow/allow", &seedAt{4, -sec}, &seedAt{3, -sec}, 2, 3, false},
+		{"allow/deny", &seedAt{4, -sec}, &seedAt{1, -sec}, 2, 3, false},
+		{"deny/any", &seedAt{1, -sec}, &seedAt{3, -sec}, 2, 1, false},
+		{"refill due (a write would move ts)", &seedAt{0, -2*hour - 5*sec}, &seedAt{0, -hour - sec}, 1, 1, false},
+		{"one bucket", &seedAt{3, -sec}, nil, 3, 0, true},
+		{"one bucket, absent", nil, nil, 1, 0, true},
 	} {
 		first, second, seeds := tc.requests(e.prefix("peek-writes-nothing"), spec1, spec2)
 		if err := e.peekThenTake(ctx, e.l, first, second, seeds); err != nil {
@@ -344,7 +341,7 @@ func checkPeekReadOnlyUser(ctx context.Context, e *env) error {
 		{"refill due", &seedAt{0, -2*hour - 5*sec}, &seedAt{3, -sec}},
 		{"second refuses", &seedAt{4, -sec}, &seedAt{1, -sec}},
 	} {
-		_, _, seeds := costCall{tc.s1, tc.s2, 2, 3, false}.requests(p, spec1, spec2)
+		_, _, seeds := costCall{first: tc.s1, second: tc.s2, c1: 2, c2: 3}.requests(p, spec1, spec2)
 		if err := e.peekThenTake(ctx, l, first, second, seeds); err != nil {
 			errs = append(errs, fmt.Errorf("Peek as %s, %s: %w", name, tc.name, err))
 		}
@@ -441,21 +438,18 @@ func checkRefundCapped(ctx context.Context, e *env) error {
 		}
 	}
 
-	for _, tc := range []struct {
-		name string
-		costCall
-	}{
-		{"within burst, part-token kept", costCall{&seedAt{2, -hour / 2}, nil, 3, 0, true}},
-		{"above what was taken: capped at burst", costCall{&seedAt{8, -sec}, nil, 5, 0, true}},
-		{"refilled to full meanwhile", costCall{&seedAt{0, -20 * hour}, nil, 3, 0, true}},
-		{"stored above burst (burst lowered since)", costCall{&seedAt{15, -sec}, nil, 1, 0, true}},
-		{"server clock behind ts", costCall{&seedAt{1, 30 * sec}, nil, 2, 0, true}},
-		{"absent key: not created", costCall{nil, nil, 3, 0, true}},
-		{"cost 0 means 1", costCall{&seedAt{1, -sec}, nil, 0, 0, true}},
-		{"two buckets", costCall{&seedAt{1, -sec}, &seedAt{0, -10 * 60 * sec}, 2, 3, false}},
-		{"two buckets, second capped at its burst", costCall{&seedAt{1, -sec}, &seedAt{3, -sec}, 2, 4, false}},
-		{"two buckets, second absent: not created", costCall{&seedAt{1, -sec}, nil, 2, 3, false}},
-		{"two buckets, both absent: nothing created", costCall{nil, nil, 2, 3, false}},
+	for _, tc := range []costCall{
+		{"within burst, part-token kept", &seedAt{2, -hour / 2}, nil, 3, 0, true},
+		{"above what was taken: capped at burst", &seedAt{8, -sec}, nil, 5, 0, true},
+		{"refilled to full meanwhile", &seedAt{0, -20 * hour}, nil, 3, 0, true},
+		{"stored above burst (burst lowered since)", &seedAt{15, -sec}, nil, 1, 0, true},
+		{"server clock behind ts", &seedAt{1, 30 * sec}, nil, 2, 0, true},
+		{"absent key: not created", nil, nil, 3, 0, true},
+		{"cost 0 means 1", &seedAt{1, -sec}, nil, 0, 0, true},
+		{"two buckets", &seedAt{1, -sec}, &seedAt{0, -10 * 60 * sec}, 2, 3, false},
+		{"two buckets, second capped at its burst", &seedAt{1, -sec}, &seedAt{3, -sec}, 2, 4, false},
+		{"two buckets, second absent: not created", &seedAt{1, -sec}, nil, 2, 3, false},
+		{"two buckets, both absent: nothing created", nil, nil, 2, 3, false},
 	} {
 		first, second, seeds := tc.requests(e.prefix("refund"), spec1, spec2)
 		if err := e.refundAndCompare(ctx, first, second, seeds); err != nil {
