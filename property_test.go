@@ -684,7 +684,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 	if op.cached {
 		via = viaCached
 	}
-	id := r.w.ids[op.id]
+	once := propCall{method: "AllowOrderedOnce", via: via, id: r.w.ids[op.id], first: first, second: second}
 	switch op.kind {
 	case "advance":
 		d := op.adv
@@ -717,40 +717,26 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		_, f := r.call(ctx, propCall{method: "Wait", via: via, first: first, second: second, deadline: op.wait})
 		return f
 	case "once":
-		_, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
+		_, f := r.call(ctx, once)
 		return f
 	case "settle":
-		// Reserve then settle (docs/budgets.md): refund the unused part of a fresh
-		// admission, never of a replay.
-		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
-		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
-			return f
-		}
-		unused := first
-		unused.Cost = min(op.part, max(first.Cost, 1))
-		_, f = r.call(ctx, propCall{method: "Refund", via: via, first: unused})
-		return f
+		return r.settle(ctx, op, once)
 	case "lost":
 		// The reply is lost after the server ran the call; the caller
 		// retries with the same id and settles only a fresh admission.
 		r.b.proxy().LoseReply([]byte("EVAL"))
-		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: viaLossy, id: id, first: first, second: second})
+		lossy := once
+		lossy.via = viaLossy
+		got, f := r.call(ctx, lossy)
 		r.b.proxy().LoseReply([]byte("\x00never\x00")) // disarmed
 		if f != nil || got.err == nil {
 			return f
 		}
-		got, f = r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
-		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
-			return f
-		}
-		unused := first
-		unused.Cost = min(op.part, max(first.Cost, 1))
-		_, f = r.call(ctx, propCall{method: "Refund", via: via, first: unused})
-		return f
+		return r.settle(ctx, op, once)
 	case "reuse":
 		c, ok := r.reuse(op)
 		if !ok { // no live record: decide under the op's id
-			c = propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second}
+			c = once
 		}
 		_, f := r.call(ctx, c)
 		return f
@@ -761,6 +747,20 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		return f
 	}
 	return r.fail("error", "unknown operation %q", op.kind)
+}
+
+// settle reserves then settles (docs/budgets.md): it runs once, an
+// AllowOrderedOnce, and refunds the unused part (op.part) of a fresh
+// admission's first Cost, never of a replay.
+func (r *propRun) settle(ctx context.Context, op propOp, once propCall) *propFailure {
+	got, f := r.call(ctx, once)
+	if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
+		return f
+	}
+	unused := once.first
+	unused.Cost = min(op.part, max(once.first.Cost, 1))
+	_, f = r.call(ctx, propCall{method: "Refund", via: once.via, first: unused})
+	return f
 }
 
 // reuse builds a call that reuses the id of a live record for another
