@@ -239,6 +239,21 @@ var (
 	propHostileIDs    = []string{"{", "}", "{x}", "\x00", "\xff", "\r\n", ":once:", "once", "x:once:", ":"}
 )
 
+// propDraw adds to vals, until it holds 7, values drawn from hostile or,
+// one time in three, random strings of 1 to maxLen bytes, none twice.
+func propDraw(rng *rand.Rand, vals, hostile []string, maxLen int) []string {
+	for len(vals) < 7 {
+		v := hostile[rng.IntN(len(hostile))]
+		if rng.IntN(3) == 0 {
+			v = propRandomString(rng, 1+rng.IntN(maxLen))
+		}
+		if !slices.Contains(vals, v) {
+			vals = append(vals, v)
+		}
+	}
+	return vals
+}
+
 func newPropWorld(rng *rand.Rand) propWorld {
 	var w propWorld
 	for _, k := range propCollisionKeys {
@@ -246,15 +261,7 @@ func newPropWorld(rng *rand.Rand) propWorld {
 			w.keys = append(w.keys, k)
 		}
 	}
-	for len(w.keys) < 7 {
-		k := propHostileKeys[rng.IntN(len(propHostileKeys))]
-		if rng.IntN(3) == 0 {
-			k = propRandomString(rng, 1+rng.IntN(12))
-		}
-		if !slices.Contains(w.keys, k) {
-			w.keys = append(w.keys, k)
-		}
-	}
+	w.keys = propDraw(rng, w.keys, propHostileKeys, 12)
 	// A long key: its record's name is longer still.
 	w.keys = append(w.keys, "{L}"+propRandomString(rng, 300+rng.IntN(700)))
 	for range w.keys {
@@ -262,15 +269,7 @@ func newPropWorld(rng *rand.Rand) propWorld {
 		w.alts = append(w.alts, propSpec(rng))
 	}
 	w.ids = append(w.ids, propCollisionIDs...)
-	for len(w.ids) < 7 {
-		id := propHostileIDs[rng.IntN(len(propHostileIDs))]
-		if rng.IntN(3) == 0 {
-			id = propRandomString(rng, 1+rng.IntN(10))
-		}
-		if !slices.Contains(w.ids, id) {
-			w.ids = append(w.ids, id)
-		}
-	}
+	w.ids = propDraw(rng, w.ids, propHostileIDs, 10)
 	w.ids = append(w.ids, propRandomString(rng, admit.MaxOnceIDLen)) // at the bound
 	return w
 }
