@@ -5,32 +5,56 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
+
+// cacheEpoch is the local clock of a cacheEnv's denial cache at the start.
+var cacheEpoch = time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// cacheEnv is a unit server with a second Limiter on it, cached, whose
+// denial cache reads local, a clock the test moves by hand, and whose
+// commands rec records.
+type cacheEnv struct {
+	*unitEnv
+	t      *testing.T
+	cached *Limiter
+	rec    *recordingClient
+	local  time.Time
+}
+
+func newCacheEnv(t *testing.T, size int) *cacheEnv {
+	t.Helper()
+	e := &cacheEnv{unitEnv: newUnitEnv(t), t: t, local: cacheEpoch}
+	e.rec = &recordingClient{Client: e.c}
+	e.cached = New(e.rec, WithDenialCache(size))
+	e.cached.denials.now = func() time.Time { return e.local }
+	return e
+}
+
+// call runs the cached Limiter's AllowOrdered and returns its Decision and
+// the number of commands it sent; an error fails the test.
+func (e *cacheEnv) call(first Request, second *Request) (Decision, int) {
+	e.t.Helper()
+	before := len(e.rec.cmds)
+	d, err := e.cached.AllowOrdered(context.Background(), first, second)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d, len(e.rec.cmds) - before
+}
 
 // TestDenialCache: with the cache on, a first-bucket denial is repeated
 // locally, with no command sent, until its RetryAfter has passed on the
 // local clock counted from before the request was sent; a different Spec
 // or Cost, a second-bucket denial and bad input all go their usual way.
 func TestDenialCache(t *testing.T) {
-	e := newUnitEnv(t)
-	rec := &recordingClient{Client: e.c}
-	l := New(rec, WithDenialCache(8))
-	local := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) // the local clock, moved by hand
-	l.denials.now = func() time.Time { return local }
+	e := newCacheEnv(t, 8)
+	l, call := e.cached, e.call
 	hourly := MustSpec(Every(time.Hour), 1)
 	r := Request{Key: "dc:{x}:a", Spec: hourly}
 	ctx := context.Background()
-	call := func(first Request, second *Request) (Decision, int) {
-		t.Helper()
-		before := len(rec.cmds)
-		d, err := l.AllowOrdered(ctx, first, second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d, len(rec.cmds) - before
-	}
 
 	if d, sent := call(r, nil); !d.Allowed() || sent == 0 { // EVALSHA, then EVAL: the script is not loaded yet
 		t.Fatalf("first call: %v with %d commands; want allowed by the server", d, sent)
@@ -39,10 +63,10 @@ func TestDenialCache(t *testing.T) {
 		t.Fatalf("second call: %v with %d commands; want the server's 1h denial", d, sent)
 	}
 	for i, advance := range []time.Duration{0, 10 * time.Minute, 49*time.Minute + 59*time.Second + 999_999*time.Microsecond} {
-		local = local.Add(advance)
+		e.local = e.local.Add(advance)
 		e.advance(advance)
 		d, sent := call(r, nil)
-		want := time.Hour - local.Sub(time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC))
+		want := time.Hour - e.local.Sub(cacheEpoch)
 		if d.Denied != 1 || d.RetryAfter != want || d.Remaining != [2]int{0, -1} || !d.decided || sent != 0 {
 			t.Errorf("local denial %d: %+v with %d commands; want Denied 1, RetryAfter %v, Remaining [0 -1], none sent", i, d, sent, want)
 		}
@@ -53,7 +77,7 @@ func TestDenialCache(t *testing.T) {
 	if _, err := l.AllowOrdered(ctx, r, &r); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("bad input on a cached key: %v; want ErrInvalidRequest", err)
 	}
-	local = local.Add(time.Microsecond)
+	e.local = e.local.Add(time.Microsecond)
 	e.advance(time.Microsecond)
 	if d, sent := call(r, nil); !d.Allowed() || sent != 1 {
 		t.Errorf("RetryAfter passed: %v with %d commands; want the server's admission", d, sent)
@@ -216,22 +240,10 @@ func cacheLen(tb testing.TB, c *denialCache) int {
 // before a refund is not cached, since the server may have answered it
 // before the refund ran.
 func TestDenialCacheRefund(t *testing.T) {
-	e := newUnitEnv(t)
-	rec := &recordingClient{Client: e.c}
-	l := New(rec, WithDenialCache(16))
-	local := time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) // the local clock, moved by hand
-	l.denials.now = func() time.Time { return local }
+	e := newCacheEnv(t, 16)
+	l, call := e.cached, e.call
 	ctx := context.Background()
 	slow := MustSpec(Every(2*time.Second), 1) // 1 per 2 s
-	call := func(first Request, second *Request) (Decision, int) {
-		t.Helper()
-		before := len(rec.cmds)
-		d, err := l.AllowOrdered(ctx, first, second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d, len(rec.cmds) - before
-	}
 	// deny drains r's bucket and leaves its denial cached.
 	deny := func(r Request) {
 		t.Helper()
@@ -248,7 +260,7 @@ func TestDenialCacheRefund(t *testing.T) {
 		if err := l.Refund(ctx, first, second); err != nil {
 			t.Fatalf("Refund: %v", err)
 		}
-		local = local.Add(time.Millisecond) // denials sent from now on are cached again
+		e.local = e.local.Add(time.Millisecond) // denials sent from now on are cached again
 	}
 
 	// The refunded first key.
@@ -274,7 +286,7 @@ func TestDenialCacheRefund(t *testing.T) {
 	d := Request{Key: "dcr:{t}:d", Spec: slow}
 	call(d, nil)
 	sent := l.denials.now()
-	local = local.Add(time.Millisecond)
+	e.local = e.local.Add(time.Millisecond)
 	refund(d, nil)
 	l.denials.add(d, sent, Decision{Denied: 1, RetryAfter: 2 * time.Second, Remaining: [2]int{0, -1}, decided: true})
 	if got, sent := call(d, nil); !got.Allowed() || sent != 1 {
@@ -291,5 +303,107 @@ func TestDenialCacheRefund(t *testing.T) {
 	}
 	if got, ok := l.denials.lookup(f); ok {
 		t.Errorf("after a Refund of %s whose outcome is unknown: cached %v; want no entry", f.Key, got)
+	}
+}
+
+// BenchmarkDenialCacheFlood: an abusive client's flood of distinct keys,
+// each denied once by the server, so each one a lookup that misses and then
+// an add, as AllowOrdered does them. 64 goroutines (and, for the cost of
+// one call without contention, 1) share one cache, filled to its size
+// before the timer starts, so every add of the flood evicts. One op is one
+// whole flood. It reports:
+//
+//	add-ns        mean time of one add call, waiting for the mutex included
+//	lookup-p50-ns, lookup-p99-ns, lookup-max-ns
+//	              latency of the lookups (every one recorded), which wait
+//	              for the mutex that adds hold; with more goroutines than
+//	              CPUs, also for a CPU
+//	ns/key        the flood's wall time per key (all goroutines): a flood
+//	              of 1e6 keys takes 1e6 × ns/key
+//
+// It stays in package admit, apart from the benchmarks module, because it
+// measures the unexported cache itself, without a server round trip around
+// each call. BenchmarkOverload (in benchmarks/) measures the cache through
+// the public API, WithDenialCache, under a flood on a real server.
+//
+//	go test -run '^$' -bench DenialCacheFlood -benchtime 3x -count 3 -timeout 30m .
+func BenchmarkDenialCacheFlood(b *testing.B) {
+	const floodKeys = 1_000_000
+	spec := MustSpec(Every(time.Second), 1)
+	keys := make([]string, floodKeys)
+	for i := range keys {
+		keys[i] = "admit:flood:{user:" + strconv.Itoa(i) + "}"
+	}
+	denied := Decision{Denied: 1, RetryAfter: time.Hour, Remaining: [2]int{0, -1}, decided: true}
+	for _, size := range []int{10_000, 100_000} {
+		for _, goroutines := range []int{64, 1} {
+			name := "size=" + strconv.Itoa(size) + "/goroutines=" + strconv.Itoa(goroutines)
+			b.Run(name, func(b *testing.B) {
+				// The prefill's keys are none of the flood's.
+				fill := make([]string, size)
+				for i := range fill {
+					fill[i] = "admit:fill:{user:" + strconv.Itoa(i) + "}"
+				}
+				flood := keys // every one distinct
+				lookups := make([][]time.Duration, goroutines)
+				for g := range lookups {
+					lookups[g] = make([]time.Duration, 0, len(flood)/goroutines+1)
+				}
+				adds := make([]time.Duration, goroutines)
+				var all []time.Duration
+				var addTotal, wall time.Duration
+				floods := 0
+				for b.Loop() {
+					b.StopTimer()
+					c := newDenialCache(size)
+					now := time.Now()
+					for _, k := range fill {
+						c.add(Request{Key: k, Spec: spec}, now, denied)
+					}
+					for g := range lookups {
+						lookups[g], adds[g] = lookups[g][:0], 0
+					}
+					var wg sync.WaitGroup
+					b.StartTimer()
+					start := time.Now()
+					for g := range goroutines {
+						wg.Go(func() {
+							var addSum time.Duration
+							lat := lookups[g]
+							for i := g; i < len(flood); i += goroutines {
+								r := Request{Key: flood[i], Spec: spec}
+								t0 := time.Now()
+								if _, ok := c.lookup(r); ok {
+									panic("a key of the flood was cached before its denial")
+								}
+								t1 := time.Now()
+								c.add(r, t1, denied)
+								t2 := time.Now()
+								lat = append(lat, t1.Sub(t0))
+								addSum += t2.Sub(t1)
+							}
+							lookups[g], adds[g] = lat, addSum
+						})
+					}
+					wg.Wait()
+					wall += time.Since(start)
+					b.StopTimer()
+					for g := range goroutines {
+						all = append(all, lookups[g]...)
+						addTotal += adds[g]
+					}
+					floods++
+					b.StartTimer()
+				}
+				b.StopTimer()
+				slices.Sort(all)
+				n := floods * len(flood)
+				b.ReportMetric(float64(addTotal.Nanoseconds())/float64(n), "add-ns")
+				b.ReportMetric(float64(wall.Nanoseconds())/float64(n), "ns/key")
+				b.ReportMetric(float64(all[len(all)/2].Nanoseconds()), "lookup-p50-ns")
+				b.ReportMetric(float64(all[len(all)*99/100].Nanoseconds()), "lookup-p99-ns")
+				b.ReportMetric(float64(all[len(all)-1].Nanoseconds()), "lookup-max-ns")
+			})
+		}
 	}
 }

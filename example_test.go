@@ -256,3 +256,164 @@ func ExampleWithDenialCache() {
 	// 2 false
 	// 3 false
 }
+
+// A single process limits itself with a Local: the same Specs, Requests
+// and Decisions as a Limiter on Valkey, with no store. (The clock is
+// fixed here, so the example prints the same on every run; by default a
+// Local reads the process's monotonic clock.)
+func ExampleLocal() {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	lim, err := admit.NewLocal(100000, admit.WithLocalClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	standard := admit.Request{Key: "rl:{chan:42}:standard", Spec: admit.MustSpec(admit.Every(3*time.Second), 2)}
+	shared := admit.Request{Key: "rl:{chan:42}:shared", Spec: admit.MustSpec(admit.Every(1500*time.Millisecond), 3)}
+	for i := 1; i <= 3; i++ {
+		d, err := lim.AllowAll(ctx, standard, &shared)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("standard %d: %v, remaining %v\n", i, d, d.Remaining)
+	}
+	d, _ := lim.AllowAll(ctx, shared, nil) // premium: the shared bucket alone
+	fmt.Printf("premium: %v, remaining %v\n", d, d.Remaining)
+	d, _ = lim.AllowAll(ctx, shared, nil)
+	fmt.Printf("premium: %v, remaining %v\n", d, d.Remaining)
+	// Output:
+	// standard 1: allowed, remaining [1 2]
+	// standard 2: allowed, remaining [0 1]
+	// standard 3: denied by bucket 1, retry after 3s, remaining [0 -1]
+	// premium: allowed, remaining [0 -1]
+	// premium: denied by bucket 1, retry after 1.5s, remaining [0 -1]
+}
+
+// During a store outage, each of a fleet's processes decides at a fraction
+// of every Spec: 4 processes at 0.25 admit at most the limit together.
+func ExampleDegraded() {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	fallback, err := admit.NewDegraded(0.25, 100000, admit.WithLocalClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	spec := admit.MustSpec(admit.Every(100*time.Millisecond), 20) // 10/s, burst 20
+	scaled, _ := fallback.Scale(spec)
+	fmt.Println("store's Spec:   ", spec)
+	fmt.Println("while degraded: ", scaled)
+	admitted := 0
+	for range 10 {
+		if d, err := fallback.AllowAll(context.Background(), admit.Request{Key: "rl:{api}:shared", Spec: spec}, nil); err == nil && d.Allowed() {
+			admitted++
+		}
+	}
+	fmt.Println("admitted of 10 at once:", admitted)
+	// Output:
+	// store's Spec:    10/s burst 20 (100ms per token)
+	// while degraded:  2.5/s burst 5 (400ms per token)
+	// admitted of 10 at once: 5
+}
+
+// Code written against a Decider runs on a Limiter (a fleet sharing
+// Valkey), on a Local (one process, or a test with no server), or on a
+// Degraded (a store outage's fallback).
+func ExampleDecider() {
+	send := func(ctx context.Context, lim admit.Decider, channel string) string {
+		spec := admit.MustSpec(admit.Every(time.Second), 1)
+		d, err := lim.AllowAll(ctx, admit.Request{Key: "rl:{chan:" + channel + "}:shared", Spec: spec}, nil)
+		switch {
+		case err != nil:
+			return "error: " + err.Error()
+		case !d.Allowed():
+			return "wait " + d.RetryAfter.String()
+		}
+		return "sent"
+	}
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	local, err := admit.NewLocal(1000, admit.WithLocalClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	fmt.Println(send(ctx, local, "42"))
+	fmt.Println(send(ctx, local, "42"))
+	// Output:
+	// sent
+	// wait 1s
+}
+
+func ExampleConcurrency_String() {
+	fmt.Println(admit.MustConcurrency(10, 30*time.Second))
+	// Output: 10 at once, lease 30s
+}
+
+// At most 10 requests in flight per organisation, and 100,000 tokens a
+// minute, decided together: nothing is taken when either refuses.
+func ExampleLimiter_Acquire() {
+	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{"127.0.0.1:6379"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lim := admit.New(client)
+	inFlight := admit.MustConcurrency(10, 30*time.Second)
+	perMinute := admit.MustSpec(admit.Every(600*time.Microsecond), 100_000)
+
+	ctx := context.Background()
+	x, err := lim.Acquire(ctx,
+		admit.Slot{Key: "conc:{org:7}", Spec: inFlight, Name: "request-4711"},
+		&admit.Request{Key: "tpm:{org:7}", Spec: perMinute, Cost: 1200}, nil)
+	// Safe in every case: a refused Lease sends nothing; one whose outcome
+	// is unknown frees the slot it may hold.
+	defer x.Release(context.WithoutCancel(ctx))
+	switch {
+	case errors.Is(err, admit.ErrOutcomeUnknown):
+		log.Printf("retry under the name %q, or give up: the Release frees what it may hold", x.Name)
+		return
+	case err != nil:
+		log.Fatal(err)
+	case !x.Granted():
+		fmt.Printf("429: the %v refused; retry after %v\n", x.Denied, x.RetryAfter)
+		return
+	}
+	fmt.Printf("granted until %v; %d in flight\n", x.Deadline().Format(time.TimeOnly), x.Holders)
+}
+
+// A long job renews its lease while it runs, and stops when the lease is
+// lost.
+func ExampleLease_Extend() {
+	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{"127.0.0.1:6379"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lim := admit.New(client)
+	ctx := context.Background()
+	x, err := lim.Acquire(ctx, admit.Slot{Key: "conc:{gpu}", Spec: admit.MustConcurrency(4, 10*time.Second), Name: "job-42"}, nil, nil)
+	if err != nil || !x.Granted() {
+		log.Fatal(x, err)
+	}
+	defer x.Release(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(time.Minute) // the job
+	}()
+	tick := time.NewTicker(3 * time.Second) // well within the lease
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+			ok, err := x.Extend(ctx)
+			if err != nil {
+				continue // outcome unknown: extend again at the next tick
+			}
+			if !ok {
+				log.Print("the lease expired: another holder may have the slot; stop the job")
+				return
+			}
+		}
+	}
+}

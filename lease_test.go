@@ -2,10 +2,10 @@ package admit_test
 
 // Concurrency leases: unit tests on miniredis; the property test, on
 // miniredis (TestLeaseProperty) and on a real server whose clock the test
-// steps (TestIntegrationLeaseProperty), against internal/model; holders
-// killed with SIGKILL (TestIntegrationLeaseKill9); and the server's time
-// per call beside the sorted-set semaphore recipe
-// (BenchmarkLeaseServerTime, in the benchmarks module).
+// steps (TestIntegrationLeaseProperty), against internal/model. Holders
+// killed with SIGKILL are in integration (TestIntegrationLeaseKill9); the
+// server's time per call beside the sorted-set semaphore recipe is in the
+// benchmarks module (BenchmarkLeaseServerTime).
 
 import (
 	"context"
@@ -13,38 +13,26 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/delayproxy"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/model"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
 
-// leaseEpoch is the miniredis clock at the start of a lease test.
-var leaseEpoch = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
-
-// newLeaseMini returns a miniredis whose clock reads leaseEpoch and only
-// moves when the test moves it, and a client on it.
-func newLeaseMini(tb testing.TB) (*miniredis.Miniredis, valkey.Client) {
-	tb.Helper()
-	srv := miniredis.RunT(tb)
-	srv.SetTime(leaseEpoch)
-	srv.ClockTTL(true)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(c.Close)
-	return srv, c
-}
+// twoAtOnce and aBucket are the Concurrency and the bucket of the lease
+// unit tests.
+var (
+	twoAtOnce = admit.MustConcurrency(2, time.Second)
+	aBucket   = admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
+)
 
 func TestConcurrencySpec(t *testing.T) {
 	for _, tc := range []struct {
@@ -79,11 +67,9 @@ func TestConcurrencySpec(t *testing.T) {
 // ErrInvalidRequest and ErrNotExecuted, and a Release of the Lease sends
 // nothing.
 func TestLeaseInvalid(t *testing.T) {
-	srv, c := newLeaseMini(t)
-	l := admit.New(c)
+	srv, c := minitest.Start(t)
+	l, spec, b := admit.New(c), twoAtOnce, aBucket
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
-	b := admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
 	for _, tc := range []struct {
 		name          string
 		slot          admit.Slot
@@ -119,10 +105,10 @@ func TestLeaseInvalid(t *testing.T) {
 // model, state included, on a clock that moves only when the test moves
 // it.
 func TestLeaseSteps(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	l := admit.New(c)
 	ctx := context.Background()
-	m := model.NewLeaseServer(leaseEpoch.UnixMicro(), model.Countdown)
+	m := model.NewLeaseServer(minitest.Epoch.UnixMicro(), model.Countdown)
 	spec := admit.MustConcurrency(2, 10*time.Second)
 	b1 := admit.Request{Key: "b1", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
 	b2 := admit.Request{Key: "b2", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
@@ -248,11 +234,9 @@ func leaseMiniDiff(srv *miniredis.Miniredis, m *model.LeaseServer) string {
 // call on a bucket's key, and a bucket call on a lease key, are
 // ErrWrongType.
 func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
-	srv, c := newLeaseMini(t)
-	l := admit.New(c)
+	srv, c := minitest.Start(t)
+	l, spec, b := admit.New(c), twoAtOnce, aBucket
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
-	b := admit.Request{Key: "b", Spec: admit.MustSpec(admit.Every(time.Second), 2)}
 	srv.Set("str", "x")
 	srv.ZAdd("foreign", 1.5, "m")
 	if _, err := l.AllowOrdered(ctx, b, nil); err != nil {
@@ -292,7 +276,7 @@ func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
 // TestLeaseBinaryNames: a name may hold any bytes, spaces, braces and NUL
 // included, up to MaxLeaseNameLen; each is its own holder.
 func TestLeaseBinaryNames(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	l := admit.New(c)
 	ctx := context.Background()
 	spec := admit.MustConcurrency(admit.MaxConcurrency, time.Minute)
@@ -321,7 +305,7 @@ func TestLeaseBinaryNames(t *testing.T) {
 // TestLeaseScriptRefusesBadArgs: the script checks a lease call's
 // arguments itself, before reading anything.
 func TestLeaseScriptRefusesBadArgs(t *testing.T) {
-	srv, c := newLeaseMini(t)
+	srv, c := minitest.Start(t)
 	ctx := context.Background()
 	for _, args := range [][]string{
 		{"l", "0 1000 n"}, {"l", "10001 1000 n"}, {"l", "1 999 n"}, {"l", "1 86400000001 n"},
@@ -368,7 +352,7 @@ func newLeaseBackend(tb testing.TB, addr string, mini *miniredis.Miniredis, clk 
 		tb.Cleanup(c.Close)
 		return c
 	}
-	b := &leaseBackend{c: dial(addr), mini: mini, clk: clk, expiry: model.Absolute, now: leaseEpoch}
+	b := &leaseBackend{c: dial(addr), mini: mini, clk: clk, expiry: model.Absolute, now: minitest.Epoch}
 	if mini != nil {
 		b.expiry = model.Countdown
 	}
@@ -457,7 +441,7 @@ type leaseRun struct {
 
 // TestLeaseProperty runs the lease property test on miniredis.
 func TestLeaseProperty(t *testing.T) {
-	mini, _ := newLeaseMini(t)
+	mini, _ := minitest.Start(t)
 	b := newLeaseBackend(t, mini.Addr(), mini, nil)
 	leaseProperty(t, b, leaseSteps(t, 3000))
 }
@@ -943,143 +927,12 @@ func (s leaseSnap) diff(m *model.LeaseServer, w leaseWorld) string {
 
 // ---- Holders killed with SIGKILL ----
 
-// TestIntegrationLeaseKill9 starts holders processes (this test binary,
-// run as a holder) that each acquire one lease of a key whose limit is
-// holders, report it and sleep; kills every one with SIGKILL mid-lease;
-// and checks that their slots stay taken until their leases expire on the
-// server's clock, and come back then.
-func TestIntegrationLeaseKill9(t *testing.T) {
-	if os.Getenv("ADMIT_LEASE_HOLDER") != "" {
-		t.Skip("a holder process runs TestLeaseHolderProcess")
-	}
-	srv := testserver.Shared(t)
-	c := testserver.NewClient(t, srv)
-	key := testserver.Prefix(t, c) + "conc"
-	const holders, lease = 4, 3 * time.Second
-	spec := admit.MustConcurrency(holders, lease)
-	ctx := context.Background()
-	l := admit.New(c)
-
-	var procs []*exec.Cmd
-	for i := range holders {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestLeaseHolderProcess$", "-test.v")
-		cmd.Env = append(os.Environ(), "ADMIT_LEASE_HOLDER="+srv.Addr+"|"+key+"|holder-"+strconv.Itoa(i))
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, cmd)
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		buf := make([]byte, 4096)
-		var seen strings.Builder
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(seen.String(), "HOLDING") {
-			n, err := out.Read(buf)
-			seen.Write(buf[:n])
-			if err != nil || time.Now().After(deadline) {
-				t.Fatalf("holder %d: %v\n%s", i, err, seen.String())
-			}
-		}
-		t.Logf("holder %d (pid %d): %s", i, cmd.Process.Pid, strings.TrimSpace(seen.String()[strings.Index(seen.String(), "HOLDING"):]))
-	}
-	x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "late"}, nil, nil)
-	if err != nil || x.Granted() || x.Denied != admit.PartSlot {
-		t.Fatalf("with %d holders alive: %v, %v; want refused by the slot", holders, x, err)
-	}
-	t.Logf("with %d holders alive: %v", holders, x)
-	for _, p := range procs {
-		if err := p.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		err := p.Wait()
-		t.Logf("pid %d: %v", p.Process.Pid, err)
-	}
-	killed := time.Now()
-	scores, err := c.Do(ctx, c.B().Zrange().Key(key).Min("0").Max("-1").Withscores().Build()).AsZScores()
-	if err != nil || len(scores) != holders {
-		t.Fatalf("after the kills the key holds %v, %v; want the %d dead holders", scores, err, holders)
-	}
-	latest := 0.0
-	for _, s := range scores {
-		latest = max(latest, s.Score)
-	}
-	// Until the last dead lease expires, every acquire is refused; a
-	// refusal's RetryAfter bounds the wait for the first slot.
-	var firstFree time.Duration
-	for {
-		now, err := c.Do(ctx, c.B().Time().Build()).AsIntSlice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		serverNow := float64(now[0]*1_000_000 + now[1])
-		x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "late"}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if x.Granted() {
-			firstFree = time.Since(killed)
-			if serverNow < scores[0].Score-1000 {
-				t.Fatalf("granted at server time %.0f, before the first dead lease expires at %.0f", serverNow, scores[0].Score)
-			}
-			t.Logf("first slot back %v after the kills (the last dead lease expires %v after the first): %v", firstFree.Round(time.Millisecond),
-				time.Duration(latest-scores[0].Score)*time.Microsecond, x)
-			break
-		}
-		if x.RetryAfter > lease {
-			t.Fatalf("refused with RetryAfter %v, above the lease %v", x.RetryAfter, lease)
-		}
-		if time.Since(killed) > 2*lease {
-			t.Fatalf("no slot came back within %v of the kills", 2*lease)
-		}
-		time.Sleep(min(x.RetryAfter, 50*time.Millisecond))
-	}
-	// Every dead holder's slot is back once its lease has expired.
-	time.Sleep(time.Until(killed.Add(lease + 100*time.Millisecond)))
-	got := 0
-	for i := range holders {
-		x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "after-" + strconv.Itoa(i)}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if x.Granted() {
-			got++
-		}
-	}
-	t.Logf("after the leases expired: %d more slots granted (1 taken by \"late\"), limit %d", got, holders)
-	if got != holders-1 {
-		t.Errorf("%d slots came back, want %d", got+1, holders)
-	}
-}
-
-// TestLeaseHolderProcess is a holder of TestIntegrationLeaseKill9: it
-// acquires a lease, says so, and sleeps until it is killed.
-func TestLeaseHolderProcess(t *testing.T) {
-	env := os.Getenv("ADMIT_LEASE_HOLDER")
-	if env == "" {
-		t.Skip("run by TestIntegrationLeaseKill9")
-	}
-	parts := strings.SplitN(env, "|", 3)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{parts[0]}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, err := admit.New(c).Acquire(context.Background(), admit.Slot{Key: parts[1], Spec: admit.MustConcurrency(4, 3*time.Second), Name: parts[2]}, nil, nil)
-	if err != nil || !x.Granted() {
-		t.Fatalf("%v %v", x, err)
-	}
-	fmt.Printf("HOLDING %s pid %d: %v, TTL %v\n", parts[2], os.Getpid(), x, x.TTL)
-	time.Sleep(time.Minute)
-}
-
 // TestLeaseBadReply: a reply the script never gives is ErrBadReply,
 // classed outcome unknown, and never a grant.
 func TestLeaseBadReply(t *testing.T) {
-	_, c := newLeaseMini(t)
+	_, c := minitest.Start(t)
 	ctx := context.Background()
-	spec := admit.MustConcurrency(2, time.Second)
+	spec := twoAtOnce
 	for _, reply := range []string{
 		"return 1", "return 'x'", "return '0 0 -1 -1 1 1000'", "return '0 0 -1 -1 0 1000 0'", "return '0 5 -1 -1 1 1000 0'",
 		"return '4 5 -1 -1 1 0 0'", "return '1 5 -1 -1 1 0 0'", "return '0 0 -1 -1 1 0 0'", "return '3 5 -1 -1 1 0 1'",

@@ -450,9 +450,7 @@ func TestLocalConcurrent(t *testing.T) {
 	var admitted, denied2 atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			first := admit.Request{Key: fmt.Sprintf("own:%d", g), Spec: own}
 			second := admit.Request{Key: "shared", Spec: shared}
 			for range 20 {
@@ -467,7 +465,7 @@ func TestLocalConcurrent(t *testing.T) {
 					denied2.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if admitted.Load() != 50 {
@@ -499,9 +497,7 @@ func TestLocalConcurrentEviction(t *testing.T) {
 	specs := []admit.Spec{admit.MustSpec(admit.Every(time.Millisecond), 3), admit.MustSpec(admit.Every(time.Second), 1)}
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 5))
 			for range 500 {
 				if g == 0 && rng.IntN(10) == 0 {
@@ -530,7 +526,7 @@ func TestLocalConcurrentEviction(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if evictions.Load() == 0 {

@@ -239,6 +239,21 @@ var (
 	propHostileIDs    = []string{"{", "}", "{x}", "\x00", "\xff", "\r\n", ":once:", "once", "x:once:", ":"}
 )
 
+// propDraw adds to vals, until it holds 7, values drawn from hostile or,
+// one time in three, random strings of 1 to maxLen bytes, none twice.
+func propDraw(rng *rand.Rand, vals, hostile []string, maxLen int) []string {
+	for len(vals) < 7 {
+		v := hostile[rng.IntN(len(hostile))]
+		if rng.IntN(3) == 0 {
+			v = propRandomString(rng, 1+rng.IntN(maxLen))
+		}
+		if !slices.Contains(vals, v) {
+			vals = append(vals, v)
+		}
+	}
+	return vals
+}
+
 func newPropWorld(rng *rand.Rand) propWorld {
 	var w propWorld
 	for _, k := range propCollisionKeys {
@@ -246,15 +261,7 @@ func newPropWorld(rng *rand.Rand) propWorld {
 			w.keys = append(w.keys, k)
 		}
 	}
-	for len(w.keys) < 7 {
-		k := propHostileKeys[rng.IntN(len(propHostileKeys))]
-		if rng.IntN(3) == 0 {
-			k = propRandomString(rng, 1+rng.IntN(12))
-		}
-		if !slices.Contains(w.keys, k) {
-			w.keys = append(w.keys, k)
-		}
-	}
+	w.keys = propDraw(rng, w.keys, propHostileKeys, 12)
 	// A long key: its record's name is longer still.
 	w.keys = append(w.keys, "{L}"+propRandomString(rng, 300+rng.IntN(700)))
 	for range w.keys {
@@ -262,15 +269,7 @@ func newPropWorld(rng *rand.Rand) propWorld {
 		w.alts = append(w.alts, propSpec(rng))
 	}
 	w.ids = append(w.ids, propCollisionIDs...)
-	for len(w.ids) < 7 {
-		id := propHostileIDs[rng.IntN(len(propHostileIDs))]
-		if rng.IntN(3) == 0 {
-			id = propRandomString(rng, 1+rng.IntN(10))
-		}
-		if !slices.Contains(w.ids, id) {
-			w.ids = append(w.ids, id)
-		}
-	}
+	w.ids = propDraw(rng, w.ids, propHostileIDs, 10)
 	w.ids = append(w.ids, propRandomString(rng, admit.MaxOnceIDLen)) // at the bound
 	return w
 }
@@ -663,6 +662,10 @@ func (r *propRun) requests(op propOp) (admit.Request, *admit.Request) {
 	return first, &second
 }
 
+// propMethods are the operations that are one call of a method on
+// first (and second), by the method they call.
+var propMethods = map[string]string{"allow": "AllowOrdered", "all": "AllowAll", "peek": "Peek", "refund": "Refund"}
+
 // exec runs one operation: its calls, each checked.
 func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 	if op.kind == "deploy" {
@@ -680,7 +683,7 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 	if op.cached {
 		via = viaCached
 	}
-	id := r.w.ids[op.id]
+	once := propCall{method: "AllowOrderedOnce", via: via, id: r.w.ids[op.id], first: first, second: second}
 	switch op.kind {
 	case "advance":
 		d := op.adv
@@ -706,56 +709,33 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 			r.clock = r.ms[0].Now
 		}
 		return nil
-	case "allow":
-		_, f := r.call(ctx, propCall{method: "AllowOrdered", via: via, first: first, second: second})
-		return f
-	case "all":
-		_, f := r.call(ctx, propCall{method: "AllowAll", via: via, first: first, second: second})
-		return f
-	case "peek":
-		_, f := r.call(ctx, propCall{method: "Peek", via: via, first: first, second: second})
-		return f
-	case "refund":
-		_, f := r.call(ctx, propCall{method: "Refund", via: via, first: first, second: second})
+	case "allow", "all", "peek", "refund":
+		_, f := r.call(ctx, propCall{method: propMethods[op.kind], via: via, first: first, second: second})
 		return f
 	case "wait":
 		_, f := r.call(ctx, propCall{method: "Wait", via: via, first: first, second: second, deadline: op.wait})
 		return f
 	case "once":
-		_, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
+		_, f := r.call(ctx, once)
 		return f
 	case "settle":
-		// Reserve then settle (docs/budgets.md): refund the unused part of a fresh
-		// admission, never of a replay.
-		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
-		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
-			return f
-		}
-		unused := first
-		unused.Cost = min(op.part, max(first.Cost, 1))
-		_, f = r.call(ctx, propCall{method: "Refund", via: via, first: unused})
-		return f
+		return r.settle(ctx, op, once)
 	case "lost":
 		// The reply is lost after the server ran the call; the caller
 		// retries with the same id and settles only a fresh admission.
 		r.b.proxy().LoseReply([]byte("EVAL"))
-		got, f := r.call(ctx, propCall{method: "AllowOrderedOnce", via: viaLossy, id: id, first: first, second: second})
+		lossy := once
+		lossy.via = viaLossy
+		got, f := r.call(ctx, lossy)
 		r.b.proxy().LoseReply([]byte("\x00never\x00")) // disarmed
 		if f != nil || got.err == nil {
 			return f
 		}
-		got, f = r.call(ctx, propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second})
-		if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
-			return f
-		}
-		unused := first
-		unused.Cost = min(op.part, max(first.Cost, 1))
-		_, f = r.call(ctx, propCall{method: "Refund", via: via, first: unused})
-		return f
+		return r.settle(ctx, op, once)
 	case "reuse":
 		c, ok := r.reuse(op)
 		if !ok { // no live record: decide under the op's id
-			c = propCall{method: "AllowOrderedOnce", via: via, id: id, first: first, second: second}
+			c = once
 		}
 		_, f := r.call(ctx, c)
 		return f
@@ -766,6 +746,20 @@ func (r *propRun) exec(ctx context.Context, op propOp) *propFailure {
 		return f
 	}
 	return r.fail("error", "unknown operation %q", op.kind)
+}
+
+// settle reserves then settles (docs/budgets.md): it runs once, an
+// AllowOrderedOnce, and refunds the unused part (op.part) of a fresh
+// admission's first Cost, never of a replay.
+func (r *propRun) settle(ctx context.Context, op propOp, once propCall) *propFailure {
+	got, f := r.call(ctx, once)
+	if f != nil || got.err != nil || !got.d.Allowed() || got.d.Replayed() || op.part == 0 {
+		return f
+	}
+	unused := once.first
+	unused.Cost = min(op.part, max(once.first.Cost, 1))
+	_, f = r.call(ctx, propCall{method: "Refund", via: once.via, first: unused})
+	return f
 }
 
 // reuse builds a call that reuses the id of a live record for another
@@ -1710,48 +1704,65 @@ func (r *propRun) awayFromExpiries(ctx context.Context) error {
 // miniBackend is the fast tier: miniredis, whose clock and TTLs move only
 // when the test moves them.
 type miniBackend struct {
-	srv        *miniredis.Miniredis
-	now        time.Time
+	propLimiters
+	srv *miniredis.Miniredis
+	now time.Time
+}
+
+func newMiniBackend(tb testing.TB) *miniBackend {
+	tb.Helper()
+	srv, c := minitest.Start(tb)
+	return &miniBackend{propLimiters: newPropLimiters(tb, c, srv.Addr()), srv: srv, now: minitest.Epoch}
+}
+
+// propLimiters are a backend's three Limiters: plain, with a denial cache
+// whose commands it counts, and lossy, through a proxy that can lose a
+// reply.
+type propLimiters struct {
 	pl, ca, lo *admit.Limiter
 	lc         valkey.Client // the lossy Limiter's
 	sent       *atomic.Int64
 	px         *delayproxy.Proxy
 }
 
-func newMiniBackend(tb testing.TB) *miniBackend {
+// newPropLimiters builds them on c, a client to the server at addr, each
+// with opts.
+func newPropLimiters(tb testing.TB, c valkey.Client, addr string, opts ...admit.Option) propLimiters {
 	tb.Helper()
-	srv, c := minitest.Start(tb)
-	b := &miniBackend{srv: srv, now: minitest.Epoch, sent: new(atomic.Int64)}
-	dial := func(addr string) valkey.Client { return minitest.Client(tb, addr) }
 	// The proxy's script must be loaded, so that the command whose reply
 	// it loses is the script, not a NOSCRIPT answer.
 	if err := c.Do(context.Background(), c.B().ScriptLoad().Script(admit.ScriptSource).Build()).Error(); err != nil {
 		tb.Fatalf("SCRIPT LOAD: %v", err)
 	}
-	px, err := delayproxy.Start(srv.Addr(), 0)
+	px, err := delayproxy.Start(addr, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { px.Close() })
-	b.px = px
-	b.pl = admit.New(c)
-	b.ca = admit.New(countingClient{c, b.sent}, admit.WithDenialCache(64))
-	b.lc = dial(px.Addr())
-	b.lo = admit.New(b.lc)
-	return b
+	lc, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{px.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		tb.Fatalf("dial the proxy: %v", err)
+	}
+	tb.Cleanup(lc.Close)
+	l := propLimiters{px: px, sent: new(atomic.Int64), lc: lc}
+	l.pl = admit.New(c, opts...)
+	l.ca = admit.New(countingClient{c, l.sent}, append([]admit.Option{admit.WithDenialCache(64)}, opts...)...)
+	l.lo = admit.New(l.lc, opts...)
+	return l
 }
 
-func (b *miniBackend) warmLossy(ctx context.Context) error {
-	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
+func (l *propLimiters) warmLossy(ctx context.Context) error {
+	return l.lc.Do(ctx, l.lc.B().Ping().Build()).Error()
 }
 
-func (b *miniBackend) plain() *admit.Limiter    { return b.pl }
-func (b *miniBackend) cached() *admit.Limiter   { return b.ca }
-func (b *miniBackend) lossy() *admit.Limiter    { return b.lo }
-func (b *miniBackend) sentCached() int64        { return b.sent.Load() }
-func (b *miniBackend) proxy() *delayproxy.Proxy { return b.px }
-func (b *miniBackend) expiry() model.Expiry     { return model.Countdown }
-func (b *miniBackend) exact() bool              { return true }
+func (l *propLimiters) plain() *admit.Limiter    { return l.pl }
+func (l *propLimiters) cached() *admit.Limiter   { return l.ca }
+func (l *propLimiters) lossy() *admit.Limiter    { return l.lo }
+func (l *propLimiters) sentCached() int64        { return l.sent.Load() }
+func (l *propLimiters) proxy() *delayproxy.Proxy { return l.px }
+
+func (b *miniBackend) expiry() model.Expiry { return model.Countdown }
+func (b *miniBackend) exact() bool          { return true }
 
 func (b *miniBackend) advance(_ context.Context, d time.Duration) error {
 	b.now = b.now.Add(d)
@@ -1862,56 +1873,27 @@ func TestIntegrationProperty(t *testing.T) {
 // realBackend is a real server started with the clock-shift shim. Each
 // run flushes it and sets its clock back to the host's.
 type realBackend struct {
-	tb         testing.TB
-	c          valkey.Client
-	clk        *testserver.Clock
-	offset     time.Duration
-	pl, ca, lo *admit.Limiter
-	lc         valkey.Client // the lossy Limiter's
-	sent       *atomic.Int64
-	px         *delayproxy.Proxy
+	propLimiters
+	tb     testing.TB
+	c      valkey.Client
+	clk    *testserver.Clock
+	offset time.Duration
 }
 
 // newRealBackend builds its Limiters with opts too.
 func newRealBackend(tb testing.TB, srv *testserver.Server, clock *testserver.Clock, opts ...admit.Option) *realBackend {
 	tb.Helper()
-	ctx := context.Background()
-	b := &realBackend{tb: tb, c: testserver.NewClient(tb, srv), clk: clock, sent: new(atomic.Int64)}
+	b := &realBackend{tb: tb, c: testserver.NewClient(tb, srv), clk: clock}
 	clock.Set(tb, 0)
-	if err := b.c.Do(ctx, b.c.B().Flushall().Build()).Error(); err != nil {
+	if err := b.c.Do(context.Background(), b.c.B().Flushall().Build()).Error(); err != nil {
 		tb.Fatalf("FLUSHALL: %v", err)
 	}
-	if err := b.c.Do(ctx, b.c.B().ScriptLoad().Script(admit.ScriptSource).Build()).Error(); err != nil {
-		tb.Fatalf("SCRIPT LOAD: %v", err)
-	}
-	px, err := delayproxy.Start(srv.Addr, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { px.Close() })
-	b.px = px
-	lc, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{px.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		tb.Fatalf("dial the proxy: %v", err)
-	}
-	tb.Cleanup(lc.Close)
-	b.pl = admit.New(b.c, opts...)
-	b.ca = admit.New(countingClient{b.c, b.sent}, append([]admit.Option{admit.WithDenialCache(64)}, opts...)...)
-	b.lc, b.lo = lc, admit.New(lc, opts...)
+	b.propLimiters = newPropLimiters(tb, b.c, srv.Addr, opts...)
 	return b
 }
 
-func (b *realBackend) warmLossy(ctx context.Context) error {
-	return b.lc.Do(ctx, b.lc.B().Ping().Build()).Error()
-}
-
-func (b *realBackend) plain() *admit.Limiter    { return b.pl }
-func (b *realBackend) cached() *admit.Limiter   { return b.ca }
-func (b *realBackend) lossy() *admit.Limiter    { return b.lo }
-func (b *realBackend) sentCached() int64        { return b.sent.Load() }
-func (b *realBackend) proxy() *delayproxy.Proxy { return b.px }
-func (b *realBackend) expiry() model.Expiry     { return model.Absolute }
-func (b *realBackend) exact() bool              { return false }
+func (b *realBackend) expiry() model.Expiry { return model.Absolute }
+func (b *realBackend) exact() bool          { return false }
 
 func (b *realBackend) advance(_ context.Context, d time.Duration) error {
 	b.offset += d
@@ -2122,9 +2104,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	var calls, retries atomic.Int64
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			for i := 0; time.Now().Before(deadline) && i < 100_000; i++ {
 				calls.Add(1)
@@ -2208,7 +2188,7 @@ func TestIntegrationPropertyConcurrent(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	end, err := (&realBackend{c: c}).clock(ctx)

@@ -341,15 +341,13 @@ func TestWaitLine(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, waiters)
 	for i := range waiters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			d, err := e.l.Wait(context.Background(), Request{Key: "w", Spec: spec, Cost: i + 1}, nil)
 			if err == nil && !d.Allowed() {
 				err = errors.New("not admitted: " + d.String())
 			}
 			errs[i] = err
-		}()
+		})
 	}
 	wg.Wait()
 	for i, err := range errs {

@@ -252,23 +252,46 @@ func (e *env) proxyClient(addr string) (valkey.Client, error) {
 	})
 }
 
+// proxied is a Limiter under test (l) on a one-connection client (c)
+// through a fault proxy in front of a node.
+type proxied struct {
+	*faultProxy
+	c valkey.Client
+	l *admit.Limiter
+}
+
+// close closes the client, then the proxy.
+func (p proxied) close() {
+	p.c.Close()
+	p.faultProxy.close()
+}
+
 // viaProxy returns a fault proxy in front of the node that holds prefix,
 // a one-connection client through it, and a Limiter under test on it.
-func (e *env) viaProxy(ctx context.Context, prefix string) (*faultProxy, valkey.Client, *admit.Limiter, error) {
+// With warm, the Limiter has loaded the script (one call, on
+// prefix+"warm"), so that a fault meets the script, not a NOSCRIPT answer.
+func (e *env) viaProxy(ctx context.Context, prefix string, warm bool) (proxied, error) {
 	_, addr, err := e.node(ctx, prefix)
 	if err != nil {
-		return nil, nil, nil, err
+		return proxied{}, err
 	}
 	proxy, err := startFaultProxy(addr, e.opt.TLSConfig)
 	if err != nil {
-		return nil, nil, nil, err
+		return proxied{}, err
 	}
 	c, err := e.proxyClient(proxy.addr())
 	if err != nil {
 		proxy.close()
-		return nil, nil, nil, fmt.Errorf("a client through the proxy to %s (WithClientOption gives it credentials and TLS): %w", addr, err)
+		return proxied{}, fmt.Errorf("a client through the proxy to %s (WithClientOption gives it credentials and TLS): %w", addr, err)
 	}
-	return proxy, c, e.newLimiter(c), nil
+	px := proxied{faultProxy: proxy, c: c, l: e.newLimiter(c)}
+	if warm {
+		if _, err := px.l.AllowOrdered(ctx, req(prefix+"warm", hourly3), nil); err != nil {
+			px.close()
+			return proxied{}, err
+		}
+	}
+	return px, nil
 }
 
 // quiet reports whether the server's command counters move only with the
@@ -565,28 +588,44 @@ func (e *env) compareCall(ctx context.Context, l *admit.Limiter, all bool, first
 	if err := remainingBetween(d, dLo, dHi); err != nil {
 		errs = append(errs, err)
 	}
+	diffs, err := e.compareWrites(ctx, keys, before, wLo, wHi, tAfter-tBefore)
+	if err != nil {
+		return d, err
+	}
+	errs = append(errs, diffs...)
+	return d, errors.Join(errs...)
+}
+
+// compareWrites compares every key with the model's writes at both ends of
+// a server window of window µs (wLo, wHi): the fields and expiry of every
+// bucket the model writes; a denied bucket's fields byte for byte, its
+// expiry only ever lengthened; and, byte for byte, every key it does not
+// write (before is each key as it was before the call). It returns what
+// differs, and an error when it cannot tell.
+func (e *env) compareWrites(ctx context.Context, keys []string, before map[string]snapshot, wLo, wHi map[string]model.Write, window int64) ([]error, error) {
+	var diffs []error
 	for _, k := range keys {
 		lo, written := wLo[k]
 		if !written {
 			after, err := e.snap(ctx, k)
 			if err != nil {
-				return d, err
+				return nil, err
 			}
 			if after != before[k] {
-				errs = append(errs, fmt.Errorf("%s must not change: before %v, after %v", e.short(k), before[k], after))
+				diffs = append(diffs, fmt.Errorf("%s must not change: before %v, after %v", e.short(k), before[k], after))
 			}
 			continue
 		}
 		hi := wHi[k]
 		if lo.Keep != hi.Keep {
-			return d, fmt.Errorf("inconclusive: the model's write of %s changes within the server window of %dµs", e.short(k), tAfter-tBefore)
+			return nil, fmt.Errorf("inconclusive: the model's write of %s changes within the server window of %dµs", e.short(k), window)
 		}
 		if lo.Keep {
 			// A denial: the fields byte for byte as before; the expiry
 			// only ever lengthened, to at least the time to full.
 			after, err := e.snap(ctx, k)
 			if err != nil {
-				return d, err
+				return nil, err
 			}
 			minLo, minHi := min(lo.ExpireAtMs, hi.ExpireAtMs), max(lo.ExpireAtMs, hi.ExpireAtMs)
 			switch {
@@ -594,35 +633,35 @@ func (e *env) compareCall(ctx context.Context, l *admit.Limiter, all bool, first
 				// An absent bucket is a full one: a denial's PEXPIREAT GT
 				// must not create it, nor remove a present one.
 				if after != before[k] {
-					errs = append(errs, fmt.Errorf("%s was denied and must not change: before %v, after %v", e.short(k), before[k], after))
+					diffs = append(diffs, fmt.Errorf("%s was denied and must not change: before %v, after %v", e.short(k), before[k], after))
 				}
 			case after.state != before[k].state:
-				errs = append(errs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
+				diffs = append(diffs, fmt.Errorf("%s was denied and must keep its fields: before %v, after %v", e.short(k), before[k], after))
 			case (before[k].expireAt == -1 || before[k].expireAt >= minHi) && after.expireAt != before[k].expireAt:
-				errs = append(errs, fmt.Errorf("%s: PEXPIRETIME %d changed to %d; a denial never shortens an expiry that outlives the refill (%d..%d)", e.short(k), before[k].expireAt, after.expireAt, minLo, minHi))
+				diffs = append(diffs, fmt.Errorf("%s: PEXPIRETIME %d changed to %d; a denial never shortens an expiry that outlives the refill (%d..%d)", e.short(k), before[k].expireAt, after.expireAt, minLo, minHi))
 			case before[k].expireAt < minLo && !between(minLo, minHi, after.expireAt):
-				errs = append(errs, fmt.Errorf("%s: PEXPIRETIME %d, want it lengthened to the time to full: %d..%d", e.short(k), after.expireAt, minLo, minHi))
+				diffs = append(diffs, fmt.Errorf("%s: PEXPIRETIME %d, want it lengthened to the time to full: %d..%d", e.short(k), after.expireAt, minLo, minHi))
 			}
 			continue
 		}
 		obs, err := e.readBucket(ctx, k)
 		if err != nil {
-			return d, err
+			return nil, err
 		}
 		tk, ts, err := obs.parse()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %v", e.short(k), err))
+			diffs = append(diffs, fmt.Errorf("%s: %v", e.short(k), err))
 			continue
 		}
 		// The expiry the model gives at each end of the window.
 		expLo := min(lo.ExpireAtMs, hi.ExpireAtMs)
 		expHi := max(lo.ExpireAtMs, hi.ExpireAtMs)
 		if !between(lo.Tokens, hi.Tokens, tk) || !between(lo.TS, hi.TS, ts) || !between(expLo, expHi, obs.expireAt) {
-			errs = append(errs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
+			diffs = append(diffs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
 				e.short(k), tk, ts, obs.expireAt, lo.Tokens, hi.Tokens, lo.TS, hi.TS, expLo, expHi))
 		}
 	}
-	return d, errors.Join(errs...)
+	return diffs, nil
 }
 
 func between(a, b, x int64) bool {

@@ -19,20 +19,30 @@ import (
 	"github.com/admitkit/admit/internal/model"
 )
 
-// costCase builds a case's requests under prefix p, a std and a shared
-// bucket (no second with oneBucket), and the seeds of those present.
-func costCase(p string, spec1, spec2 admit.Spec, c1, c2 int, oneBucket bool, s1, s2 *seedAt) (admit.Request, *admit.Request, map[string]seedAt) {
-	first := admit.Request{Key: p + "std", Spec: spec1, Cost: c1}
-	second := &admit.Request{Key: p + "shared", Spec: spec2, Cost: c2}
-	if oneBucket {
+// costCall is a row of a rule's table of calls on a std and a shared
+// bucket: its name, each bucket's seed (nil: absent), each Request's Cost,
+// and whether the call has no second bucket.
+type costCall struct {
+	name          string
+	first, second *seedAt
+	c1, c2        int
+	oneBucket     bool
+}
+
+// requests builds the call's Requests under prefix p, and the seeds of the
+// buckets present.
+func (c costCall) requests(p string, spec1, spec2 admit.Spec) (admit.Request, *admit.Request, map[string]seedAt) {
+	first := admit.Request{Key: p + "std", Spec: spec1, Cost: c.c1}
+	second := &admit.Request{Key: p + "shared", Spec: spec2, Cost: c.c2}
+	if c.oneBucket {
 		second = nil
 	}
 	seeds := map[string]seedAt{}
-	if s1 != nil {
-		seeds[first.Key] = *s1
+	if c.first != nil {
+		seeds[first.Key] = *c.first
 	}
-	if s2 != nil && second != nil {
-		seeds[second.Key] = *s2
+	if c.second != nil && second != nil {
+		seeds[second.Key] = *c.second
 	}
 	return first, second, seeds
 }
@@ -105,25 +115,22 @@ func checkCostTransitions(ctx context.Context, e *env) error {
 	secondSpec := admit.MustSpec(admit.Every(30*time.Minute), 8)
 	var errs []error
 	for _, tc := range []struct {
-		name          string
-		first, second *seedAt // nil: absent
-		c1, c2        int
-		oneBucket     bool
-		denied        uint8
-		remaining     [2]int
+		costCall
+		denied    uint8
+		remaining [2]int
 	}{
-		{"allow/allow", &seedAt{7, -sec}, &seedAt{6, -sec}, 3, 4, false, 0, [2]int{4, 2}},
-		{"allow/allow, each holding exactly its cost", &seedAt{5, -sec}, &seedAt{4, -sec}, 5, 4, false, 0, [2]int{0, 0}},
-		{"allow/allow, fresh buckets, cost = burst", nil, nil, 10, 8, false, 0, [2]int{0, 0}},
-		{"allow/deny", &seedAt{7, -sec}, &seedAt{3, -sec}, 3, 4, false, 2, [2]int{4, 3}},
-		{"allow/deny, second four tokens short", nil, &seedAt{1, -5 * sec}, 2, 5, false, 2, [2]int{8, 1}},
-		{"deny/any", &seedAt{2, -sec}, &seedAt{8, -sec}, 3, 2, false, 1, [2]int{2, -1}},
-		{"deny/any, first four tokens short, second absent", &seedAt{0, -sec}, nil, 4, 1, false, 1, [2]int{0, -1}},
-		{"one bucket, two tokens earned, remainder kept", &seedAt{5, -2*hour - 5*sec}, nil, 7, 0, true, 0, [2]int{0, -1}},
-		{"one bucket, one token short", &seedAt{5, -sec}, nil, 6, 0, true, 1, [2]int{5, -1}},
-		{"cost 0 means 1", &seedAt{1, -sec}, &seedAt{1, -sec}, 0, 0, false, 0, [2]int{0, 0}},
+		{costCall{"allow/allow", &seedAt{7, -sec}, &seedAt{6, -sec}, 3, 4, false}, 0, [2]int{4, 2}},
+		{costCall{"allow/allow, each holding exactly its cost", &seedAt{5, -sec}, &seedAt{4, -sec}, 5, 4, false}, 0, [2]int{0, 0}},
+		{costCall{"allow/allow, fresh buckets, cost = burst", nil, nil, 10, 8, false}, 0, [2]int{0, 0}},
+		{costCall{"allow/deny", &seedAt{7, -sec}, &seedAt{3, -sec}, 3, 4, false}, 2, [2]int{4, 3}},
+		{costCall{"allow/deny, second four tokens short", nil, &seedAt{1, -5 * sec}, 2, 5, false}, 2, [2]int{8, 1}},
+		{costCall{"deny/any", &seedAt{2, -sec}, &seedAt{8, -sec}, 3, 2, false}, 1, [2]int{2, -1}},
+		{costCall{"deny/any, first four tokens short, second absent", &seedAt{0, -sec}, nil, 4, 1, false}, 1, [2]int{0, -1}},
+		{costCall{"one bucket, two tokens earned, remainder kept", &seedAt{5, -2*hour - 5*sec}, nil, 7, 0, true}, 0, [2]int{0, -1}},
+		{costCall{"one bucket, one token short", &seedAt{5, -sec}, nil, 6, 0, true}, 1, [2]int{5, -1}},
+		{costCall{"cost 0 means 1", &seedAt{1, -sec}, &seedAt{1, -sec}, 0, 0, false}, 0, [2]int{0, 0}},
 	} {
-		first, second, seeds := costCase(e.prefix("cost-transitions"), firstSpec, secondSpec, tc.c1, tc.c2, tc.oneBucket, tc.first, tc.second)
+		first, second, seeds := tc.requests(e.prefix("cost-transitions"), firstSpec, secondSpec)
 		d, err := e.decideAndCompare(ctx, e.l, first, second, seeds)
 		if err == nil && (d.Denied != tc.denied || d.Remaining != tc.remaining) {
 			err = fmt.Errorf("decision %v with Remaining %v, want Denied %d and Remaining %v", d, d.Remaining, tc.denied, tc.remaining)
@@ -207,12 +214,7 @@ func checkPeekWritesNothing(ctx context.Context, e *env) error {
 	spec1 := admit.MustSpec(admit.Every(time.Hour), 5)
 	spec2 := admit.MustSpec(admit.Every(30*time.Minute), 4)
 	var errs []error
-	for _, tc := range []struct {
-		name          string
-		first, second *seedAt
-		c1, c2        int
-		oneBucket     bool
-	}{
+	for _, tc := range []costCall{
 		{"both absent", nil, nil, 2, 3, false},
 		{"allow/allow", &seedAt{4, -sec}, &seedAt{3, -sec}, 2, 3, false},
 		{"allow/deny", &seedAt{4, -sec}, &seedAt{1, -sec}, 2, 3, false},
@@ -221,32 +223,20 @@ func checkPeekWritesNothing(ctx context.Context, e *env) error {
 		{"one bucket", &seedAt{3, -sec}, nil, 3, 0, true},
 		{"one bucket, absent", nil, nil, 1, 0, true},
 	} {
-		p := e.prefix("peek-writes-nothing")
-		first := admit.Request{Key: p + "std", Spec: spec1, Cost: tc.c1}
-		second := &admit.Request{Key: p + "shared", Spec: spec2, Cost: tc.c2}
-		if tc.oneBucket {
-			second = nil
-		}
-		if err := e.peekThenTake(ctx, e.l, first, second, tc.first, tc.second); err != nil {
+		first, second, seeds := tc.requests(e.prefix("peek-writes-nothing"), spec1, spec2)
+		if err := e.peekThenTake(ctx, e.l, first, second, seeds); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", tc.name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// peekThenTake seeds the buckets (nil: absent), peeks with l, requires the
+// peekThenTake seeds the buckets (absent without a seed), peeks with l, requires the
 // model's decision and no change to any key, then runs AllowOrdered with
 // e.l and requires the same decision: Denied and Remaining equal, and
 // RetryAfter shorter by no more than the server time between the two.
-func (e *env) peekThenTake(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, s1, s2 *seedAt) error {
+func (e *env) peekThenTake(ctx context.Context, l *admit.Limiter, first admit.Request, second *admit.Request, seeds map[string]seedAt) error {
 	keys := keysOf(first, second)
-	seeds := map[string]seedAt{}
-	if s1 != nil {
-		seeds[first.Key] = *s1
-	}
-	if s2 != nil && second != nil {
-		seeds[second.Key] = *s2
-	}
 	states, err := e.seedKeys(ctx, keys, seeds)
 	if err != nil {
 		return err
@@ -336,9 +326,9 @@ func checkPeekReadOnlyUser(ctx context.Context, e *env) error {
 	}
 	defer c.Close()
 	l := e.newLimiter(c)
-	first := admit.Request{Key: p + "std", Spec: admit.MustSpec(admit.Every(time.Hour), 5), Cost: 2}
-	second := admit.Request{Key: p + "shared", Spec: admit.MustSpec(admit.Every(30*time.Minute), 4), Cost: 3}
-	keys := keysOf(first, &second)
+	spec1, spec2 := admit.MustSpec(admit.Every(time.Hour), 5), admit.MustSpec(admit.Every(30*time.Minute), 4)
+	first, second, _ := costCall{c1: 2, c2: 3}.requests(p, spec1, spec2)
+	keys := keysOf(first, second)
 
 	var errs []error
 	// Absent buckets: the peek creates nothing; then seeded ones, with a
@@ -351,7 +341,8 @@ func checkPeekReadOnlyUser(ctx context.Context, e *env) error {
 		{"refill due", &seedAt{0, -2*hour - 5*sec}, &seedAt{3, -sec}},
 		{"second refuses", &seedAt{4, -sec}, &seedAt{1, -sec}},
 	} {
-		if err := e.peekThenTake(ctx, l, first, &second, tc.s1, tc.s2); err != nil {
+		_, _, seeds := costCall{first: tc.s1, second: tc.s2, c1: 2, c2: 3}.requests(p, spec1, spec2)
+		if err := e.peekThenTake(ctx, l, first, second, seeds); err != nil {
 			errs = append(errs, fmt.Errorf("Peek as %s, %s: %w", name, tc.name, err))
 		}
 	}
@@ -359,11 +350,11 @@ func checkPeekReadOnlyUser(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	d, err := l.AllowOrdered(ctx, first, &second)
+	d, err := l.AllowOrdered(ctx, first, second)
 	if !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) || d.Allowed() || !strings.Contains(fmt.Sprint(err), "NOPERM") {
 		errs = append(errs, fmt.Errorf("AllowOrdered as %s: got %v, %v; want a NOPERM refusal classed admit.ErrNotExecuted", name, d, err))
 	}
-	err = l.Refund(ctx, first, &second)
+	err = l.Refund(ctx, first, second)
 	if !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) || !strings.Contains(fmt.Sprint(err), "NOPERM") {
 		errs = append(errs, fmt.Errorf("Refund as %s: got %v; want a NOPERM refusal classed admit.ErrNotExecuted", name, err))
 	}
@@ -404,37 +395,11 @@ func (e *env) refundAndCompare(ctx context.Context, first admit.Request, second 
 		return fmt.Errorf("Refund: %w", callErr)
 	}
 	wLo, wHi := model.Refund(tBefore, states, reqs...), model.Refund(tAfter, states, reqs...)
-	var errs []error
-	for _, k := range keys {
-		lo, written := wLo[k]
-		if !written {
-			after, err := e.snap(ctx, k)
-			if err != nil {
-				return err
-			}
-			if after != before[k] {
-				errs = append(errs, fmt.Errorf("%s must not change: before %v, after %v", e.short(k), before[k], after))
-			}
-			continue
-		}
-		hi := wHi[k]
-		obs, err := e.readBucket(ctx, k)
-		if err != nil {
-			return err
-		}
-		tk, ts, err := obs.parse()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %v", e.short(k), err))
-			continue
-		}
-		expLo := min(lo.ExpireAtMs, hi.ExpireAtMs)
-		expHi := max(lo.ExpireAtMs, hi.ExpireAtMs)
-		if !between(lo.Tokens, hi.Tokens, tk) || !between(lo.TS, hi.TS, ts) || !between(expLo, expHi, obs.expireAt) {
-			errs = append(errs, fmt.Errorf("%s = tokens %d ts %d PEXPIRETIME %d; want tokens %d..%d ts %d..%d PEXPIRETIME %d..%d",
-				e.short(k), tk, ts, obs.expireAt, lo.Tokens, hi.Tokens, lo.TS, hi.TS, expLo, expHi))
-		}
+	diffs, err := e.compareWrites(ctx, keys, before, wLo, wHi, tAfter-tBefore)
+	if err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	return errors.Join(diffs...)
 }
 
 // checkRefundCapped: a refund after a charge gives back exactly the Cost
@@ -473,12 +438,7 @@ func checkRefundCapped(ctx context.Context, e *env) error {
 		}
 	}
 
-	for _, tc := range []struct {
-		name          string
-		first, second *seedAt // nil: absent
-		c1, c2        int
-		oneBucket     bool
-	}{
+	for _, tc := range []costCall{
 		{"within burst, part-token kept", &seedAt{2, -hour / 2}, nil, 3, 0, true},
 		{"above what was taken: capped at burst", &seedAt{8, -sec}, nil, 5, 0, true},
 		{"refilled to full meanwhile", &seedAt{0, -20 * hour}, nil, 3, 0, true},
@@ -491,7 +451,7 @@ func checkRefundCapped(ctx context.Context, e *env) error {
 		{"two buckets, second absent: not created", &seedAt{1, -sec}, nil, 2, 3, false},
 		{"two buckets, both absent: nothing created", nil, nil, 2, 3, false},
 	} {
-		first, second, seeds := costCase(e.prefix("refund"), spec1, spec2, tc.c1, tc.c2, tc.oneBucket, tc.first, tc.second)
+		first, second, seeds := tc.requests(e.prefix("refund"), spec1, spec2)
 		if err := e.refundAndCompare(ctx, first, second, seeds); err != nil {
 			errs = append(errs, fmt.Errorf("%s (costs %d, %d): %w", tc.name, tc.c1, tc.c2, err))
 		}
@@ -508,15 +468,12 @@ func checkRefundCapped(ctx context.Context, e *env) error {
 // is the suite's alone, in INFO commandstats; no duration is asserted.
 func checkWaitDeadline(ctx context.Context, e *env) error {
 	p := e.prefix("wait")
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
-	if _, err := l.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil { // loads the script
-		return err
-	}
+	defer px.close()
+	l := px.l
 	hourly1 := admit.MustSpec(admit.Every(time.Hour), 1)
 	// attempts runs Wait and returns its result and the number of script
 	// commands it sent, counted by the proxy and (on a quiet server) by
@@ -527,7 +484,7 @@ func checkWaitDeadline(ctx context.Context, e *env) error {
 		attempts int
 	}
 	attempts := func(wctx context.Context, first admit.Request, second *admit.Request) (waited, error) {
-		n0 := len(proxy.commands())
+		n0 := len(px.commands())
 		s0, err := e.stats(ctx, p)
 		if err != nil {
 			return waited{}, err
@@ -538,7 +495,7 @@ func checkWaitDeadline(ctx context.Context, e *env) error {
 			return waited{}, err
 		}
 		w := waited{d: d, err: werr}
-		for _, cmd := range proxy.since(n0) {
+		for _, cmd := range px.since(n0) {
 			if !isScriptCommand(cmd) {
 				return w, fmt.Errorf("Wait sent %q, want only script commands", cmd[0])
 			}

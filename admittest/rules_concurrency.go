@@ -68,12 +68,7 @@ func checkConcurrency(ctx context.Context, e *env) error {
 	// left checks a bucket's final tokens and that its ts moved by whole
 	// intervals only.
 	left := func(name string, b bucket, want int64) error {
-		obs, err := e.readBucket(ctx, b.r.Key)
-		if err != nil {
-			return err
-		}
-		tk, _, err := obs.parse()
-		if err != nil || tk != want {
+		if tk, err := e.tokensLeft(ctx, b.r.Key); err != nil || tk != want {
 			return fmt.Errorf("%s: %s has tokens %d (%v), want %d", name, e.short(b.r.Key), tk, err, want)
 		}
 		return nil
@@ -173,11 +168,7 @@ func checkPremiumReservation(ctx context.Context, e *env) error {
 	if s+pa != 100 {
 		errs = append(errs, fmt.Errorf("standard %d + premium %d admissions = %d, want the 100 shared tokens", s, pa, s+pa))
 	}
-	obs, err := e.readBucket(ctx, std.Key)
-	if err != nil {
-		return err
-	}
-	if tk, _, err := obs.parse(); err != nil || tk != int64(30-s-d2) {
+	if tk, err := e.tokensLeft(ctx, std.Key); err != nil || tk != int64(30-s-d2) {
 		errs = append(errs, fmt.Errorf("std tokens %d (%v), want 30 - %d admitted - %d denied by shared = %d", tk, err, s, d2, 30-s-d2))
 	}
 	return errors.Join(errs...)

@@ -334,11 +334,7 @@ func checkSharedState(ctx context.Context, e *env) error {
 		return fmt.Errorf("admissions through a: %d, want its burst of 10", admitted)
 	}
 	for _, r := range []admit.Request{a, b, c} {
-		obs, err := e.readBucket(ctx, r.Key)
-		if err != nil {
-			return err
-		}
-		if tk, _, err := obs.parse(); err != nil || tk != states[r.Key].Tokens {
+		if tk, err := e.tokensLeft(ctx, r.Key); err != nil || tk != states[r.Key].Tokens {
 			return fmt.Errorf("%s: tokens %d (%v), want %d", e.short(r.Key), tk, err, states[r.Key].Tokens)
 		}
 	}
@@ -365,12 +361,8 @@ func checkKeySchema(ctx context.Context, e *env) error {
 	if _, err := e.decideAndCompare(ctx, e.l, r, nil, map[string]seedAt{r.Key: {2, -sec}}); err != nil {
 		return err
 	}
-	obs, err := e.readBucket(ctx, r.Key)
-	if err != nil {
-		return err
-	}
-	if tk, _, err := obs.parse(); err != nil || tk != 1 {
-		return fmt.Errorf("HGETALL %v: tokens %d (%v), want tokens=1 and ts", obs.fields, tk, err)
+	if tk, err := e.tokensLeft(ctx, r.Key); err != nil || tk != 1 {
+		return fmt.Errorf("tokens %d (%v), want tokens=1 and ts", tk, err)
 	}
 	return nil
 }

@@ -131,22 +131,19 @@ func checkCorruptState(ctx context.Context, e *env) error {
 // flight.
 func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Context, mode int32, cause error, during func(*faultProxy) error) error {
 	p := e.prefix(rule)
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	l := px.l
 	r := req(p+"r", admit.MustSpec(admit.Every(time.Hour), 5))
-	if _, err := l.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil { // loads the script
-		return err
-	}
-	n0 := len(proxy.commands())
+	n0 := len(px.commands())
 	s0, err := e.stats(ctx, p)
 	if err != nil {
 		return err
 	}
-	proxy.mode.Store(mode)
+	px.mode.Store(mode)
 	type result struct {
 		d   admit.Decision
 		err error
@@ -157,7 +154,7 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 		done <- result{d, err}
 	}()
 	if during != nil {
-		if err := during(proxy); err != nil {
+		if err := during(px.faultProxy); err != nil {
 			return err
 		}
 	}
@@ -167,15 +164,15 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 	case <-ctx.Done():
 		return errors.New("the call did not return")
 	}
-	proxy.dropHeld()
-	c.Close() // nothing more can be sent: a retry would have happened by now
+	px.dropHeld()
+	px.c.Close() // nothing more can be sent: a retry would have happened by now
 	var errs []error
 	if !errors.Is(res.err, admit.ErrOutcomeUnknown) || errors.Is(res.err, admit.ErrNotExecuted) || res.d != (admit.Decision{}) ||
 		cause != nil && !errors.Is(res.err, cause) {
 		errs = append(errs, fmt.Errorf("got %v, %v; want admit.ErrOutcomeUnknown only (cause %v)", res.d, res.err, cause))
 	}
 	var sent []string
-	for _, cmd := range proxy.since(n0) {
+	for _, cmd := range px.since(n0) {
 		sent = append(sent, strings.ToUpper(cmd[0]))
 	}
 	if !slices.Equal(sent, []string{"EVALSHA"}) {
@@ -190,11 +187,7 @@ func (e *env) ambiguous(ctx context.Context, rule string, callCtx context.Contex
 			errs = append(errs, fmt.Errorf("server ran %d script commands, want exactly 1", n))
 		}
 	}
-	obs, err := e.readBucket(ctx, r.Key)
-	if err != nil {
-		return err
-	}
-	if tk, _, err := obs.parse(); err != nil || tk != 4 {
+	if tk, err := e.tokensLeft(ctx, r.Key); err != nil || tk != 4 {
 		errs = append(errs, fmt.Errorf("tokens %d (%v), want 4: one token of 5 consumed, once", tk, err))
 	}
 	return errors.Join(errs...)
@@ -250,28 +243,25 @@ func checkCancelInFlight(ctx context.Context, e *env) error {
 // fails with admit.ErrNotExecuted, and no command reaches the server.
 func checkRefused(ctx context.Context, e *env) error {
 	p := e.prefix("refused")
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	l := px.l
 	r := req(p+"r", hourly3)
-	if _, err := l.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil {
-		return err
-	}
 	s0, err := e.stats(ctx, p)
 	if err != nil {
 		return err
 	}
-	proxy.down()
+	px.down()
 	// The client's one connection is now dead without its knowing: the
 	// first command on it fails (with EOF, an ambiguous outcome), after
 	// which valkey-go dials again. A PING, which cannot consume tokens,
 	// takes that hit; it reaches nothing, as the proxy is down.
 	var op *net.OpError
 	for i := 0; ; i++ {
-		err := c.Do(ctx, c.B().Ping().Build()).Error()
+		err := px.c.Do(ctx, px.c.B().Ping().Build()).Error()
 		if errors.As(err, &op) && op.Op == "dial" {
 			break
 		}

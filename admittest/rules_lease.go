@@ -471,21 +471,18 @@ func checkLeaseReleaseIdempotent(ctx context.Context, e *env) error {
 // marked as a replay, and takes nothing more: one slot, one Cost.
 func checkLeaseRetrySafe(ctx context.Context, e *env) error {
 	p := e.prefix("lease-retry")
-	proxy, c, lp, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	lp := px.l
 	key := p + "conc"
 	spec := admit.MustConcurrency(2, time.Hour)
 	b := admit.Request{Key: p + "bucket", Spec: admit.MustSpec(admit.Every(time.Hour), 5), Cost: 2}
-	if _, err := lp.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil { // loads the script
-		return err
-	}
-	proxy.mode.Store(dropScriptReply)
+	px.mode.Store(dropScriptReply)
 	lost, lerr := lp.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "job-7"}, &b, nil)
-	proxy.dropHeld()
+	px.dropHeld()
 	if !errors.Is(lerr, admit.ErrOutcomeUnknown) || lost.Granted() {
 		return fmt.Errorf("the acquire whose reply was dropped: %v, %v; want admit.ErrOutcomeUnknown", lost, lerr)
 	}

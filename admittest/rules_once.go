@@ -21,31 +21,28 @@ import (
 // when the suite owns the server, in INFO commandstats.
 func checkOnceLostReply(ctx context.Context, e *env) error {
 	p := e.prefix("once")
-	proxy, c, lp, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	lp := px.l
 	std := req(p+"std", admit.MustSpec(admit.Every(time.Hour), 5))
 	shared := req(p+"shared", admit.MustSpec(admit.Every(time.Hour), 10))
 	shared.Cost = 3
-	if _, err := lp.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil { // loads the script
-		return err
-	}
 	s0, err := e.stats(ctx, p)
 	if err != nil {
 		return err
 	}
-	n0 := len(proxy.commands())
-	proxy.mode.Store(dropScriptReply)
+	n0 := len(px.commands())
+	px.mode.Store(dropScriptReply)
 	_, lost := lp.AllowOrderedOnce(ctx, "msg-1", std, &shared)
-	proxy.dropHeld()
+	px.dropHeld()
 	if !errors.Is(lost, admit.ErrOutcomeUnknown) {
 		return fmt.Errorf("the call whose reply was dropped: %v, want admit.ErrOutcomeUnknown", lost)
 	}
 	var errs []error
-	if sent := len(proxy.since(n0)); sent != 1 {
+	if sent := len(px.since(n0)); sent != 1 {
 		errs = append(errs, fmt.Errorf("the proxy saw %d commands for the lost call, want 1 (no retry inside admit)", sent))
 	}
 

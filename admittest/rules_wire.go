@@ -21,12 +21,12 @@ import (
 // tests run the script on a server clock decades from the host's.
 func checkHostClock(ctx context.Context, e *env) error {
 	p := e.prefix("host-clock")
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, false)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	l := px.l
 	first, second := req(p+"std", admit.MustSpec(admit.Every(1500*time.Millisecond), 20)), req(p+"shared", admit.MustSpec(admit.Every(300*time.Millisecond), 100))
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil {
 		return err
@@ -40,7 +40,7 @@ func checkHostClock(ctx context.Context, e *env) error {
 	}
 	seen := map[string]bool{}
 	var sha string
-	for _, cmd := range proxy.commands() {
+	for _, cmd := range px.commands() {
 		if !isScriptCommand(cmd) || len(cmd) < 3 {
 			continue
 		}
@@ -62,7 +62,7 @@ func checkHostClock(ctx context.Context, e *env) error {
 		seen[cmd[2]] = true
 	}
 	if !seen["1"] || !seen["2"] {
-		return fmt.Errorf("script commands seen on the wire: %v, want both paths", proxy.scripts())
+		return fmt.Errorf("script commands seen on the wire: %v, want both paths", px.scripts())
 	}
 	return nil
 }
@@ -171,12 +171,12 @@ func scanKeys(ctx context.Context, n valkey.Client, pattern string) ([]string, e
 // where the server is the suite's alone), on both paths.
 func checkOneEvalsha(ctx context.Context, e *env) error {
 	p := e.prefix("one-evalsha")
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, false)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	l := px.l
 	spec := admit.MustSpec(1000, 1000)
 	first, second := req(p+"a", spec), req(p+"b", spec)
 	if _, err := l.AllowOrdered(ctx, first, &second); err != nil { // loads the script if needed
@@ -187,7 +187,7 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 		name   string
 		second *admit.Request
 	}{{"two buckets", &second}, {"one bucket", nil}} {
-		n0 := len(proxy.commands())
+		n0 := len(px.commands())
 		s0, err := e.stats(ctx, p)
 		if err != nil {
 			return err
@@ -201,7 +201,7 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 		if err != nil {
 			return err
 		}
-		sent := proxy.since(n0)
+		sent := px.since(n0)
 		var names []string
 		for _, cmd := range sent {
 			if len(cmd) > 0 && !strings.EqualFold(cmd[0], "EVALSHA") {
@@ -234,16 +234,13 @@ func checkOneEvalsha(ctx context.Context, e *env) error {
 // it was.
 func checkScriptFlush(ctx context.Context, e *env) error {
 	p := e.prefix("script-flush")
-	proxy, c, l, err := e.viaProxy(ctx, p)
+	px, err := e.viaProxy(ctx, p, true)
 	if err != nil {
 		return err
 	}
-	defer proxy.close()
-	defer c.Close()
+	defer px.close()
+	l := px.l
 	r := req(p+"r", admit.MustSpec(admit.Every(time.Hour), 5))
-	if _, err := l.AllowOrdered(ctx, req(p+"warm", hourly3), nil); err != nil {
-		return err
-	}
 	if e.owned {
 		n, _, err := e.node(ctx, p)
 		if err != nil {
@@ -253,9 +250,9 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 			return err
 		}
 	} else {
-		proxy.mode.Store(noscriptOnce)
+		px.mode.Store(noscriptOnce)
 	}
-	n0 := len(proxy.commands())
+	n0 := len(px.commands())
 	var stats [3]map[string]int64
 	var errs []error
 	for i := range 3 {
@@ -274,7 +271,7 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 		}
 	}
 	var got []string
-	sent := proxy.since(n0)
+	sent := px.since(n0)
 	for _, cmd := range sent {
 		got = append(got, strings.ToUpper(cmd[0]))
 	}
@@ -300,11 +297,7 @@ func checkScriptFlush(ctx context.Context, e *env) error {
 			errs = append(errs, fmt.Errorf("server counts for the call after that: %v, want %v", got, want2))
 		}
 	}
-	obs, err := e.readBucket(ctx, r.Key)
-	if err != nil {
-		return err
-	}
-	if tk, _, err := obs.parse(); err != nil || tk != 3 {
+	if tk, err := e.tokensLeft(ctx, r.Key); err != nil || tk != 3 {
 		errs = append(errs, fmt.Errorf("tokens %d (%v) after two decisions on a bucket of 5, want 3", tk, err))
 	}
 	return errors.Join(errs...)

@@ -29,8 +29,9 @@ const leaseRecipeRelease = `return redis.call('ZREM', KEYS[1], ARGV[3])`
 
 // The floors: the commands admit's acquire and release must run, with no
 // logic around them (no check, no decision, no ACL precheck, a constant
-// reply), called with the shipped script's arguments.
-const leaseFloorGrant = `
+// reply), called with the shipped script's arguments. leaseFloorReads
+// are the reads of an acquire, granted or refused.
+const leaseFloorReads = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local name = string.match(ARGV[2], '^%d+ %d+ (.+)$')
@@ -38,20 +39,14 @@ redis.call('ZSCORE', KEYS[1], name)
 redis.call('ZCARD', KEYS[1])
 redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('ZCOUNT', KEYS[1], now + 1, '+inf')
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+`
+
+const leaseFloorGrant = leaseFloorReads + `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + 1000, name)
 redis.call('PEXPIREAT', KEYS[1], t[1] * 1000 + 1000)
 return '0 0 -1 -1 1 1000 0'`
 
-const leaseFloorRefused = `
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local name = string.match(ARGV[2], '^%d+ %d+ (.+)$')
-redis.call('ZSCORE', KEYS[1], name)
-redis.call('ZCARD', KEYS[1])
-redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('ZCOUNT', KEYS[1], now + 1, '+inf')
-redis.call('ZRANGEBYSCORE', KEYS[1], now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+const leaseFloorRefused = leaseFloorReads + `redis.call('ZRANGEBYSCORE', KEYS[1], now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 return '3 1 -1 -1 1 0 0'`
 
 const leaseFloorRelease = `

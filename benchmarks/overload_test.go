@@ -68,9 +68,7 @@ func BenchmarkOverload(b *testing.B) {
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			for range 64 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					next := time.Now()
 					for {
 						next = next.Add(period)
@@ -86,7 +84,7 @@ func BenchmarkOverload(b *testing.B) {
 						}
 						flood.Add(1)
 					}
-				}()
+				})
 			}
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()

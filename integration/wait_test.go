@@ -68,15 +68,13 @@ func TestIntegrationWaitTokenBeforeDeadline(t *testing.T) {
 			if round > 0 && failures[i] == "" {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				f := try(fmt.Sprintf("%s%d:%d", p, round, i))
 				if round > 0 && f != "" {
 					f = failures[i] + "; again: " + f
 				}
 				failures[i] = f
-			}()
+			})
 		}
 		wg.Wait()
 	}
@@ -136,15 +134,13 @@ func TestIntegrationWaitHerd(t *testing.T) {
 			var errs []string
 			var mu sync.Mutex
 			for range waiters {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					if d, err := l.Wait(wctx, first, second); err != nil || !d.Allowed() {
 						mu.Lock()
 						errs = append(errs, fmt.Sprintf("%v, %v", d, err))
 						mu.Unlock()
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			after := testserver.CommandStats(t, c)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,11 +38,9 @@ func (t *Target) Destructive() bool {
 	return t.Owned || os.Getenv("VALKEY_ALLOW_DESTRUCTIVE") == "1"
 }
 
-var sharedCluster struct {
-	once sync.Once
-	c    *Cluster
-	err  error
-}
+// sharedCluster is the cluster VALKEY_CLUSTER=1 starts; nil without a
+// server binary.
+var sharedCluster once[*Cluster]
 
 // Deployment returns the target of the conformance suite:
 // VALKEY_CLUSTER_ADDR, else a cluster started once when VALKEY_CLUSTER=1,
@@ -60,21 +57,21 @@ func Deployment(tb testing.TB) *Target {
 		return &Target{Name: v + ", cluster at " + list, Addrs: addrs, Cluster: true, Version: v}
 	}
 	if os.Getenv("VALKEY_CLUSTER") == "1" {
-		sharedCluster.once.Do(func() {
+		c, err := sharedCluster.get(func() (*Cluster, error) {
 			if bin := Binary(); bin != "" {
-				sharedCluster.c, sharedCluster.err = StartCluster(bin, 3)
+				return StartCluster(bin, 3)
 			}
+			return nil, nil
 		})
-		if sharedCluster.err != nil {
-			tb.Fatalf("cluster: %v", sharedCluster.err)
+		if err != nil {
+			tb.Fatalf("cluster: %v", err)
 		}
-		if sharedCluster.c == nil {
+		if c == nil {
 			SkipOrFail(tb, "VALKEY_CLUSTER=1 needs a server binary: "+Help)
 		}
-		c := sharedCluster.c
 		tally(tb, "ran")
 		return &Target{
-			Name:  fmt.Sprintf("%s, %d-primary cluster, started by the tests", c.Version, len(c.Servers)),
+			Name:  fmt.Sprintf("%s, %d-primary cluster, started by the tests", c.Version, len(c.Primaries)),
 			Addrs: c.Addrs(), Cluster: true, Owned: true, Version: c.Version,
 		}
 	}
@@ -86,16 +83,19 @@ func Deployment(tb testing.TB) *Target {
 	return &Target{Name: srv.Version + ", standalone, " + how, Addrs: []string{srv.Addr}, Owned: srv.Owned, Version: srv.Version}
 }
 
-// Cluster is a Valkey Cluster the tests started.
+// Cluster is a Valkey Cluster the tests started: n primaries, each with
+// one replica or none.
 type Cluster struct {
-	Servers []*Server
-	Version string
+	// Primaries[i] serves the i-th n-th of the slots; Replicas[i], if
+	// any, replicates it (as started: a failover swaps their roles).
+	Primaries, Replicas []*Server
+	Version             string
 }
 
-// Addrs returns the address of every primary.
+// Addrs returns the address of every primary, as started.
 func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.Servers))
-	for i, s := range c.Servers {
+	addrs := make([]string, len(c.Primaries))
+	for i, s := range c.Primaries {
 		addrs[i] = s.Addr
 	}
 	return addrs
@@ -103,7 +103,7 @@ func (c *Cluster) Addrs() []string {
 
 // Stop stops every server of the cluster.
 func (c *Cluster) Stop() {
-	for _, s := range c.Servers {
+	for _, s := range append(append([]*Server(nil), c.Primaries...), c.Replicas...) {
 		s.Stop()
 	}
 }
@@ -112,24 +112,50 @@ func (c *Cluster) Stop() {
 // each an equal range of the 16384 slots (CLUSTER ADDSLOTSRANGE), joins them
 // (CLUSTER MEET), and waits, at most 30 s, until every node reports
 // cluster_state:ok and the same slot map. The caller stops it.
-func StartCluster(bin string, n int) (_ *Cluster, err error) {
+func StartCluster(bin string, n int) (*Cluster, error) {
+	return startCluster(bin, n, false, 5*time.Second, 30*time.Second)
+}
+
+// StartReplicatedCluster starts 2n cluster-enabled servers of bin on
+// 127.0.0.1 with a cluster-node-timeout of nodeTimeout, gives n of them an
+// equal range of the slots, joins all, makes each other one the replica of
+// a primary (CLUSTER REPLICATE), and waits, at most 60 s, until every node
+// reports cluster_state:ok, knows all 2n nodes and serves n slot ranges of
+// two nodes each, and every replica's link to its primary is up. The
+// caller stops it.
+func StartReplicatedCluster(bin string, n int, nodeTimeout time.Duration) (*Cluster, error) {
+	return startCluster(bin, n, true, nodeTimeout, 60*time.Second)
+}
+
+// startCluster starts n primaries, and with replicas one replica of each,
+// and waits at most wait until the cluster is ready (clusterReady).
+func startCluster(bin string, n int, replicas bool, nodeTimeout, wait time.Duration) (_ *Cluster, err error) {
 	c := &Cluster{}
 	defer func() {
 		if err != nil {
 			c.Stop()
 		}
 	}()
-	for range n {
+	nodes := n
+	if replicas {
+		nodes = 2 * n
+	}
+	for i := range nodes {
 		srv, err := Start(bin, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000")
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10))
 		if err != nil {
 			return nil, err
 		}
-		c.Servers = append(c.Servers, srv)
+		if i < n {
+			c.Primaries = append(c.Primaries, srv)
+		} else {
+			c.Replicas = append(c.Replicas, srv)
+		}
 	}
-	c.Version = c.Servers[0].Version
-	clients := make([]valkey.Client, n)
-	for i, srv := range c.Servers {
+	c.Version = c.Primaries[0].Version
+	all := append(append([]*Server(nil), c.Primaries...), c.Replicas...)
+	clients := make([]valkey.Client, len(all))
+	for i, srv := range all {
 		cl, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true})
 		if err != nil {
 			return nil, err
@@ -137,28 +163,45 @@ func StartCluster(bin string, n int) (_ *Cluster, err error) {
 		defer cl.Close()
 		clients[i] = cl
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	for i, cl := range clients {
+	for i, cl := range clients[:n] {
 		lo, hi := i*16384/n, (i+1)*16384/n-1
 		if err := cl.Do(ctx, cl.B().Arbitrary("CLUSTER", "ADDSLOTSRANGE").Args(strconv.Itoa(lo), strconv.Itoa(hi)).Build()).Error(); err != nil {
-			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", lo, hi, c.Servers[i].Addr, err)
+			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", lo, hi, all[i].Addr, err)
 		}
 	}
-	for _, srv := range c.Servers[1:] {
+	for _, srv := range all[1:] {
 		host, port, _ := strings.Cut(srv.Addr, ":")
-		bus := busPort(srv)
-		if err := clients[0].Do(ctx, clients[0].B().Arbitrary("CLUSTER", "MEET").Args(host, port, bus).Build()).Error(); err != nil {
+		if err := clients[0].Do(ctx, clients[0].B().Arbitrary("CLUSTER", "MEET").Args(host, port, busPort(srv)).Build()).Error(); err != nil {
 			return nil, fmt.Errorf("CLUSTER MEET %s: %w", srv.Addr, err)
+		}
+	}
+	// A replica can replicate a primary only once it knows it.
+	for i := range len(c.Replicas) {
+		id, err := clients[i].Do(ctx, clients[i].B().ClusterMyid().Build()).ToString()
+		if err != nil {
+			return nil, fmt.Errorf("CLUSTER MYID on %s: %w", all[i].Addr, err)
+		}
+		r := clients[n+i]
+		for {
+			err := r.Do(ctx, r.B().ClusterReplicate().NodeId(id).Build()).Error()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("CLUSTER REPLICATE %s on %s: %w", id, all[n+i].Addr, err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	var notReady error
 	for {
-		if notReady = clusterReady(ctx, clients, len(clients), notReady); notReady == nil {
+		if notReady = clusterReady(ctx, clients, n, notReady); notReady == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("cluster of %s not ready within 30s: %w", strings.Join(c.Addrs(), ","), notReady)
+			return nil, fmt.Errorf("cluster of %s not ready within %v: %w", strings.Join(c.Addrs(), ","), wait, notReady)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

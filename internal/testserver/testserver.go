@@ -103,43 +103,49 @@ func Binary() string {
 	return ""
 }
 
-var shared struct {
-	once sync.Once
-	srv  *Server
-	err  error
+// once is a value made at most once, by the first get.
+type once[T any] struct {
+	sync.Once
+	v   T
+	err error
 }
+
+func (o *once[T]) get(make func() (T, error)) (T, error) {
+	o.Do(func() { o.v, o.err = make() })
+	return o.v, o.err
+}
+
+// shared is the test binary's server; nil without one.
+var shared once[*Server]
 
 // Shared returns the test binary's server: VALKEY_ADDR, or one server
 // started once and stopped by StopShared (call it from TestMain). Tests on
 // it isolate themselves by key prefix.
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
-	shared.once.Do(func() {
+	srv, err := shared.get(func() (*Server, error) {
 		if addr := os.Getenv("VALKEY_ADDR"); addr != "" {
-			shared.srv, shared.err = dialExisting(addr)
-			return
+			return dialExisting(addr)
 		}
 		if image := os.Getenv("VALKEY_IMAGE"); image != "" {
-			shared.srv, shared.err = startImage(image)
-			return
+			return startImage(image)
 		}
-		bin := Binary()
-		if bin == "" {
-			return
+		if bin := Binary(); bin != "" {
+			return Start(bin)
 		}
-		shared.srv, shared.err = Start(bin)
+		return nil, nil
 	})
-	if errors.Is(shared.err, ErrNoEngine) {
-		SkipOrFail(tb, shared.err.Error())
+	if errors.Is(err, ErrNoEngine) {
+		SkipOrFail(tb, err.Error())
 	}
-	if shared.err != nil {
-		tb.Fatalf("server: %v", shared.err)
+	if err != nil {
+		tb.Fatalf("server: %v", err)
 	}
-	if shared.srv == nil {
+	if srv == nil {
 		SkipOrFail(tb, Help)
 	}
 	tally(tb, "ran")
-	return shared.srv
+	return srv
 }
 
 // Own starts a fresh server for checks that change server-wide state
@@ -167,6 +173,32 @@ func Own(tb testing.TB, extra ...string) *Server {
 	tb.Cleanup(srv.Stop)
 	tally(tb, "ran")
 	return srv
+}
+
+// OwnReplicated starts a fresh primary and a replica of it, both stopped
+// when the test ends, and waits (at most 10 s) until the replica has
+// synced: its link to the primary is up and no sync is in progress. The
+// primary starts a diskless full sync at once (Valkey 8 waits 5 s by
+// default).
+func OwnReplicated(tb testing.TB) (primary, replica *Server) {
+	tb.Helper()
+	primary = Own(tb, "--repl-diskless-sync-delay", "0")
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	replica = Own(tb, "--replicaof", host, port)
+	c := NewClient(tb, replica)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		info, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
+		f := InfoFields(info)
+		if err == nil && f["master_link_status"] == "up" && f["master_sync_in_progress"] == "0" {
+			return primary, replica
+		}
+		if ctx.Err() != nil {
+			tb.Fatalf("the replica %s did not sync with %s within 10s: %v, master_link_status:%s", replica.Addr, primary.Addr, err, f["master_link_status"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // startImage starts image through StartImage and returns it as an owned
@@ -402,11 +434,11 @@ func Main(m *testing.M) {
 // StopShared stops the shared server and cluster, if this test binary
 // started them.
 func StopShared() {
-	if shared.srv != nil {
-		shared.srv.Stop()
+	if shared.v != nil {
+		shared.v.Stop()
 	}
-	if sharedCluster.c != nil {
-		sharedCluster.c.Stop()
+	if sharedCluster.v != nil {
+		sharedCluster.v.Stop()
 	}
 }
 

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,37 +17,11 @@ import (
 // primary. The servers' INFO commandstats prove where each ran, and the
 // peeks on the replica see the state the primary's decisions replicated.
 func TestIntegrationPeekOnReplica(t *testing.T) {
-	// No delay before a diskless full sync (Valkey 8 waits 5 s by default).
-	primary := testserver.Own(t, "--repl-diskless-sync-delay", "0")
-	host, port, err := net.SplitHostPort(primary.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica, err := testserver.Start(testserver.Binary(), "--replicaof", host, port)
-	if err != nil {
-		t.Fatalf("replica: %v", err)
-	}
-	t.Cleanup(replica.Stop)
+	primary, replica := testserver.OwnReplicated(t)
 	pAdmin, rAdmin := testserver.NewClient(t, primary), testserver.NewClient(t, replica)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	synced := false
-	for range 500 { // 10 s
-		info, err := rAdmin.Do(ctx, rAdmin.B().Info().Section("replication").Build()).ToString()
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := testserver.InfoFields(strings.TrimPrefix(info, "txt:"))
-		if f["master_link_status"] == "up" && f["master_sync_in_progress"] == "0" {
-			synced = true
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !synced {
-		t.Fatalf("the replica %s did not sync with %s within 10s", replica.Addr, primary.Addr)
-	}
 	// replicated waits (at most 10 s) until the replica has every write the
 	// primary made: it increments a mark on the primary and polls the
 	// replica for the new value; the replication stream is in order, so

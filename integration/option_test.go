@@ -345,6 +345,23 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 			t.Errorf("got %v, %v; want the zero Decision and an error classed outcome unknown, naming %q", d, err, want)
 		}
 	}
+	// precheckThenNot runs AllowOrdered as c with the precheck, which must
+	// refuse with NOPERM naming want and write nothing, then
+	// WithoutACLPrecheck, and returns the server's times around that call
+	// and its Decision and error.
+	precheckThenNot := func(t *testing.T, c valkey.Client, a admit.Request, b *admit.Request, want string) (from, to int64, d admit.Decision, err error) {
+		t.Helper()
+		d, err = admit.New(c).AllowOrdered(ctx, a, b)
+		refused(t, d, err, want)
+		if b != nil {
+			absent(t, a.Key, b.Key)
+		} else {
+			absent(t, a.Key)
+		}
+		from = serverNow(t)
+		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, b)
+		return from, serverNow(t), d, err
+	}
 	// The script's ADMITPARTIAL: a write on bucket 2's key refused after
 	// bucket 1's.
 	const bucket2 = "admit: outcome unknown: the server refused"
@@ -353,13 +370,7 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	t.Run("no pexpireat, one bucket", func(t *testing.T) {
 		c := user(t, "no-pexpireat", "+@all", "-pexpireat", "~*")
 		a := admit.Request{Key: "{np}a", Spec: spec}
-		d, err := admit.New(c).AllowOrdered(ctx, a, nil)
-		refused(t, d, err, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 1's key")
-		absent(t, a.Key)
-
-		from := serverNow(t)
-		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, nil)
-		to := serverNow(t)
+		from, to, d, err := precheckThenNot(t, c, a, nil, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 1's key")
 		unknown(t, d, err, "")
 		charged(t, a.Key, "4", from, to, -1) // charged, and never expires
 		t.Logf("the server's error: %v", err)
@@ -367,13 +378,7 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	t.Run("pexpireat on bucket 1's key only, two buckets", func(t *testing.T) {
 		c := user(t, "pexpireat-a-only", "+@all", "-pexpireat", "~*", "(+pexpireat ~{sel}a)")
 		a, b := admit.Request{Key: "{sel}a", Spec: spec}, admit.Request{Key: "{sel}b", Spec: spec}
-		d, err := admit.New(c).AllowOrdered(ctx, a, &b)
-		refused(t, d, err, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 2's key")
-		absent(t, a.Key, b.Key)
-
-		from := serverNow(t)
-		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
-		to := serverNow(t)
+		from, to, d, err := precheckThenNot(t, c, a, &b, "NOPERM admit: the ACL user may not run PEXPIREAT on bucket 2's key")
 		unknown(t, d, err, "")
 		charged(t, a.Key, "4", from, to, spec.TTL())
 		charged(t, b.Key, "4", from, to, -1)
@@ -381,13 +386,7 @@ func TestIntegrationWithoutACLPrecheckRisk(t *testing.T) {
 	t.Run("hset on bucket 1's key only, two buckets", func(t *testing.T) {
 		c := user(t, "hset-a-only", "+@all", "-hset", "~*", "(+hset ~{selh}a)")
 		a, b := admit.Request{Key: "{selh}a", Spec: spec}, admit.Request{Key: "{selh}b", Spec: spec}
-		d, err := admit.New(c).AllowOrdered(ctx, a, &b)
-		refused(t, d, err, "NOPERM admit: the ACL user may not run HSET on bucket 2's key")
-		absent(t, a.Key, b.Key)
-
-		from := serverNow(t)
-		d, err = admit.New(c, admit.WithoutACLPrecheck()).AllowOrdered(ctx, a, &b)
-		to := serverNow(t)
+		from, to, d, err := precheckThenNot(t, c, a, &b, "NOPERM admit: the ACL user may not run HSET on bucket 2's key")
 		unknown(t, d, err, bucket2)
 		charged(t, a.Key, "4", from, to, spec.TTL())
 		absent(t, b.Key)
