@@ -702,7 +702,7 @@ var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
 func (o *overlayRunner) goCommand(args ...string) *exec.Cmd {
 	cmd := exec.Command(o.goBin, args...)
 	cmd.Dir = o.root
-	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=readonly", "GOWORK=off", "GOTOOLCHAIN=local", "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1")
+	cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=readonly"), "GOWORK=off", "GOTOOLCHAIN=local", "ADMIT_MUTANTS=", "ADMIT_REQUIRE_SERVER=1")
 	return cmd
 }
 
