@@ -31,6 +31,9 @@ BENCHSTAT   ?= $(shell command -v benchstat 2>/dev/null || echo go run golang.or
 # staticcheck always at this version (not from PATH): its checks change
 # between releases. Through the Go toolchain, so a fresh machine needs only Go.
 STATICCHECK ?= go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# make integration's race detector; RACE= runs it without (CI does, on a
+# second server, after make test has run the same tests with it).
+RACE        ?= -race
 
 .PHONY: test lint integration bench benchstat
 
@@ -45,10 +48,10 @@ test:
 # one switch: internal/testserver, which ADMIT_REQUIRE_SERVER=1 makes fail
 # without a server.
 integration:
-	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 ./integration
-	ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/ ./examples/...
-	cd admitgrpc && ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^TestIntegration' ./...
-	cd examples/outgress && ADMIT_REQUIRE_SERVER=1 go test -race -count=1 -run '^TestAdmitConformance$$' ./limits
+	ADMIT_REQUIRE_SERVER=1 go test $(RACE) -count=1 ./integration
+	ADMIT_REQUIRE_SERVER=1 go test $(RACE) -count=1 -run '^(TestIntegration|TestConformance)' . ./admithttp/ ./examples/...
+	cd admitgrpc && ADMIT_REQUIRE_SERVER=1 go test $(RACE) -count=1 -run '^TestIntegration' ./...
+	cd examples/outgress && ADMIT_REQUIRE_SERVER=1 go test $(RACE) -count=1 -run '^TestAdmitConformance$$' ./limits
 
 lint:
 	@echo "== gofmt -l"; out=$$(gofmt -l $$(git ls-files '*.go')); \
