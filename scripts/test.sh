@@ -30,6 +30,7 @@ for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | so
     continue ;;
   esac
   : >"$tally"
+  start=$SECONDS
   if [ "$mod" = ./examples/outgress ]; then
     echo "== go build, vet and test -race -count=1 ./... in a copy of $mod outside the repository"
     ADMIT_SERVER_TALLY="$tally" bash "$mod/scripts/standalone.sh" -race -count=1 || failed+=("$mod")
@@ -41,7 +42,7 @@ for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | so
   ran=$(awk -F'\t' '$1 == "ran" { print $2 "\t" $3 }' "$tally" | sort -u)
   skipped=$(awk -F'\t' '$1 == "skipped" { print $2 "\t" $3 }' "$tally" | sort -u | comm -23 - <(echo "$ran"))
   n_ran=$(grep -c . <<<"$ran" || true) n_skipped=$(grep -c . <<<"$skipped" || true)
-  echo "   real-server tests in $mod: $n_ran ran, $n_skipped skipped"
+  echo "   real-server tests in $mod: $n_ran ran, $n_skipped skipped ($((SECONDS - start)) s for the module)"
   skipped_total=$((skipped_total + n_skipped))
 done
 if [ "$skipped_total" -gt 0 ]; then
