@@ -14,22 +14,11 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/model"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 )
-
-// localClock is a clock a test moves by hand, in µs since the epoch.
-type localClock struct{ now atomic.Int64 }
-
-func (c *localClock) time() time.Time         { return time.UnixMicro(c.now.Load()) }
-func (c *localClock) advance(d time.Duration) { c.now.Add(d.Microseconds()) }
-
-func newLocalClock() *localClock {
-	c := &localClock{}
-	c.now.Store(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixMicro())
-	return c
-}
 
 func mustLocal(tb testing.TB, maxKeys int, opts ...admit.LocalOption) *admit.Local {
 	tb.Helper()
@@ -119,14 +108,14 @@ func TestLocalMatchesModel(t *testing.T) {
 func localSequence(seed uint64, steps int) error {
 	rng := rand.New(rand.NewPCG(seed, 29))
 	w := newLocalWorld(rng, 4+rng.IntN(12))
-	clock := newLocalClock()
+	clock := minitest.NewClock()
 	maxKeys := 2 + rng.IntN(len(w.keys)) // often fewer than the keys: eviction
 	type eviction struct {
 		key  string
 		full bool
 	}
 	var evicted []eviction
-	l, err := admit.NewLocal(maxKeys, admit.WithLocalClock(clock.time), admit.WithEvictFunc(func(key string, full bool) {
+	l, err := admit.NewLocal(maxKeys, admit.WithLocalClock(clock.Time), admit.WithEvictFunc(func(key string, full bool) {
 		evicted = append(evicted, eviction{key, full})
 	}))
 	if err != nil {
@@ -158,7 +147,7 @@ func localSequence(seed uint64, steps int) error {
 		return r
 	}
 	for range steps {
-		now := clock.now.Load()
+		now := clock.Time().UnixMicro()
 		switch op := rng.IntN(12); {
 		case op == 0: // the clock moves, sometimes far, sometimes back
 			var d time.Duration
@@ -170,7 +159,7 @@ func localSequence(seed uint64, steps int) error {
 			default:
 				d = time.Duration(rng.IntN(3000)) * time.Microsecond * time.Duration(1+rng.IntN(1000))
 			}
-			clock.advance(d)
+			clock.Advance(d)
 			log = append(log, fmt.Sprintf("clock %+v", d))
 		case op == 1: // bad input: the same error as a Limiter's
 			first, second := request(), (*admit.Request)(nil)
@@ -301,10 +290,10 @@ func specOf(key string, first admit.Request, second *admit.Request) admit.Spec {
 // then that a Local with none full evicts the one missing fewest tokens,
 // which comes back full.
 func TestLocalEvictsFullFirst(t *testing.T) {
-	clock := newLocalClock()
+	clock := minitest.NewClock()
 	var evicted []string
 	var full []bool
-	l := mustLocal(t, 4, admit.WithLocalClock(clock.time), admit.WithEvictFunc(func(k string, f bool) {
+	l := mustLocal(t, 4, admit.WithLocalClock(clock.Time), admit.WithEvictFunc(func(k string, f bool) {
 		evicted, full = append(evicted, k), append(full, f)
 	}))
 	ctx := context.Background()
@@ -322,7 +311,7 @@ func TestLocalEvictsFullFirst(t *testing.T) {
 	take("slow-a", slow, 1)
 	take("slow-b", slow, 2)
 	take("slow-c", slow, 3)
-	clock.advance(5 * time.Millisecond)
+	clock.Advance(5 * time.Millisecond)
 	take("new", slow, 1)
 	if len(evicted) != 1 || evicted[0] != "fast" || !full[0] {
 		t.Fatalf("evicted %q (full %v), want the full bucket \"fast\" alone", evicted, full)
@@ -345,8 +334,8 @@ func TestLocalEvictsFullFirst(t *testing.T) {
 // decides a pair of new keys: the second's insertion must evict, but not
 // the first's bucket.
 func TestLocalEvictionNeverTakesTheCallsOtherKey(t *testing.T) {
-	clock := newLocalClock()
-	l := mustLocal(t, 2, admit.WithLocalClock(clock.time))
+	clock := minitest.NewClock()
+	l := mustLocal(t, 2, admit.WithLocalClock(clock.Time))
 	spec := admit.MustSpec(admit.Every(time.Hour), 3)
 	ctx := context.Background()
 	for i := range 10 {
@@ -443,8 +432,8 @@ func callLimiter(lim *admit.Limiter, i int, ctx context.Context, first admit.Req
 // stands still: exactly burst are admitted, and the pairs that race for a
 // shared bucket charge it exactly once per admission.
 func TestLocalConcurrent(t *testing.T) {
-	clock := newLocalClock()
-	l := mustLocal(t, 1000, admit.WithLocalClock(clock.time))
+	clock := minitest.NewClock()
+	l := mustLocal(t, 1000, admit.WithLocalClock(clock.Time))
 	shared := admit.MustSpec(admit.Every(time.Hour), 50)
 	own := admit.MustSpec(admit.Every(time.Hour), 10)
 	var admitted, denied2 atomic.Int64
@@ -491,9 +480,9 @@ func TestLocalConcurrent(t *testing.T) {
 // under the race detector, every call succeeds, the Local never holds
 // more than its bound, and every bucket it holds decides within its Spec.
 func TestLocalConcurrentEviction(t *testing.T) {
-	clock := newLocalClock()
+	clock := minitest.NewClock()
 	var evictions atomic.Int64
-	l := mustLocal(t, 5, admit.WithLocalClock(clock.time), admit.WithEvictFunc(func(string, bool) { evictions.Add(1) }))
+	l := mustLocal(t, 5, admit.WithLocalClock(clock.Time), admit.WithEvictFunc(func(string, bool) { evictions.Add(1) }))
 	specs := []admit.Spec{admit.MustSpec(admit.Every(time.Millisecond), 3), admit.MustSpec(admit.Every(time.Second), 1)}
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -501,7 +490,7 @@ func TestLocalConcurrentEviction(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 5))
 			for range 500 {
 				if g == 0 && rng.IntN(10) == 0 {
-					clock.advance(time.Duration(rng.IntN(3000)-500) * time.Microsecond)
+					clock.Advance(time.Duration(rng.IntN(3000)-500) * time.Microsecond)
 				}
 				a := admit.Request{Key: fmt.Sprintf("k%d", rng.IntN(20)), Spec: specs[rng.IntN(2)]}
 				b := admit.Request{Key: fmt.Sprintf("k%d", rng.IntN(20)), Spec: specs[rng.IntN(2)]}
@@ -600,10 +589,10 @@ func TestDegradedFleetBound(t *testing.T) {
 		{10, 0.1, admit.MustSpec(admit.Every(time.Second), 5), 50 * time.Millisecond, 30 * time.Second}, // burst floor: 5 × 0.1 < 1
 	} {
 		t.Run(fmt.Sprintf("N=%d,f=%.3g", tc.n, tc.f), func(t *testing.T) {
-			clock := newLocalClock()
+			clock := minitest.NewClock()
 			fleet := make([]*admit.Degraded, tc.n)
 			for i := range fleet {
-				g, err := admit.NewDegraded(tc.f, 100, admit.WithLocalClock(clock.time))
+				g, err := admit.NewDegraded(tc.f, 100, admit.WithLocalClock(clock.Time))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -621,7 +610,7 @@ func TestDegradedFleetBound(t *testing.T) {
 						admitted++
 					}
 				}
-				clock.advance(tc.every)
+				clock.Advance(tc.every)
 			}
 			scaled, _ := fleet[0].Scale(tc.spec)
 			exact := tc.n * (scaled.Burst() + int(tc.span/scaled.Interval()))

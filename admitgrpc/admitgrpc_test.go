@@ -32,18 +32,6 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// testClock is a clock the tests move by hand.
-type testClock struct{ now atomic.Int64 }
-
-func (c *testClock) time() time.Time         { return time.UnixMicro(c.now.Load()) }
-func (c *testClock) advance(d time.Duration) { c.now.Add(d.Microseconds()) }
-
-func newTestClock() *testClock {
-	c := &testClock{}
-	c.now.Store(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixMicro())
-	return c
-}
-
 // serve starts a real gRPC server on 127.0.0.1 with the interceptors and
 // the health service (a unary Check, a streaming Watch), and returns a
 // client connected to it. Both stop with the test.
@@ -52,9 +40,9 @@ func serve(tb testing.TB, ic *admitgrpc.Interceptors) healthpb.HealthClient {
 	return serveHealth(tb, ic, health.NewServer(), nil, nil)
 }
 
-func mustLocal(tb testing.TB, clock *testClock) *admit.Local {
+func mustLocal(tb testing.TB, clock *minitest.Clock) *admit.Local {
 	tb.Helper()
-	l, err := admit.NewLocal(1000, admit.WithLocalClock(clock.time))
+	l, err := admit.NewLocal(1000, admit.WithLocalClock(clock.Time))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -135,12 +123,12 @@ func TestRefusal(t *testing.T) {
 // testRefusal is TestRefusal on an admit.Local, or on an admit.Limiter
 // whose miniredis reads the test's clock.
 func testRefusal(t *testing.T, decider string) {
-	clock := newTestClock()
+	clock := minitest.NewClock()
 	var lim admit.Decider = mustLocal(t, clock)
 	sync := func() {}
 	if decider == "Limiter" {
 		srv := miniredis.RunT(t)
-		sync = func() { srv.SetTime(clock.time()) }
+		sync = func() { srv.SetTime(clock.Time()) }
 		sync()
 		client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
 		if err != nil {
@@ -162,7 +150,7 @@ func testRefusal(t *testing.T, decider string) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	clock.advance(300 * time.Microsecond) // the next token is 999.7 ms away
+	clock.Advance(300 * time.Microsecond) // the next token is 999.7 ms away
 	sync()
 	err = check(ctx, c, "x-user", "alice")
 	code, msg, delay, subjects := details(t, err)
@@ -193,7 +181,7 @@ func testRefusal(t *testing.T, decider string) {
 // TestHostileMetadata: no metadata a client sends lifts the limit or
 // yields codes.Internal: missing, empty, 1 MB, binary.
 func TestHostileMetadata(t *testing.T) {
-	clock := newTestClock()
+	clock := minitest.NewClock()
 	ic, err := admitgrpc.New(mustLocal(t, clock), byUser, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +202,7 @@ func TestHostileMetadata(t *testing.T) {
 		{"braces", []string{"x-user", "}{"}, 2, codes.ResourceExhausted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock.advance(time.Hour) // every bucket full again
+			clock.Advance(time.Hour) // every bucket full again
 			ok := 0
 			for i := range 6 {
 				err := check(ctx, c, tc.md...)
@@ -256,8 +244,8 @@ func (f *failing) heal()          { f.err.Store(nil) }
 func TestOutagePolicies(t *testing.T) {
 	notExecuted := fmt.Errorf("store down: %w", admit.ErrNotExecuted)
 	unknown := fmt.Errorf("reply lost: %w", admit.ErrOutcomeUnknown)
-	clock := newTestClock()
-	degraded, err := admit.NewDegraded(0.5, 100, admit.WithLocalClock(clock.time))
+	clock := minitest.NewClock()
+	degraded, err := admit.NewDegraded(0.5, 100, admit.WithLocalClock(clock.Time))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +274,7 @@ func TestOutagePolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := serve(t, ic)
-			clock.advance(time.Hour)
+			clock.Advance(time.Hour)
 			store.fail(tc.err)
 			var last error
 			for i, want := range tc.want {
@@ -316,7 +304,7 @@ func TestOutagePolicies(t *testing.T) {
 
 // TestNoDefaultOutage: New refuses an Outage without both policies.
 func TestNoDefaultOutage(t *testing.T) {
-	l := mustLocal(t, newTestClock())
+	l := mustLocal(t, minitest.NewClock())
 	for _, o := range []admitgrpc.Outage{
 		{},
 		{NotExecuted: admitgrpc.Serve()},
@@ -389,7 +377,7 @@ func TestNoLimitOnlyByChoice(t *testing.T) {
 		"samekey":  {First: admitgrpc.Bucket{Policy: "p", Key: "k", Spec: userSpec}, Second: &admitgrpc.Bucket{Policy: "q", Key: "k", Spec: userSpec}},
 		"shadowns": {First: admitgrpc.Bucket{Policy: "p", Key: admitgrpc.ShadowPrefix + "x", Spec: userSpec}},
 	}
-	ic, err := admitgrpc.New(mustLocal(t, newTestClock()), func(c *admitgrpc.Call) admitgrpc.Rule {
+	ic, err := admitgrpc.New(mustLocal(t, minitest.NewClock()), func(c *admitgrpc.Call) admitgrpc.Rule {
 		return rules[c.Metadata.Get("rule")[0]]
 	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
 	if err != nil {
@@ -412,7 +400,7 @@ func TestNoLimitOnlyByChoice(t *testing.T) {
 // TestStream: a stream is decided once at its start; an admitted stream's
 // handler sees its Admission, a refused one never starts.
 func TestStream(t *testing.T) {
-	clock := newTestClock()
+	clock := minitest.NewClock()
 	var admissions atomic.Int64
 	ic, err := admitgrpc.New(mustLocal(t, clock), func(c *admitgrpc.Call) admitgrpc.Rule {
 		if !c.Stream {
@@ -456,7 +444,7 @@ func TestStream(t *testing.T) {
 // TestAdmissionInHandler: the handler sees the Admission, with the
 // decider to refund on.
 func TestAdmissionInHandler(t *testing.T) {
-	clock := newTestClock()
+	clock := minitest.NewClock()
 	lim := mustLocal(t, clock)
 	ic, err := admitgrpc.New(lim, byUser, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
 	if err != nil {
@@ -477,7 +465,7 @@ func TestAdmissionInHandler(t *testing.T) {
 // TestShadow: a shadow rule decides on its own keys, reports what it
 // would refuse, and never refuses.
 func TestShadow(t *testing.T) {
-	clock := newTestClock()
+	clock := minitest.NewClock()
 	lim := mustLocal(t, clock)
 	tight := admit.MustSpec(admit.Every(time.Second), 1)
 	var reports []admitgrpc.ShadowReport
@@ -510,7 +498,7 @@ func TestShadow(t *testing.T) {
 func TestClassifySeesTheCall(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
-	ic, err := admitgrpc.New(mustLocal(t, newTestClock()), func(c *admitgrpc.Call) admitgrpc.Rule {
+	ic, err := admitgrpc.New(mustLocal(t, minitest.NewClock()), func(c *admitgrpc.Call) admitgrpc.Rule {
 		host := ""
 		if c.Peer != nil && c.Peer.Addr != nil {
 			host, _, _ = net.SplitHostPort(c.Peer.Addr.String())
@@ -991,7 +979,7 @@ func TestConcurrentInvalidParts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var dec admit.Decider = admit.New(c)
 			if tc.local {
-				dec = mustLocal(t, newTestClock())
+				dec = mustLocal(t, minitest.NewClock())
 			}
 			var outcome admitgrpc.Outcome
 			var ruleErr error

@@ -5,6 +5,7 @@ package minitest
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,3 +80,21 @@ func Run(srv *miniredis.Miniredis) {
 		return false
 	})
 }
+
+// Clock is a clock a test moves by hand, in µs since the epoch, safe to
+// read while the test moves it (a Local's or a Degraded's clock function,
+// say: WithLocalClock(clock.Time)).
+type Clock struct{ now atomic.Int64 }
+
+// NewClock returns a Clock that reads 2026-12-01 12:00 UTC.
+func NewClock() *Clock {
+	c := &Clock{}
+	c.now.Store(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixMicro())
+	return c
+}
+
+// Time is the clock's time.
+func (c *Clock) Time() time.Time { return time.UnixMicro(c.now.Load()) }
+
+// Advance moves the clock by d (back, when d is negative).
+func (c *Clock) Advance(d time.Duration) { c.now.Add(d.Microseconds()) }
