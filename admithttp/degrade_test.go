@@ -3,6 +3,7 @@ package admithttp_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
@@ -73,9 +74,21 @@ func TestDegrade(t *testing.T) {
 		t.Errorf("outcomes: %d served, %d refused; want %d and 3", served, refused, scaled.Burst())
 	}
 
-	// The store is back: decided there, its bucket full.
+	// The store is back: decided there, its bucket full. "Back" is when
+	// the client's own PING is answered: the first command after a restart
+	// may still meet a connection the server dropped (EOF, outcome unknown).
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
+	}
+	back := false
+	for range 100 {
+		if back = c.Do(t.Context(), c.B().Ping().Build()).Error() == nil; back {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !back {
+		t.Fatal("the restarted store did not answer the client's PING within a second")
 	}
 	events = nil
 	rec := send(mw, "premium", "")
