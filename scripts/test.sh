@@ -4,8 +4,9 @@
 # The root's ./... holds its unit tests and ./integration, its real-server
 # tests, which start their server through internal/testserver.
 # The modules run side by side (each test binary starts its own servers;
-# much of a module's time is spent waiting on them), each module's output
-# kept and printed whole, in order, when it is done. Every module runs
+# much of a module's time is spent waiting on them), examples/outgress
+# after the others; each module's output is kept and printed whole, in
+# order, when it is done. Every module runs
 # even when one fails; the failures are listed at the end. After each
 # module it prints how many real-server tests ran and how many skipped for
 # want of a server (go test alone prints "ok" either way).
@@ -55,16 +56,32 @@ for mod in $(find . -name go.mod -not -path './.git/*' | sed 's|/go.mod$||' | so
     echo "== skipped $mod: benchmarks only (BENCHMARKS.md)"
     continue ;;
   esac
+  if [ "$mod" = ./examples/outgress ]; then
+    continue # after the others (below)
+  fi
   module "$mod" >"$work/log.${#mods[@]}" 2>&1 &
   pids+=($!) mods+=("$mod")
 done
+# examples/outgress after the others, not beside them: its load test runs
+# two CPU hogs, which would slow the timing of the library's own tests.
 failed=() skipped_total=0
-for i in "${!mods[@]}"; do
-  wait "${pids[$i]}" || failed+=("${mods[$i]}")
-  cat "$work/log.$i"
-  mod=${mods[$i]}
+# done_module I RC: module I ended with RC; prints its log and counts it.
+done_module() {
+  local mod=${mods[$1]}
+  [ "$2" = 0 ] || failed+=("$mod")
+  cat "$work/log.$1"
   skipped_total=$((skipped_total + $(cat "$work/tally.${mod//\//_}.skipped" 2>/dev/null || echo 0)))
+}
+for i in "${!pids[@]}"; do
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  done_module "$i" "$rc"
 done
+if [ -d ./examples/outgress ]; then
+  mods+=(./examples/outgress) rc=0
+  module ./examples/outgress >"$work/log.$((${#mods[@]} - 1))" 2>&1 || rc=$?
+  done_module $((${#mods[@]} - 1)) "$rc"
+fi
 if [ "$skipped_total" -gt 0 ]; then
   echo "$skipped_total real-server tests skipped: no Valkey server. Put valkey-server on PATH or set"
   echo "VALKEY_SERVER=/path/to/valkey-server (or VALKEY_ADDR=host:port); see docs/testing.md."
