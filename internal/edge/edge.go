@@ -174,7 +174,7 @@ func checkConcurrent(c Concurrent, bs []Bucket) error {
 	if c.Spec.IsZero() {
 		return errors.New("zero Spec; give it admit.NewConcurrency's or admit.MustConcurrency's")
 	}
-	if err := CheckName("policy name", c.Policy, true); err != nil {
+	if err := checkName("policy name", c.Policy, true); err != nil {
 		return err
 	}
 	for _, b := range bs {
@@ -207,10 +207,10 @@ func checkBucket(b Bucket) error {
 	case b.Cost < 0 || b.Cost > b.Spec.Burst():
 		return fmt.Errorf("a Cost of %d, outside 0 to the bucket's burst %d: it could never be admitted", b.Cost, b.Spec.Burst())
 	}
-	if err := CheckName("policy name", b.Policy, true); err != nil {
+	if err := checkName("policy name", b.Policy, true); err != nil {
 		return err
 	}
-	return CheckName("unit", b.Unit, false)
+	return checkName("unit", b.Unit, false)
 }
 
 // CheckShadow refuses a shadow rule whose name checkShadowName refuses, or
@@ -241,12 +241,12 @@ func checkShadowName(name string, taken []string) error {
 	case slices.Contains(taken, name):
 		return fmt.Errorf("two shadows named %q; their keys would collide", name)
 	}
-	return CheckName("Name", name, true)
+	return checkName("Name", name, true)
 }
 
-// CheckName refuses a name that is empty (when required) or holds
+// checkName refuses a name that is empty (when required) or holds
 // anything but printable ASCII, which a refusal cannot carry.
-func CheckName(what, s string, required bool) error {
+func checkName(what, s string, required bool) error {
 	if s == "" {
 		if required {
 			return fmt.Errorf("empty %s; every part needs one to be named in refusals", what)
@@ -323,17 +323,17 @@ func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, tim
 	return Result{Decision: x.Decision(), Lease: x}, nil
 }
 
-// ReleaseTimeout bounds a release when the edge has no decision timeout.
-const ReleaseTimeout = time.Second
+// releaseTimeout bounds a release when the edge has no decision timeout.
+const releaseTimeout = time.Second
 
 // Release frees the slot of x, on a context that outlives ctx's
 // cancellation (a client that went away must not keep the slot), bounded
-// by timeout, or ReleaseTimeout when it is zero. It returns the release's
+// by timeout, or releaseTimeout when it is zero. It returns the release's
 // failure, or for a granted lease found expired, an error that says the
 // handler outlived it and the limit stopped counting it for a while.
 func Release(ctx context.Context, x *admit.Lease, timeout time.Duration) error {
 	if timeout <= 0 {
-		timeout = ReleaseTimeout
+		timeout = releaseTimeout
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
