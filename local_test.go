@@ -16,8 +16,6 @@ import (
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/model"
-	"github.com/alicebob/miniredis/v2"
-	"github.com/valkey-io/valkey-go"
 )
 
 func mustLocal(tb testing.TB, maxKeys int, opts ...admit.LocalOption) *admit.Local {
@@ -354,12 +352,7 @@ func TestLocalEvictionNeverTakesTheCallsOtherKey(t *testing.T) {
 // TestLocalErrorsAsLimiter checks that every bad input gets from a Local
 // the error a Limiter gives it, word for word.
 func TestLocalErrorsAsLimiter(t *testing.T) {
-	srv := miniredis.RunT(t)
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := minitest.Start(t)
 	lim := admit.New(c)
 	l := mustLocal(t, 10)
 	spec := admit.MustSpec(admit.Every(time.Second), 3)

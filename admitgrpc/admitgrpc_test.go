@@ -20,7 +20,6 @@ import (
 	"github.com/admitkit/admit/internal/delayproxy"
 	"github.com/admitkit/admit/internal/minitest"
 	"github.com/admitkit/admit/internal/testserver"
-	"github.com/alicebob/miniredis/v2"
 	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -127,14 +126,9 @@ func testRefusal(t *testing.T, decider string) {
 	var lim admit.Decider = mustLocal(t, clock)
 	sync := func() {}
 	if decider == "Limiter" {
-		srv := miniredis.RunT(t)
+		srv, client := minitest.Start(t)
 		sync = func() { srv.SetTime(clock.Time()) }
 		sync()
-		client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, ForceSingleClient: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(client.Close)
 		lim = admit.New(client)
 	}
 	var outcomes []admitgrpc.Outcome
