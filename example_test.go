@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -255,6 +258,52 @@ func ExampleWithDenialCache() {
 	// 1 false
 	// 2 false
 	// 3 false
+}
+
+// Count every call by what it was and how it ended, for a dashboard: here
+// into a map, in a service into a metrics library's counters. A Release
+// that finds its lease no longer live is a holder that ran past its lease.
+func ExampleWithObserver() {
+	client, done := inProcessClient()
+	defer done()
+	var mu sync.Mutex
+	counts := map[string]int{}
+	lim := admit.New(client, admit.WithObserver(func(o admit.Observation) {
+		outcome := "allowed"
+		switch {
+		case o.Err != nil:
+			outcome = "error"
+		case o.Op == admit.OpAcquire && !o.Lease.Granted():
+			outcome = "refused by " + o.Lease.Denied.String()
+		case o.Op == admit.OpRelease && !o.Live:
+			outcome = "not live"
+		case o.Op != admit.OpRelease && !o.Decision.Allowed():
+			outcome = "denied"
+		}
+		mu.Lock()
+		counts[o.Op.String()+" "+outcome]++
+		mu.Unlock()
+	}))
+	ctx := context.Background()
+	hourly := admit.Request{Key: "rl:{user:1}", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
+	lim.AllowOrdered(ctx, hourly, nil)
+	lim.AllowOrdered(ctx, hourly, nil)
+	slot := admit.Slot{Key: "conc:{user:1}", Spec: admit.MustConcurrency(1, time.Minute)}
+	x, _ := lim.Acquire(ctx, slot, nil, nil)
+	y, _ := lim.Acquire(ctx, slot, nil, nil)
+	x.Release(ctx)
+	y.Release(ctx)
+
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Println(k, counts[k])
+	}
+	// Output:
+	// acquire allowed 1
+	// acquire refused by slot 1
+	// release allowed 1
+	// release not live 1
+	// take allowed 1
+	// take denied 1
 }
 
 // A single process limits itself with a Local: the same Specs, Requests

@@ -282,6 +282,14 @@ const (
 // +zremrangebyscore +zrem beside what AllowOrdered needs
 // (docs/leases.md).
 func (l *Limiter) Acquire(ctx context.Context, slot Slot, first, second *Request) (*Lease, error) {
+	start := l.observeStart()
+	x, err := l.acquire(ctx, slot, first, second)
+	l.observedLease(OpAcquire, x, start, false, err)
+	return x, err
+}
+
+// acquire is Acquire, unobserved: it returns a non-nil *Lease always.
+func (l *Limiter) acquire(ctx context.Context, slot Slot, first, second *Request) (*Lease, error) {
 	x := &Lease{Key: slot.Key, Name: slot.Name, Remaining: [2]int{-1, -1}, l: l, spec: slot.Spec}
 	if x.Name == "" {
 		var b [12]byte
@@ -445,7 +453,18 @@ func leaseFields(s string, n int) ([7]int64, error) {
 // context.WithoutCancel(ctx), or its slot stays taken until the lease
 // expires.
 func (x *Lease) Release(ctx context.Context) (bool, error) {
-	if x == nil || !x.sent {
+	if x == nil {
+		return false, nil
+	}
+	start := x.l.observeStart()
+	live, err := x.release(ctx)
+	x.l.observedLease(OpRelease, x, start, live, err)
+	return live, err
+}
+
+// release is Release, unobserved.
+func (x *Lease) release(ctx context.Context) (bool, error) {
+	if !x.sent {
 		return false, nil
 	}
 	s, err := x.lone(ctx, modeLeaseRelease)
@@ -473,7 +492,18 @@ func (x *Lease) Release(ctx context.Context) (bool, error) {
 // not granted sends nothing and reports false. After ErrOutcomeUnknown,
 // Extend again.
 func (x *Lease) Extend(ctx context.Context) (bool, error) {
-	if x == nil || !x.sent {
+	if x == nil {
+		return false, nil
+	}
+	start := x.l.observeStart()
+	live, err := x.extend(ctx)
+	x.l.observedLease(OpExtend, x, start, live, err)
+	return live, err
+}
+
+// extend is Extend, unobserved.
+func (x *Lease) extend(ctx context.Context) (bool, error) {
+	if !x.sent {
 		return false, nil
 	}
 	sent := time.Since(monoBase)

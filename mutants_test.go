@@ -438,6 +438,12 @@ var goMutants = []mutant{
 		catcher: "TestErrClassDecode/return_'1_-5_0_-1'"},
 	{name: "wait-read-in-ms", file: "exec.go", edits: edits(text(`RetryAfter: time.Duration(retry) * time.Microsecond,`, `RetryAfter: time.Duration(retry) * time.Millisecond,`)),
 		catcher: "TestErrClassDecode/return_'1_7_0_-1'"},
+	// Observation: a lease call missing from WithObserver, or reported
+	// without what it did.
+	{name: "acquire-unobserved", file: "lease.go", edits: edits(text(`l.observedLease(OpAcquire, x, start, false, err)`, `_ = start`)),
+		catcher: "TestObserver"},
+	{name: "release-live-unreported", file: "lease.go", edits: edits(text(`x.l.observedLease(OpRelease, x, start, live, err)`, `x.l.observedLease(OpRelease, x, start, false, err)`)),
+		catcher: "TestObserver"},
 }
 
 // apply returns the mutant's file, mutated.

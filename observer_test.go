@@ -10,7 +10,8 @@ import (
 
 // TestObserver: every call is reported once, after it, with its Op, first
 // key, Decision, error and class; a denial the cache answers is Cached;
-// Wait reports each attempt and each refund.
+// Wait reports each attempt and each refund; a lease call carries its Lease
+// and, for Release and Extend, what they reported.
 func TestObserver(t *testing.T) {
 	e := newUnitEnv(t)
 	ctx := context.Background()
@@ -29,6 +30,8 @@ func TestObserver(t *testing.T) {
 		denied uint8
 		err    error // a class, or nil
 		cached bool
+		part   Part // a lease call's Lease.Denied
+		live   bool // Release's or Extend's report
 	}
 	var wants []want
 	expect := func(w ...want) { wants = append(wants, w...) }
@@ -51,6 +54,23 @@ func TestObserver(t *testing.T) {
 	l.Wait(wctx, std, &shared) // one attempt, refused by shared, refunded, then the deadline
 	cancel()
 	expect(want{op: OpWaitAttempt, denied: 2}, want{op: OpRefund})
+	slot := Slot{Key: "ob:{c}:conc", Spec: MustConcurrency(1, time.Hour), Name: "a"}
+	held, _ := l.Acquire(ctx, slot, &std, nil)
+	expect(want{op: OpAcquire})
+	other := slot
+	other.Name = "b"
+	refused, _ := l.Acquire(ctx, other, nil, nil) // the one slot is held
+	expect(want{op: OpAcquire, part: PartSlot})
+	l.Acquire(ctx, Slot{Key: "ob:{c}:conc"}, nil, nil) // refused before sending
+	expect(want{op: OpAcquire, err: ErrNotExecuted})
+	held.Extend(ctx)
+	expect(want{op: OpExtend, live: true})
+	held.Release(ctx)
+	expect(want{op: OpRelease, live: true})
+	l.Lease(slot).Release(ctx) // released already
+	expect(want{op: OpRelease})
+	refused.Release(ctx) // sends nothing
+	expect(want{op: OpRelease, part: PartSlot})
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -63,11 +83,17 @@ func TestObserver(t *testing.T) {
 		if o.Op != w.op || o.Decision.Denied != w.denied || o.Cached != w.cached || !errOK || o.Duration < 0 {
 			t.Errorf("observation %d: %v %q %v cached %v err %v; want %v denied %d cached %v class %v", i, o.Op, o.FirstKey, o.Decision, o.Cached, o.Err, w.op, w.denied, w.cached, w.err)
 		}
+		if isLease := w.op >= OpAcquire; isLease != (o.Lease != nil) || isLease && (o.Lease.Denied != w.part || o.FirstKey != slot.Key) || o.Live != w.live {
+			t.Errorf("observation %d, %v: Lease %v, first key %q, Live %v; want a Lease %v denied by %v on %q, Live %v", i, o.Op, o.Lease, o.FirstKey, o.Live, isLease, w.part, slot.Key, w.live)
+		}
+	}
+	if a := seen[len(seen)-7]; !a.Decision.Allowed() || a.Lease != held || !held.Granted() {
+		t.Errorf("a granted Acquire observed as %v, Lease %v; want Allowed, the Lease Acquire returned", a.Decision, a.Lease)
 	}
 	if seen[0].FirstKey != shared.Key || seen[3].FirstKey != std.Key {
 		t.Errorf("first keys %q, %q; want %q, %q", seen[0].FirstKey, seen[3].FirstKey, shared.Key, std.Key)
 	}
-	if got := OpWaitAttempt.String() + " " + Op(0).String(); got != "wait-attempt op(0)" {
+	if got := OpWaitAttempt.String() + " " + OpExtend.String() + " " + Op(0).String(); got != "wait-attempt extend op(0)" {
 		t.Errorf("Op names: %q", got)
 	}
 }

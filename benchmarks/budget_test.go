@@ -20,10 +20,12 @@ package benchmarks
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/internal/testserver"
@@ -110,7 +112,8 @@ func refundWithKeys(d decider) decider {
 // a real server, with the benchmarks' client, exactly as measured: an
 // admission (AllowOrdered, Peek) allocates nothing, a denial and a Refund
 // once (valkey-go's string reply), AllowOrderedOnce twice (the record's
-// name and its argument), on two buckets and on one. With the one-bucket
+// name and its argument), on two buckets and on one; an Acquire and its
+// Release five times; WithObserver adds nothing. With the one-bucket
 // admission's reply made a string again, "AllowOrdered one bucket" and
 // "Peek one bucket" fail at 1 alloc. (B/op is the
 // benchmarks' to report: AllocsPerRun counts allocations only.)
@@ -130,12 +133,13 @@ func TestBudgetAllocations(t *testing.T) {
 	}
 	defer c.Close()
 	l := admit.New(c)
-	var calls [admit.OpWaitAttempt + 1]int
+	var calls [256]int // by Op, a uint8
 	observed := admit.New(c, admit.WithObserver(func(o admit.Observation) { calls[o.Op]++ }))
 	ctx := context.Background()
 	p := testserver.Prefix(t, testserver.NewClient(t, srv))
 	first, second := admit.Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, admit.Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
 	shut := admit.Request{Key: p + "shut", Spec: tight} // drained by the warm-up's first call
+	slot := admit.Slot{Key: p + "conc", Spec: admit.MustConcurrency(1, time.Hour), Name: "job-1"}
 	for _, tc := range []struct {
 		name string
 		max  float64
@@ -157,6 +161,10 @@ func TestBudgetAllocations(t *testing.T) {
 		{"AllowOrdered observed", 0, func() error { _, err := observed.AllowOrdered(ctx, first, &second); return err }},
 		{"Peek observed", 0, func() error { _, err := observed.Peek(ctx, first, &second); return err }},
 		{"Refund observed", 1, func() error { return observed.Refund(ctx, first, &second) }},
+		// A lease's pair of calls: the Lease and its two replies among
+		// them, and no more observed.
+		{"Acquire and Release", 5, func() error { return acquireRelease(ctx, l, slot, &first) }},
+		{"Acquire and Release observed", 5, func() error { return acquireRelease(ctx, observed, slot, &first) }},
 	} {
 		var err error
 		for range 3 { // warm up: connection, pipeline, script cache
@@ -186,9 +194,26 @@ func TestBudgetAllocations(t *testing.T) {
 		}
 		t.Logf("%s: %v allocs a call", tc.name, allocs)
 	}
-	if calls[admit.OpTake] == 0 || calls[admit.OpPeek] == 0 || calls[admit.OpRefund] == 0 {
-		t.Errorf("the observer saw %v calls by Op, want some of each of take, peek and refund", calls)
+	for _, op := range []admit.Op{admit.OpTake, admit.OpPeek, admit.OpRefund, admit.OpAcquire, admit.OpRelease} {
+		if calls[op] == 0 {
+			t.Errorf("the observer saw no %v call", op)
+		}
 	}
+}
+
+// acquireRelease takes slot's one lease with first's Cost, and releases it.
+func acquireRelease(ctx context.Context, l *admit.Limiter, slot admit.Slot, first *admit.Request) error {
+	x, err := l.Acquire(ctx, slot, first, nil)
+	if err != nil {
+		return err
+	}
+	if !x.Granted() {
+		return fmt.Errorf("%v: want granted", x)
+	}
+	if live, err := x.Release(ctx); !live || err != nil {
+		return fmt.Errorf("release of a granted lease: %v, %v; want true", live, err)
+	}
+	return nil
 }
 
 // onceSeq makes every AllowOrderedOnce of the benchmark a first call with
