@@ -261,24 +261,36 @@ func ExampleWithDenialCache() {
 }
 
 // Count every call by what it was and how it ended, for a dashboard: here
-// into a map, in a service into a metrics library's counters. A Release
-// that finds its lease no longer live is a holder that ran past its lease.
+// into a map, in a service into a metrics library's counters. A Release of
+// a granted lease that finds it no longer live is worth watching: its
+// holder ran past its lease, and another may have had its slot.
 func ExampleWithObserver() {
 	client, done := inProcessClient()
 	defer done()
 	var mu sync.Mutex
 	counts := map[string]int{}
 	lim := admit.New(client, admit.WithObserver(func(o admit.Observation) {
-		outcome := "allowed"
-		switch {
-		case o.Err != nil:
+		outcome := "ok"
+		switch o.Op {
+		case admit.OpRefund:
+		case admit.OpRelease, admit.OpExtend:
+			switch {
+			case !o.Lease.Granted():
+				outcome = "not held" // a refused lease: nothing was sent
+			case !o.Live:
+				outcome = "not live" // expired: the holder ran past its lease
+			}
+		case admit.OpAcquire:
+			if !o.Lease.Granted() {
+				outcome = "refused by " + o.Lease.Denied.String()
+			}
+		default:
+			if !o.Decision.Allowed() {
+				outcome = "denied"
+			}
+		}
+		if o.Err != nil {
 			outcome = "error"
-		case o.Op == admit.OpAcquire && !o.Lease.Granted():
-			outcome = "refused by " + o.Lease.Denied.String()
-		case o.Op == admit.OpRelease && !o.Live:
-			outcome = "not live"
-		case o.Op != admit.OpRelease && !o.Decision.Allowed():
-			outcome = "denied"
 		}
 		mu.Lock()
 		counts[o.Op.String()+" "+outcome]++
@@ -298,12 +310,12 @@ func ExampleWithObserver() {
 		fmt.Println(k, counts[k])
 	}
 	// Output:
-	// acquire allowed 1
+	// acquire ok 1
 	// acquire refused by slot 1
-	// release allowed 1
-	// release not live 1
-	// take allowed 1
+	// release not held 1
+	// release ok 1
 	// take denied 1
+	// take ok 1
 }
 
 // A single process limits itself with a Local: the same Specs, Requests
