@@ -273,6 +273,13 @@ func classify(err error) error {
 			// bucket 2's key refused after bucket 1's, which stays.
 			return unknown(strings.TrimPrefix(msg, "ADMITPARTIAL admit: ") +
 				"; grant the permission, or build the Limiter without WithoutACLPrecheck")
+		case code == "ADMITREFUSED":
+			// The script replies so only before its first write: the
+			// server refused a read, the ACL precheck raised an error
+			// (a server that validates the check's arguments, say), or
+			// the first write failed whole under pcall.
+			return &callError{msg: "admit: not executed: " + strings.TrimPrefix(msg, "ADMITREFUSED admit: ") +
+				"; the script stopped before its first write, so nothing was written", class: ErrNotExecuted}
 		case code == "ADMITARGS":
 			// admit never sends such arguments: a direct EVALSHA, or a
 			// script of another release under a colliding call.

@@ -13,7 +13,7 @@ var ScriptSource = scriptSource
 // shipped script, as New runs it: through EVALSHA for take and refund, and
 // read-only through EVALSHA_RO for peek.
 func NewLimiterWithScript(c valkey.Client, src string) *Limiter {
-	return &Limiter{client: c, script: valkey.NewLuaScript(src), readOnly: valkey.NewLuaScriptReadOnly(src)}
+	return &Limiter{client: c, script: valkey.NewLuaScript(src), source: src, readOnly: valkey.NewLuaScriptReadOnly(src)}
 }
 
 // OnceKey is onceKey: the name of the record of (key, id), or the refusal

@@ -278,7 +278,7 @@ const (
 // on a cluster client keys in different hash slots ([ErrCrossSlot]; give
 // them a common hash tag, as in "conc:{org:7}" and "tpm:{org:7}").
 //
-// The ACL user needs +zscore +zcard +zcount +zrange +zrangebyscore +zadd
+// The ACL user needs +zscore +zcard +zcount +zrange +zadd
 // +zremrangebyscore +zrem beside what AllowOrdered needs
 // (docs/leases.md).
 func (l *Limiter) Acquire(ctx context.Context, slot Slot, first, second *Request) (*Lease, error) {

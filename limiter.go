@@ -148,6 +148,7 @@ func (d Decision) String() string {
 type Limiter struct {
 	client   valkey.Client
 	script   *valkey.Lua // EVALSHA: take and refund
+	source   string      // script's source (internal/scriptsource)
 	readOnly *valkey.Lua // EVALSHA_RO: the same script, read-only
 	// peekRW is set once the server refused TIME in a read-only script
 	// (miniredis does): peeks then run through script (readonly.go).
@@ -168,7 +169,7 @@ type Limiter struct {
 // connection expires, whatever its retry flag, so a script could run twice.
 func New(client valkey.Client, opts ...Option) *Limiter {
 	s := scripts()
-	l := &Limiter{client: client, script: s.take, readOnly: s.peek}
+	l := &Limiter{client: client, script: s.take, source: scriptSource, readOnly: s.peek}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(l)

@@ -43,37 +43,13 @@ func WithDenialCache(size int) Option {
 	})
 }
 
-// WithoutACLPrecheck has the Limiter's takes, refunds and
-// [Limiter.AllowOrderedOnce] run a copy of the script without its ACL
-// precheck; the default is to run it. Before its first write the script asks
-// the server (redis.acl_check_cmd) whether the ACL user may run each later
-// write of the call: PEXPIREAT on bucket 1's key, HSET and PEXPIREAT on
-// bucket 2's, SET on AllowOrderedOnce's record. That is 1 check for a
-// one-bucket admission, 3 for a two-bucket one, 2 for a second-bucket
-// denial, none for a first-bucket denial. Skipping them saves a few
-// percent of the server's work per admission (BENCHMARKS.md gives the
-// figures for each server).
-// [Limiter.Peek] writes nothing and is unchanged. Every other guarantee
-// stays: each bucket is read and validated before the first write, and a
-// user refused bucket 1's write (the first, run under pcall) gets NOPERM,
-// classed [ErrNotExecuted], with nothing written.
-//
-// What can go wrong: for a user refused a later write, the call fails after
-// its first write, which stays, with an error classed [ErrOutcomeUnknown]
-// (with the precheck: NOPERM, not executed, nothing written). Refused
-// PEXPIREAT, a one-bucket admission leaves its bucket charged with no
-// expiry: the key never expires. Refused HSET or PEXPIREAT on bucket 2's
-// key, a two-bucket admission leaves bucket 1 charged and bucket 2 unwritten
-// or charged with no expiry, a second-bucket denial is an error (bucket 1
-// charged, as the denial charges it), and a two-bucket refund refunds bucket
-// 1 only. Refused SET on the record, AllowOrderedOnce charges the buckets
-// and records nothing, so each retry with the same id charges them again. So
-// use it only when the ACL user may run HSET, PEXPIREAT and SET on every key
-// admit writes: the default user, a user with +@all ~*, or docs/acl.md's
-// least-privilege rules on a key pattern that covers every bucket and record
-// key.
+// WithoutACLPrecheck runs a copy of the script without its ACL precheck,
+// for every call that writes (takes, refunds, AllowOrderedOnce, Acquire,
+// Extend, Release). Use it only when the ACL user may run every command on
+// every key admit writes: a refused later write then fails the call after
+// its first write, which stays, as [ErrOutcomeUnknown] (docs/acl.md).
 func WithoutACLPrecheck() Option {
 	return optionFunc(func(l *Limiter) {
-		l.script = scripts().unchecked
+		l.script, l.source = scripts().unchecked, withoutACLPrecheck(scriptSource)
 	})
 }

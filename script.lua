@@ -95,6 +95,10 @@ local na = #argv --@nargs
 local n = (na - na % 3) / 3 -- a mode, and a window, follow the buckets' 3 each
 local mode = argv[3 * n + 1] -- nil for a take, the usual call
 local record
+-- The ACL precheck (step 4 and the lease block's lcheck), nil where the
+-- server has none (before Valkey 7.2 and Redis 7.0) and in
+-- WithoutACLPrecheck's copy of the script, which has nil here.
+local acl = redis.acl_check_cmd --@acl
 
 -- Concurrency leases (Limiter.Acquire, Lease.Extend, Lease.Release): a
 -- block of their own here, a read (step 2) and a write (step 5) block
@@ -159,11 +163,33 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
         lerr = redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd .. ' on the lease key; grant +' ..
           string.lower(cmd) .. ' (docs/leases.md)')
       else
-        lerr = redis.error_reply(e)
+        lerr = redis.error_reply('ADMITREFUSED admit: the server refused ' .. cmd .. ' on the lease key: ' .. e)
       end
       return nil
     end
     return r
+  end
+  -- The server's clock, or nil and an error reply.
+  local function ltime()
+    local t = redis.pcall('TIME')
+    if t.err then
+      return nil, redis.error_reply('ADMITREFUSED admit: the server refused TIME: ' .. t.err)
+    end
+    return t[1] * 1000000 + t[2]
+  end
+  -- The verdict of a precheck, pcall(acl, cmd, lkey, args...): nil when
+  -- the user may run cmd on the lease key, else the call's error reply.
+  -- Every precheck comes before the call's first write.
+  local function lrefused(cmd, ok, allowed)
+    if not ok then
+      return redis.error_reply('ADMITREFUSED admit: the server failed the ACL precheck of ' .. cmd ..
+        ' on the lease key: ' .. (type(allowed) == 'table' and tostring(allowed.err) or tostring(allowed)))
+    end
+    if not allowed then
+      return redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd .. ' on the lease key; grant +' ..
+        string.lower(cmd) .. ' (docs/leases.md)')
+    end
+    return nil
   end
   -- A score as admit writes it: whole µs, at most 16 digits.
   local function whole(s)
@@ -173,8 +199,10 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
 
   -- Extend and release, a lease alone: decided here, whole.
   if n == 0 and mode ~= 'l' then
-    local t = redis.call('TIME')
-    local now = t[1] * 1000000 + t[2]
+    local now, terr = ltime()
+    if not now then
+      return terr
+    end
     local own = lcall('ZSCORE', lname)
     if lerr then
       return lerr
@@ -196,9 +224,9 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
       return '0 0'
     end
     local exp = math.max(own + 0, now + llease) --@lease-extend-to
-    local acl = redis.acl_check_cmd
-    if acl and not acl('PEXPIREAT', lkey) then --@lease-acl-extend
-      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
+    local refused = acl and lrefused('PEXPIREAT', pcall(acl, 'PEXPIREAT', lkey, 0)) --@lease-acl-extend
+    if refused then
+      return refused
     end
     lcall('ZADD', 'GT', exp, lname) --@lease-extend-add
     if lerr then
@@ -228,7 +256,7 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
       return string.format('0 0 -1 -1 %d %d 1', live, own - now)
     end
     if live >= llimit then --@lease-full
-      local oldest = lcall('ZRANGEBYSCORE', now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local oldest = lcall('ZRANGE', now + 1, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
       if lerr then
         return lerr
       end
@@ -245,21 +273,20 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
   -- before the lease's: its first write then runs under pcall and fails
   -- whole. Return an error reply, or nil.
   lcheck = function(expired, first)
-    local acl = redis.acl_check_cmd --@lease-acl
-    if not acl then
+    if not acl then --@lease-acl
       return nil
     end
-    if (not first or expired) and not acl('ZADD', lkey) then
-      return redis.error_reply('NOPERM admit: the ACL user may not run ZADD on the lease key; grant +zadd (docs/leases.md)')
+    local refused
+    if not first or expired then
+      refused = lrefused('ZADD', pcall(acl, 'ZADD', lkey, 0, lname))
     end
-    if not first and expired and not acl('ZREMRANGEBYSCORE', lkey) then
-      return redis.error_reply('NOPERM admit: the ACL user may not run ZREMRANGEBYSCORE on the lease key; ' ..
-        'grant +zremrangebyscore (docs/leases.md)')
+    if not refused and not first and expired then
+      refused = lrefused('ZREMRANGEBYSCORE', pcall(acl, 'ZREMRANGEBYSCORE', lkey, '-inf', 0))
     end
-    if not acl('PEXPIREAT', lkey) then --@lease-acl-expire
-      return redis.error_reply('NOPERM admit: the ACL user may not run PEXPIREAT on the lease key; grant +pexpireat (docs/leases.md)')
+    if not refused then
+      refused = lrefused('PEXPIREAT', pcall(acl, 'PEXPIREAT', lkey, 0)) --@lease-acl-expire
     end
-    return nil
+    return refused
   end
 
   -- Make a grant's writes at now: prune (when a holder has expired), add
@@ -267,18 +294,21 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
   -- error reply, or nil and the holders live after the grant.
   lgrant = function(now, expired, latest, live, first)
     local exp = now + llease
+    local pruned -- the prune's count, once it has run
     if expired then
-      lcall('ZREMRANGEBYSCORE', '-inf', now) --@lease-prune
+      pruned = lcall('ZREMRANGEBYSCORE', '-inf', now) --@lease-prune
     end
     if not lerr then
       lcall('ZADD', exp, lname) --@lease-add
     end
     if lerr then
-      if first then
+      if first and not pruned then
         return lerr
       end
-      return redis.error_reply('ADMITPARTIAL admit: the server refused a write on the lease key after the buckets were ' ..
-        'written, which stays')
+      -- only without the precheck (lcheck): a write refused after the
+      -- buckets' or the prune's, which stays
+      return redis.error_reply('ADMITPARTIAL admit: the server refused a write on the lease key after ' ..
+        (first and 'expired holders were pruned' or 'the buckets were written') .. ', which stays')
     end
     local at = math.max(exp, latest) / 1000
     redis.call('PEXPIREAT', lkey, at + (-at) % 1) --@lease-expire
@@ -287,8 +317,10 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
 
   -- An acquire of a lease alone: decided here, whole.
   if n == 0 then
-    local t = redis.call('TIME')
-    local now = t[1] * 1000000 + t[2]
+    local now, terr = ltime()
+    if not now then
+      return terr
+    end
     local r, expired, latest, live = lread(now)
     if r then
       return r
@@ -332,10 +364,11 @@ elseif na ~= 3 * n + 1 or #keys ~= n or not (mode == 't' or mode == 'a' or mode 
 end
 
 -- A refusal: ecmd is the command the server (eerr, its error) or the ACL
--- precheck (eerr nil) refused, ei the bucket (nil for TIME and the
--- record), after set when bucket 1 was written before it. Each one breaks
--- out of this block to the end of the script.
-local ecmd, eerr, ei, after
+-- precheck (eerr nil; eok false and eallow the error when the check itself
+-- failed) refused, ei the bucket (nil for TIME and the record), after set
+-- when bucket 1 was written before it. Each one breaks out of this block
+-- to the end of the script.
+local ecmd, eerr, ei, after, eok, eallow
 repeat
   -- 2. Read. TIME once: the one clock of the decision.
   local t = redis.pcall('TIME')
@@ -595,37 +628,52 @@ repeat
     -- and leave a bucket charged, or a key with no expiry. The first write
     -- needs no check: it runs under pcall and succeeds or fails whole, so a
     -- denial's one PEXPIREAT GT needs none at all. redis.acl_check_cmd
-    -- exists on Valkey 7.2+ and Redis 7.0+. It is given the command and its
-    -- key only: the permission depends on nothing else, and each argument
-    -- costs the server an allocation.
-    local acl = redis.acl_check_cmd --@acl
+    -- exists on Valkey 7.2+ and Redis 7.0+. Its documented form is the
+    -- command with all its arguments ("raises an error if the command or its
+    -- arguments are invalid"; Redis 8.0.2's security update checks their
+    -- count): each check passes the real key and placeholders of a valid
+    -- form, and runs under pcall, so that a check the server raises on is
+    -- a refusal with nothing written, not a failed script.
     if acl and (how1 == STORE or how2 or record) then
       -- bucket 1's write comes first: of a STORE, its HSET
-      if how1 == STORE and not acl('PEXPIREAT', keys[1]) then --@acl-store-expire
-        ecmd, ei = 'PEXPIREAT', 1
-        break
+      if how1 == STORE then
+        eok, eallow = pcall(acl, 'PEXPIREAT', keys[1], 0) --@acl-store-expire
+        if eallow ~= true then
+          ecmd, ei = 'PEXPIREAT', 1
+          break
+        end
       end
       local first = not how1 -- no write yet
       if how2 == STORE then
-        if not first and not acl('HSET', keys[2]) then --@acl-store-hset
-          ecmd, ei = 'HSET', 2
-          break
+        if not first then
+          eok, eallow = pcall(acl, 'HSET', keys[2], 'tokens', 0) --@acl-store-hset
+          if eallow ~= true then
+            ecmd, ei = 'HSET', 2
+            break
+          end
         end
-        if not acl('PEXPIREAT', keys[2]) then --@acl-store-expire2
+        eok, eallow = pcall(acl, 'PEXPIREAT', keys[2], 0) --@acl-store-expire2
+        if eallow ~= true then
           ecmd, ei = 'PEXPIREAT', 2
           break
         end
         first = false
       elseif how2 == KEEP then
-        if not first and not acl('PEXPIREAT', keys[2]) then --@acl-keep-expire
-          ecmd, ei = 'PEXPIREAT', 2
-          break
+        if not first then
+          eok, eallow = pcall(acl, 'PEXPIREAT', keys[2], 0) --@acl-keep-expire
+          if eallow ~= true then
+            ecmd, ei = 'PEXPIREAT', 2
+            break
+          end
         end
         first = false
       end
-      if record and not first and not acl('SET', record, '0', 'PX', '1') then
-        ecmd = 'SET'
-        break
+      if record and not first then
+        eok, eallow = pcall(acl, 'SET', record, '0') --@acl-record
+        if eallow ~= true then
+          ecmd = 'SET'
+          break
+        end
       end
     end
     -- 5. Write, bucket 1 first. STORE's expiry is absolute (PEXPIREAT,
@@ -731,10 +779,17 @@ if after then
   return redis.error_reply('ADMITPARTIAL admit: the server refused ' .. ecmd .. " on bucket 2's key (" .. eerr ..
     ') after bucket 1 was written, which stays')
 end
--- Otherwise nothing has been written. An ACL refusal (Valkey and Redis
--- word it differently, and Redis 7.0's messages, "can't run" for a
--- command and "can't access" for a key, name neither) becomes NOPERM
--- naming the command.
+-- Otherwise nothing has been written: every reply below says so, with
+-- ADMITREFUSED (the server's text after it) where the refusal is not one
+-- of admit's own codes. An ACL refusal (Valkey and Redis word it
+-- differently, and Redis 7.0's messages, "can't run" for a command and
+-- "can't access" for a key, name neither) becomes NOPERM naming the
+-- command.
+local where = ei and (' on bucket ' .. ei .. "'s key") or (ecmd == 'TIME' and '' or ' on the once-record key')
+if eok == false then --@precheck-failed
+  return redis.error_reply('ADMITREFUSED admit: the server failed the ACL precheck of ' .. ecmd .. where .. ': ' ..
+    (type(eallow) == 'table' and tostring(eallow.err) or tostring(eallow)))
+end
 if eerr and string.sub(eerr, 1, 9) == 'WRONGTYPE' then
   if not ei then
     return redis.error_reply('WRONGTYPE admit: the once-record key holds a value that is not a string')
@@ -743,8 +798,7 @@ if eerr and string.sub(eerr, 1, 9) == 'WRONGTYPE' then
 end
 if eerr and not (string.find(eerr, 'ACL', 1, true) or string.find(eerr, 'permission', 1, true) or --@acl-words
     string.find(eerr, "can't run", 1, true) or string.find(eerr, "can't access", 1, true)) then
-  return redis.error_reply(eerr)
+  return redis.error_reply('ADMITREFUSED admit: the server refused ' .. ecmd .. where .. ': ' .. eerr)
 end
 return redis.error_reply('NOPERM admit: the ACL user may not run ' .. ecmd ..
-  (ei and (' on bucket ' .. ei .. "'s key") or '') .. '; grant +' .. string.lower(ecmd) ..
-  ' (README, "Least-privilege ACL")')
+  (ei and where or '') .. '; grant +' .. string.lower(ecmd) .. ' (README, "Least-privilege ACL")')

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/admitkit/admit/internal/scriptsource"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -25,6 +26,10 @@ import (
 //
 //go:embed script.lua
 var scriptSource string
+
+func init() {
+	scriptsource.Of = func(l any) string { return l.(*Limiter).source }
+}
 
 // scripts returns the script every Limiter runs, twice: take and refund
 // through EVALSHA, peek through EVALSHA_RO (so that it runs for read-only

@@ -50,6 +50,8 @@ var rules = []rule{
 	{"lost-reply-is-outcome-unknown", checkLostReply, "a reply lost after the script ran is ErrOutcomeUnknown, and admit does not retry"},
 	{"cancel-in-flight-is-outcome-unknown", checkCancelInFlight, "a context that ends while the reply is on its way is ErrOutcomeUnknown, not retried"},
 	{"refused-connection-is-not-executed", checkRefused, "an unreachable server is ErrNotExecuted, and nothing reaches it"},
+	{"acl-precheck-arity", checkACLPrecheckArity, "every ACL precheck in the script runs under pcall with the argument count the server's COMMAND INFO gives"},
+	{"acl-precheck-paths", checkACLPrecheckPaths, "as the least-privilege user, every path that runs an ACL precheck is decided without error"},
 
 	// Wire: what a decision sends and touches (rules_wire.go).
 	{"host-clock-plays-no-part", checkHostClock, "the command carries no time: the refill follows the server's TIME alone"},

@@ -2,8 +2,6 @@ package admittest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -504,7 +502,7 @@ func checkLeaseRetrySafe(ctx context.Context, e *env) error {
 }
 
 // leaseACL is what a user needs for leases beside the buckets' commands.
-const leaseACL = "+zscore +zcard +zcount +zrange +zrangebyscore +zadd +zremrangebyscore +zrem"
+const leaseACL = "+zscore +zcard +zcount +zrange +zadd +zremrangebyscore +zrem"
 
 // checkLeaseLeastPrivilege: as a user allowed only the commands admit's
 // docs list (docs/acl.md and docs/leases.md) on the rule's keys, Acquire
@@ -512,49 +510,12 @@ const leaseACL = "+zscore +zcard +zcount +zrange +zrangebyscore +zadd +zremrange
 // ZREMRANGEBYSCORE or PEXPIREAT gets NOPERM, not executed, and nothing is
 // written: not the bucket's charge, not a prune.
 func checkLeaseLeastPrivilege(ctx context.Context, e *env) error {
-	if !e.owned && e.admin == e.client {
-		return skipf("creates ACL users: needs a server that is the suite's alone (Owned) or an admin client (WithAdmin)")
-	}
-	p := e.prefix("lease-acl")
-	n, addr, err := e.node(ctx, p)
-	if err != nil {
+	if err := e.canCreateUsers(); err != nil {
 		return err
 	}
+	p := e.prefix("lease-acl")
 	base := "-@all +evalsha +eval +time +hmget +hset +pexpireat +exists " + leaseACL
-	user := func(rules string) (*admit.Limiter, func(), error) {
-		var random [8]byte
-		rand.Read(random[:])
-		name, pass := "admittest-lease-"+hex.EncodeToString(random[:4]), hex.EncodeToString(random[4:])
-		rs := append([]string{"reset", "on", ">" + pass}, strings.Fields(rules)...)
-		rs = append(rs, "~"+p+"*")
-		if e.opt.SelectDB != 0 {
-			rs = append(rs, "+select")
-		}
-		if err := n.Do(ctx, n.B().AclSetuser().Username(name).Rule(rs...).Build()).Error(); err != nil {
-			if isRefusal(err) && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-				return nil, nil, skipf("the server has no ACL command: %v", err)
-			}
-			if !e.owned {
-				return nil, nil, skipf("the admin client may not create ACL users: %v", err)
-			}
-			return nil, nil, fmt.Errorf("ACL SETUSER %s: %w", name, err)
-		}
-		c, err := valkey.NewClient(valkey.ClientOption{
-			InitAddress: []string{addr}, Username: name, Password: pass, DisableCache: true, ForceSingleClient: true,
-			TLSConfig: e.opt.TLSConfig, Dialer: e.opt.Dialer, SelectDB: e.opt.SelectDB,
-		})
-		done := func() {
-			if c != nil {
-				c.Close()
-			}
-			n.Do(context.WithoutCancel(ctx), n.B().AclDeluser().Username(name).Build())
-		}
-		if err != nil {
-			done()
-			return nil, nil, fmt.Errorf("connect as %s: %w", name, err)
-		}
-		return e.newLimiter(c), done, nil
-	}
+	user := func(rules string) (*admit.Limiter, func(), error) { return e.aclUser(ctx, p, rules) }
 	key := p + "conc"
 	b := admit.Request{Key: p + "bucket", Spec: admit.MustSpec(admit.Every(time.Hour), 5)}
 	spec := admit.MustConcurrency(2, time.Hour)

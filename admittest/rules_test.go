@@ -14,7 +14,7 @@ import (
 // them), each once, and every check function of the package is in it.
 func TestRuleNames(t *testing.T) {
 	want := []string{
-		"all-or-nothing-second-denial-charges-nothing",
+		"acl-precheck-arity", "acl-precheck-paths", "all-or-nothing-second-denial-charges-nothing",
 		"both-allow-consume-once", "bucket-states", "cancel-in-flight-is-outcome-unknown",
 		"cluster-cross-slot-refused", "cluster-hash-tag", "cluster-shards-independent",
 		"concurrency-exact-count", "corrupt-state-writes-nothing", "cost-transitions",

@@ -46,7 +46,7 @@ redis.call('ZADD', KEYS[1], now + 1000, name)
 redis.call('PEXPIREAT', KEYS[1], t[1] * 1000 + 1000)
 return '0 0 -1 -1 1 1000 0'`
 
-const leaseFloorRefused = leaseFloorReads + `redis.call('ZRANGEBYSCORE', KEYS[1], now + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+const leaseFloorRefused = leaseFloorReads + `redis.call('ZRANGE', KEYS[1], now + 1, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 return '3 1 -1 -1 1 0 0'`
 
 const leaseFloorRelease = `
