@@ -43,8 +43,10 @@ MODULES     := $(sort $(dir $(shell find . -name go.mod -not -path './.git/*')))
 test:
 	@bash scripts/test.sh
 
-# Real-server tests live in ./integration (and the few that need the
-# package's insides, named TestIntegration*, beside them in the root), behind
+# Real-server tests live in the root package (limiter_integration_test.go:
+# the Limiter's and the conformance suite's runs; and the few that need the
+# package's insides) and in ./integration, all named TestIntegration* or
+# TestConformance*, behind
 # one switch: internal/testserver, which ADMIT_REQUIRE_SERVER=1 makes fail
 # without a server.
 integration:

@@ -12,6 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/aclrules"
 )
 
 // Concurrency leases: one rule per promise of Limiter.Acquire and its
@@ -502,7 +503,7 @@ func checkLeaseRetrySafe(ctx context.Context, e *env) error {
 }
 
 // leaseACL is what a user needs for leases beside the buckets' commands.
-const leaseACL = "+zscore +zcard +zcount +zrange +zadd +zremrangebyscore +zrem"
+const leaseACL = aclrules.Leases
 
 // checkLeaseLeastPrivilege: as a user allowed only the commands admit's
 // docs list (docs/acl.md and docs/leases.md) on the rule's keys, Acquire

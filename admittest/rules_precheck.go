@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/aclrules"
 	"github.com/admitkit/admit/internal/scriptsource"
 )
 
@@ -121,10 +122,6 @@ func checkACLPrecheckArity(ctx context.Context, e *env) error {
 	return errors.Join(errs...)
 }
 
-// leastPrivilegeACL is docs/acl.md's least-privilege user, with leases
-// (docs/leases.md).
-const leastPrivilegeACL = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set " + leaseACL
-
 // checkACLPrecheckPaths: as docs/acl.md's least-privilege user, every
 // path that runs an ACL precheck is decided, each once: a one- and a
 // two-bucket admission, a second-bucket denial, a two-bucket refund, an
@@ -136,7 +133,7 @@ func checkACLPrecheckPaths(ctx context.Context, e *env) error {
 		return err
 	}
 	p := e.prefix("acl-precheck")
-	l, done, err := e.aclUser(ctx, p, leastPrivilegeACL)
+	l, done, err := e.aclUser(ctx, p, aclrules.LeastPrivilege)
 	if err != nil {
 		return err
 	}

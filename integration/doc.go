@@ -1,10 +1,10 @@
-// Package integration holds admit's real-server tests: the conformance
-// suite (package admittest) on a standalone server, a cluster, over TLS and
-// as a least-privilege ACL user, and the tests of what only a real server
-// shows (error classes, ACLs, out-of-memory refusals, replicas, failover,
-// clock steps, a rolling deploy). They use admit's public API, admittest
-// and the repository's internal test packages, and send the script
-// themselves (EVALSHA, with ../script.lua) where a test needs raw replies.
+// Package integration holds admit's real-server tests of what only a real
+// server shows (error classes, ACLs, out-of-memory refusals, failover,
+// clock steps, a rolling deploy, a crash and restart). They stay out of
+// the root package because they send the script themselves (EVALSHA, with
+// ../script.lua) where a test needs raw replies, start clusters and kill
+// servers: the Limiter's own real-server tests and the conformance suite's
+// runs are in the root package (limiter_integration_test.go).
 //
 // Each test starts its server through internal/testserver: without a
 // server binary it skips, unless ADMIT_REQUIRE_SERVER=1 makes that a

@@ -53,9 +53,6 @@ func withoutACLPrecheck(src string) string {
 // errclassSpec is the Spec of the error-class tests.
 var errclassSpec = admit.MustSpec(admit.Every(time.Hour), 5)
 
-// ruleTimeout bounds every conformance rule, whatever a broken script does.
-const ruleTimeout = 60 * time.Second
-
 // keyspace is the preamble of a test on the shared server: a client to it and
 // a key prefix of the test's own, whose keys are deleted when it ends.
 func keyspace(t *testing.T) (valkey.Client, string) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/aclrules"
 	"github.com/admitkit/admit/internal/testserver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/valkey-io/valkey-go"
@@ -587,8 +588,7 @@ func keysState(t *testing.T, c valkey.Client, keys ...string) string {
 
 // leastPrivilege is docs/acl.md's least-privilege ACL for admit, without the
 // key pattern.
-const leastPrivilege = "-@all +evalsha +eval +evalsha_ro +eval_ro +time +hmget +hset +pexpireat +exists +get +set " +
-	"+zscore +zcard +zcount +zrange +zrangebyscore +zadd +zremrangebyscore +zrem"
+const leastPrivilege = aclrules.LeastPrivilege
 
 // TestIntegrationACL runs decisions as ACL users that lack one permission
 // each: every call fails, names what is missing, is classed not executed,
