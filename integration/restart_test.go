@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,4 +247,128 @@ func checkRestartRound(t *testing.T, rc restartClient, viaProxy bool, round int,
 func causeOf(err error) string {
 	msg := err.Error()
 	return msg[strings.LastIndex(msg, ": ")+2:]
+}
+
+// loadGoroutines is the number of callers of TestCrashRestartUnderLoad,
+// each with one call in flight at a time.
+const loadGoroutines = 16
+
+// Phases of TestCrashRestartUnderLoad, by when a call started.
+const (
+	inFlight  = iota // before the kill began: in flight at the kill, or decided before it
+	whileDown        // after the kill began, before the restarted server answered
+	restarted        // after the restarted server answered on a connection of its own
+)
+
+// TestCrashRestartUnderLoad measures what a crash does to calls in
+// flight: 4 rounds of kill -9 and restart while 16 goroutines call
+// AllowOrdered without pause on the README's client (AlwaysPipelining).
+// The calls are counted by class and by when they started. A call in
+// flight when the server dies is outcome unknown (the old server may have
+// run it), at most one per goroutine among those started before the kill;
+// so is one started in the moment before valkey-go reads the end of its
+// connection; the others started while the server is down find no server
+// and are not executed; and every call started after the restart is
+// decided.
+func TestCrashRestartUnderLoad(t *testing.T) {
+	if os.Getenv("VALKEY_ADDR") != "" {
+		t.Skip("kills and restarts its own server; skipped on VALKEY_ADDR")
+	}
+	srv := testserver.Own(t)
+	c, err := valkey.NewClient(restartClients[0].option(srv.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := admit.New(c)
+	spec := admit.MustSpec(admit.MaxLimit, 1_000_000)
+	for round := range restartRounds {
+		var (
+			mu                   sync.Mutex
+			phase                = inFlight
+			decided, ne, unknown [3]int
+			causes               = map[string]int{}
+			stop                 = make(chan struct{})
+			wg                   sync.WaitGroup
+		)
+		for g := range loadGoroutines {
+			wg.Go(func() {
+				// Bounded: the test stops the callers after the restart,
+				// and each call has its own deadline.
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					mu.Lock()
+					started := phase
+					mu.Unlock()
+					ctx, cancel := context.WithTimeout(context.Background(), restartDecisionTimeout)
+					_, err := l.AllowOrdered(ctx, admit.Request{Key: fmt.Sprintf("load:{r%dg%d}", round, g), Spec: spec}, nil)
+					cancel()
+					mu.Lock()
+					switch {
+					case err == nil:
+						decided[started]++
+					case errors.Is(err, admit.ErrNotExecuted):
+						ne[started]++
+					case errors.Is(err, admit.ErrOutcomeUnknown):
+						unknown[started]++
+						causes[causeOf(err)]++
+					default:
+						t.Errorf("round %d: an error in neither class: %v", round+1, err)
+					}
+					mu.Unlock()
+					if err != nil {
+						time.Sleep(time.Millisecond) // no server: do not spin
+					}
+				}
+			})
+		}
+		awaitDecided := func(p, n int) {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				mu.Lock()
+				d := decided[p]
+				mu.Unlock()
+				if d >= n {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: %d calls decided within 10s, want %d", round+1, d, n)
+				}
+			}
+		}
+		awaitDecided(inFlight, 200)
+		setPhase := func(p int) {
+			mu.Lock()
+			phase = p
+			mu.Unlock()
+		}
+		// The phase moves before the kill: a call started after this
+		// counts as started while down even if the server answered it.
+		setPhase(whileDown)
+		if err := srv.Crash(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		setPhase(restarted)
+		awaitDecided(restarted, 200)
+		close(stop)
+		wg.Wait()
+		t.Logf("%s, round %d, %d goroutines; started before the kill: decided %d, not executed %d, outcome unknown %d; "+
+			"started from the kill to the restart: decided %d, not executed %d, outcome unknown %d; started after the restart: decided %d, not executed %d, outcome unknown %d; unknown by cause %v",
+			srv.Version, round+1, loadGoroutines, decided[0], ne[0], unknown[0], decided[1], ne[1], unknown[1], decided[2], ne[2], unknown[2], causes)
+		if unknown[inFlight] > loadGoroutines || unknown[restarted] != 0 || ne[restarted] != 0 {
+			t.Errorf("round %d: %d calls in flight at the kill outcome unknown, %d started after the restart outcome unknown and %d not executed; "+
+				"want at most %d (one a goroutine), 0 and 0", round+1, unknown[inFlight], unknown[restarted], ne[restarted], loadGoroutines)
+		}
+		for cause := range causes {
+			if cause != "EOF" && cause != "connection reset by peer" {
+				t.Errorf("round %d: a call failed outcome unknown with %q; want only EOF or a reset from the dying server", round+1, cause)
+			}
+		}
+	}
 }
