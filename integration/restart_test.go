@@ -31,6 +31,7 @@ const restartDecisionTimeout = 500 * time.Millisecond
 // their commands went on the wire.
 type restartCounts struct {
 	decided, notExecuted, unknown int
+	leftover                      int // outcome unknown among the next round's traffic: connections these calls did not use
 	decidedRan, unknownRan        int // decided and unknown calls whose key the new server holds
 	causes                        map[string]int
 	live, dead                    int // script commands that reached a live server connection, and a dead one (proxy only)
@@ -40,6 +41,7 @@ func (c *restartCounts) add(o restartCounts) {
 	c.decided += o.decided
 	c.notExecuted += o.notExecuted
 	c.unknown += o.unknown
+	c.leftover += o.leftover
 	c.decidedRan += o.decidedRan
 	c.unknownRan += o.unknownRan
 	c.live += o.live
@@ -135,52 +137,97 @@ func TestCrashRestart(t *testing.T) {
 				defer c.Close()
 				l := admit.New(c)
 				var total restartCounts
-				for round := range restartRounds {
-					got := crashRestartRound(t, srv, l, proxy, round)
-					t.Logf("%s, %s, round %d: %d calls after the restart: %v; on the wire: %d script commands to a live connection, %d to a dead one",
-						srv.Version, name, round+1, afterRestart, got, got.live, got.dead)
-					checkRestartRound(t, rc, proxy != nil, round, got)
-					total.add(got)
+				var prev *restartCounts // the last round, until the next traffic has found its dead connections
+				var live0, dead0 int
+				for round := 0; ; round++ {
+					left := restartTraffic(t, srv, l, round)
+					if prev == nil && left.unknown != 0 {
+						t.Fatalf("traffic before the first crash: %v", left)
+					}
+					if prev != nil {
+						prev.leftover, prev.unknownRan = left.unknown, prev.unknownRan+left.unknownRan
+						for cause, n := range left.causes {
+							prev.causes[cause] += n
+						}
+						if proxy != nil {
+							live1, dead1 := proxy.scriptCommands()
+							prev.live, prev.dead = live1-live0, dead1-dead0
+						}
+						t.Logf("%s, %s, round %d: %d calls after the restart: %v; the next %d calls found %d more dead connections; "+
+							"script commands written to a connection of the dead server: %d",
+							srv.Version, name, round, afterRestart, *prev, trafficCalls, prev.leftover, prev.dead)
+						checkRestartRound(t, rc, proxy != nil, round-1, *prev)
+						total.add(*prev)
+					}
+					if round == restartRounds {
+						break
+					}
+					if err := srv.Crash(); err != nil {
+						t.Fatal(err)
+					}
+					if err := srv.Restart(); err != nil {
+						t.Fatal(err)
+					}
+					if proxy != nil {
+						live0, dead0 = proxy.scriptCommands()
+					}
+					got := afterRestartCalls(t, srv, l, round)
+					prev = &got
 				}
-				t.Logf("%s, %s, total: %d calls after %d restarts: %v; on the wire: %d live, %d dead",
-					srv.Version, name, restartRounds*afterRestart, restartRounds, total, total.live, total.dead)
+				t.Logf("%s, %s, total: %d calls after %d restarts: %v; %d more dead connections found by the next calls; script commands to a dead connection: %d",
+					srv.Version, name, restartRounds*afterRestart, restartRounds, total, total.leftover, total.dead)
 			})
 		}
 	}
 }
 
-// crashRestartRound runs one round: traffic, kill -9, restart, and the
-// calls after it, counted.
-func crashRestartRound(t *testing.T, srv *testserver.Server, l *admit.Limiter, proxy *countProxy, round int) restartCounts {
+// trafficCalls is the number of calls of restartTraffic.
+const trafficCalls = 20
+
+// restartCall is one call of TestCrashRestart, on its own new key.
+func restartCall(l *admit.Limiter, key string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), restartDecisionTimeout)
+	defer cancel()
+	_, err := l.AllowOrdered(ctx, admit.Request{Key: key, Spec: admit.MustSpec(admit.Every(time.Hour), 5)}, nil)
+	return err
+}
+
+// restartTraffic makes round's traffic before its crash: 20 calls, which
+// also find the connections that died with the last restarted server that
+// the last round's calls did not use. It returns those calls, which must
+// be outcome unknown with EOF or a reset; any other failure ends the test.
+func restartTraffic(t *testing.T, srv *testserver.Server, l *admit.Limiter, round int) restartCounts {
 	t.Helper()
-	spec := admit.MustSpec(admit.Every(time.Hour), 5)
-	call := func(key string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), restartDecisionTimeout)
-		defer cancel()
-		_, err := l.AllowOrdered(ctx, admit.Request{Key: key, Spec: spec}, nil)
-		return err
-	}
-	prefix := fmt.Sprintf("restart:{r%d}:", round)
-	for i := range 20 {
-		if err := call(fmt.Sprintf("%straffic%d", prefix, i%3)); err != nil {
+	got := restartCounts{causes: map[string]int{}}
+	var unknownKeys []string
+	for i := range trafficCalls {
+		key := fmt.Sprintf("restart:{r%d}:traffic%d", round, i)
+		err := restartCall(l, key)
+		if errors.Is(err, admit.ErrOutcomeUnknown) && isConnectionEnd(causeOf(err)) {
+			got.unknown++
+			got.causes["unknown: "+causeOf(err)]++
+			unknownKeys = append(unknownKeys, key)
+		} else if err != nil {
 			t.Fatalf("round %d, traffic before the crash: %v", round+1, err)
 		}
 	}
-	if err := srv.Crash(); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	var live0, dead0 int
-	if proxy != nil {
-		live0, dead0 = proxy.scriptCommands()
-	}
+	got.unknownRan = keysHeld(t, srv, unknownKeys)
+	return got
+}
+
+// isConnectionEnd reports whether cause is how a connection of a dead
+// server fails a call: EOF, or a reset.
+func isConnectionEnd(cause string) bool { return cause == "EOF" || cause == "connection reset by peer" }
+
+// afterRestartCalls makes the 8 calls after round's restart, each on a
+// new key, and counts them.
+func afterRestartCalls(t *testing.T, srv *testserver.Server, l *admit.Limiter, round int) restartCounts {
+	t.Helper()
 	got := restartCounts{causes: map[string]int{}}
 	var decidedKeys, unknownKeys []string
 	for i := range afterRestart {
-		key := fmt.Sprintf("%safter%d", prefix, i)
-		err := call(key)
+		key := fmt.Sprintf("restart:{r%d}:after%d", round, i)
+		err := restartCall(l, key)
 		switch {
 		case err == nil:
 			got.decided++
@@ -196,50 +243,50 @@ func crashRestartRound(t *testing.T, srv *testserver.Server, l *admit.Limiter, p
 			t.Fatalf("round %d, call %d: an error in neither class: %v", round+1, i+1, err)
 		}
 	}
-	if proxy != nil {
-		live1, dead1 := proxy.scriptCommands()
-		got.live, got.dead = live1-live0, dead1-dead0
-	}
-	check := testserver.NewClient(t, srv)
-	exists := func(keys []string) int {
-		n := 0
-		for _, key := range keys {
-			e, err := check.Do(context.Background(), check.B().Exists().Key(key).Build()).AsInt64()
-			if err != nil {
-				t.Fatal(err)
-			}
-			n += int(e)
-		}
-		return n
-	}
-	got.decidedRan, got.unknownRan = exists(decidedKeys), exists(unknownKeys)
+	got.decidedRan, got.unknownRan = keysHeld(t, srv, decidedKeys), keysHeld(t, srv, unknownKeys)
 	return got
+}
+
+// keysHeld counts the keys srv holds among keys.
+func keysHeld(t *testing.T, srv *testserver.Server, keys []string) int {
+	t.Helper()
+	check := testserver.NewClient(t, srv)
+	n := 0
+	for _, key := range keys {
+		e, err := check.Do(context.Background(), check.B().Exists().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int(e)
+	}
+	return n
 }
 
 // checkRestartRound requires of a round's calls after the restart: none
 // not executed (the server answered before they were sent); at most
-// rc.maxFailed outcome unknown, each an EOF or a reset, whose key the new
-// server does not hold, and, through the proxy, whose command was
-// written to a connection whose server side had ended; every other call
-// decided, on the new server.
+// rc.maxFailed outcome unknown, counting those of the next round's
+// traffic, each an EOF or a reset, whose key the new server does not hold,
+// and, through the proxy, whose command was written to a connection whose
+// server side had ended; every other call decided, on the new server.
 func checkRestartRound(t *testing.T, rc restartClient, viaProxy bool, round int, got restartCounts) {
 	t.Helper()
-	if got.notExecuted != 0 || got.unknown > rc.maxFailed || got.decided+got.unknown != afterRestart {
-		t.Errorf("round %d: %v after the restart; want %d decided but at most %d outcome unknown, none not executed",
-			round+1, got, afterRestart, rc.maxFailed)
+	failed := got.unknown + got.leftover
+	if got.notExecuted != 0 || failed > rc.maxFailed || got.decided+got.unknown != afterRestart {
+		t.Errorf("round %d: %v after the restart, and %d more outcome unknown in the next traffic; want %d decided but at most %d outcome unknown in all, none not executed",
+			round+1, got, got.leftover, afterRestart, rc.maxFailed)
 	}
 	for cause := range got.causes {
-		if cause != "unknown: EOF" && cause != "unknown: connection reset by peer" {
+		if c, ok := strings.CutPrefix(cause, "unknown: "); !ok || !isConnectionEnd(c) {
 			t.Errorf("round %d: a call after the restart failed with %q; want only EOF or a reset from a connection of the old server", round+1, cause)
 		}
 	}
 	if got.unknownRan != 0 || got.decidedRan != got.decided {
 		t.Errorf("round %d: the new server holds the keys of %d of %d outcome-unknown calls and %d of %d decided ones; want 0 and all",
-			round+1, got.unknownRan, got.unknown, got.decidedRan, got.decided)
+			round+1, got.unknownRan, failed, got.decidedRan, got.decided)
 	}
-	if viaProxy && got.dead != got.unknown {
+	if viaProxy && got.dead != failed {
 		t.Errorf("round %d: %d script commands written to connections of the dead server, %d calls outcome unknown; want as many",
-			round+1, got.dead, got.unknown)
+			round+1, got.dead, failed)
 	}
 }
 
