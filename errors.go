@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/valkey-io/valkey-go"
 )
@@ -352,6 +354,21 @@ func classify(err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return unknown("this call's context ended while the command may have been in flight; tokens may have been consumed")
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		// The server's side of the connection ended: it closed it or
+		// died, before the command was written or after. Nothing tells
+		// the two apart. A connection read only while a call waits on it
+		// (valkey-go's default for calls made one at a time: pipe.go Do,
+		// syncDo) is found dead by the next command written to it, even
+		// one written after the server restarted; with AlwaysPipelining
+		// its background reader reads the server's FIN when it arrives
+		// and the connection is replaced before a later call picks it
+		// (pipe.go _backgroundRead, _exit; mux.go setCloseHookOnWire).
+		// Measured by integration's TestCrashRestart (docs/errors.md).
+		return unknown("the server closed the connection or died, and the command may have been in flight; tokens may have been consumed; " +
+			"admit does not retry. After a server restart, each connection the client held idle fails the next command written to it " +
+			"this way; build the client with AlwaysPipelining: true so that valkey-go replaces them when the server closes them")
 	}
 	return unknown("the connection failed while the command may have been in flight; tokens may have been consumed; admit does not retry")
 }

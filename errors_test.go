@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +42,7 @@ func TestErrClassTable(t *testing.T) {
 		[]string{"CLIENT", "TRACKING", "ON", "OPTIN"}, valkey.ErrNoCache)
 	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	readErr := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+	resetErr := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 	rows := []row{
 		{"wrongpass", live, serverErr("WRONGPASS invalid username-password pair or user is disabled."),
 			ErrNotExecuted, nil, nil, []string{"credentials", "nothing was sent", "WRONGPASS"}},
@@ -70,8 +72,10 @@ func TestErrClassTable(t *testing.T) {
 			ErrNotExecuted, nil, context.DeadlineExceeded, []string{"could not connect", "nothing was sent"}},
 		{"read-error", live, fixed(readErr),
 			ErrOutcomeUnknown, nil, readErr, []string{"may have been in flight"}},
+		{"reset", live, fixed(resetErr),
+			ErrOutcomeUnknown, nil, resetErr, []string{"closed the connection or died", "may have been in flight", "AlwaysPipelining: true"}},
 		{"eof", live, fixed(io.EOF),
-			ErrOutcomeUnknown, nil, io.EOF, []string{"may have been in flight"}},
+			ErrOutcomeUnknown, nil, io.EOF, []string{"closed the connection or died", "may have been in flight", "AlwaysPipelining: true"}},
 		{"closed-client", live, fixed(valkey.ErrClosing),
 			ErrOutcomeUnknown, nil, valkey.ErrClosing, []string{"client was closed", "do not use a Limiter after closing"}},
 		{"another-call's-deadline", live, fixed(context.DeadlineExceeded),

@@ -60,10 +60,11 @@ type Server struct {
 	// (it trusts the server's test certificate); nil for plain TCP.
 	TLS *tls.Config
 
-	cmd    *exec.Cmd
-	dir    string
-	exited chan struct{}
-	stop   func() // for a container
+	cmd     *exec.Cmd
+	dir     string
+	logPath string
+	exited  chan struct{}
+	stop    func() // for a container
 }
 
 // StartImage starts a server from a container image for VALKEY_IMAGE and
@@ -310,22 +311,76 @@ func tryStartServer(bin string, env, extra []string, tlsFiles func(dir string) (
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, TLS: tlsConfig, cmd: cmd, dir: dir, exited: exited}
+	srv := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Owned: true, TLS: tlsConfig, cmd: cmd, dir: dir, logPath: logPath, exited: exited}
+	if err := srv.awaitStart(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return srv, nil
+}
+
+// awaitStart waits (at most 10 s) until the server s.cmd runs answers,
+// and sets s.Version; it stops the server when it does not answer.
+func (s *Server) awaitStart() error {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
-		case <-exited:
-			log, _ := os.ReadFile(logPath)
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("%s %s exited at start: %s", bin, strings.Join(args, " "), strings.TrimSpace(string(log)))
+		case <-s.exited:
+			log, _ := os.ReadFile(s.logPath)
+			return fmt.Errorf("%s exited at start: %s", strings.Join(s.cmd.Args, " "), strings.TrimSpace(string(log)))
 		default:
 		}
-		if v, err := serverVersionTLS(srv.Addr, tlsConfig); err == nil {
-			srv.Version = v
-			return srv, nil
+		if v, err := serverVersionTLS(s.Addr, s.TLS); err == nil {
+			s.Version = v
+			return nil
 		}
 	}
-	srv.Stop()
-	return nil, fmt.Errorf("%s did not answer on %s within 10s", bin, srv.Addr)
+	s.cmd.Process.Kill()
+	<-s.exited
+	return fmt.Errorf("%s did not answer on %s within 10s", s.cmd.Args[0], s.Addr)
+}
+
+// Crash kills a server the tests started with SIGKILL, as kill -9 does,
+// and returns once the process is gone: the kernel has closed its sockets,
+// so each client connection has received the server's FIN. Its directory
+// stays, for Restart.
+func (s *Server) Crash() error {
+	if s.cmd == nil {
+		return errors.New("testserver: Crash needs a server the tests started as a process")
+	}
+	if err := s.cmd.Process.Kill(); err != nil { // SIGKILL
+		return err
+	}
+	<-s.exited
+	return nil
+}
+
+// Restart starts the server again after Crash, with the same binary,
+// arguments, environment, port and directory, and waits (at most 10 s)
+// until it answers on a connection of its own.
+func (s *Server) Restart() error {
+	if s.cmd == nil {
+		return errors.New("testserver: Restart needs a server the tests started as a process")
+	}
+	select {
+	case <-s.exited:
+	default:
+		return errors.New("testserver: Restart of a server that is still running; Crash it first")
+	}
+	logf, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.cmd.Path, s.cmd.Args[1:]...)
+	cmd.Env = s.cmd.Env
+	cmd.SysProcAttr = serverProcAttr()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	exited := make(chan struct{})
+	if err := startAndWatch(cmd, exited); err != nil {
+		return fmt.Errorf("restart %s: %w", s.cmd.Path, err)
+	}
+	s.cmd, s.exited = cmd, exited
+	return s.awaitStart()
 }
 
 // Stop kills a server the tests started and removes its directory.
