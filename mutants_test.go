@@ -349,6 +349,10 @@ var goMutants = []mutant{
 		catcher: "TestIntegrationErrClassCredentialsRefused/password_required"},
 	{name: "in-script-acl-failure-not-executed", file: "errors.go", edits: edits(text(`"OOM": true, "NOPERM": true,`, `"OOM": true, "NOPERM": true, "ACL": true,`)),
 		catcher: "TestErrClassTable/acl-failure-inside-the-script"},
+	// An EOF proves nothing: the command may have run before the server
+	// died (TestCrashRestart measures where such calls went).
+	{name: "eof-not-executed", file: "errors.go", edits: edits(text(`return unknown("the server closed the connection or died,`, `return notExecuted("the server closed the connection or died,`)),
+		catcher: "TestErrClassTable"},
 	{name: "script-refusal-before-any-write-outcome-unknown", file: "errors.go", edits: edits(text(`case code == "ADMITREFUSED":`, `case code == "ADMITREFUSED" && false:`)),
 		catcher: "TestIntegrationPrecheckFailureNotExecuted"},
 	{name: "script-error-not-executed", file: "errors.go", edits: edits(text(`return unknown("the server failed the script;`, `return notExecuted("the server failed the script;`)),
