@@ -27,27 +27,20 @@ var (
 	// ErrInvalidSpec: NewSpec, NewConcurrency or Spec.Scale was given
 	// values it cannot honour.
 	ErrInvalidSpec = errors.New("admit: invalid spec")
-
-	// ErrInvalidRequest: bad input, refused before anything was written.
-	// Not executed.
+	// ErrInvalidRequest: bad input, refused before any write. Not executed.
 	ErrInvalidRequest = errors.New("admit: invalid request")
-
 	// ErrCrossSlot: on a cluster client, the two keys are in different
 	// hash slots; give them a common hash tag. An ErrInvalidRequest.
 	ErrCrossSlot = fmt.Errorf("%w: keys in different cluster hash slots", ErrInvalidRequest)
-
 	// ErrOnceIDReused: AllowOrderedOnce's id was recorded within OnceWindow
 	// for a different request; nothing was taken. An ErrInvalidRequest.
 	ErrOnceIDReused = fmt.Errorf("%w: once id reused for a different request", ErrInvalidRequest)
-
 	// ErrWrongType: a bucket key (or once-record) holds a value of another
 	// type; nothing was written. Not executed.
 	ErrWrongType = errors.New("admit: bucket key holds a value that is not a hash")
-
 	// ErrCorruptState: a bucket hash (or once-record) holds what admit
 	// does not write; nothing was written. Not executed.
 	ErrCorruptState = errors.New("admit: corrupt bucket state")
-
 	// ErrBadReply: the server replied what the script never returns.
 	// Outcome unknown.
 	ErrBadReply = errors.New("admit: unexpected reply")

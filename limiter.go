@@ -51,13 +51,11 @@ type Decision struct {
 	replayed bool
 }
 
-// Replayed reports whether [Limiter.AllowOrderedOnce] returned the Decision
-// of an earlier call with the same id: this call charged nothing, so do not
-// settle it.
+// Replayed reports whether [Limiter.AllowOrderedOnce] returned an earlier
+// call's Decision for the same id: this call charged nothing; do not settle it.
 func (d Decision) Replayed() bool { return d.replayed }
 
-// Allowed reports whether the request was admitted; false for the zero
-// Decision.
+// Allowed reports whether the request was admitted (never the zero Decision).
 func (d Decision) Allowed() bool { return d.decided && d.Denied == 0 }
 
 // String describes d: "allowed", "denied by bucket 2, retry after 1.2s",
@@ -72,9 +70,9 @@ func (d Decision) String() string {
 	return "denied by bucket " + strconv.Itoa(int(d.Denied)) + ", retry after " + d.RetryAfter.String()
 }
 
-// A Limiter decides requests against buckets stored in Valkey. It holds no
-// bucket state: Limiters in any number of processes share the buckets of the
-// keys they name. A Limiter is safe for simultaneous use by multiple goroutines.
+// A Limiter decides requests against buckets stored in Valkey, shared by
+// every Limiter, in any process, that names their keys. A Limiter is safe for
+// simultaneous use by multiple goroutines.
 type Limiter struct {
 	client   valkey.Client
 	script   *valkey.Lua // EVALSHA: take and refund
@@ -112,9 +110,8 @@ const (
 )
 
 // AllowOrdered takes first's Cost and, only if first admits, second's, in one
-// atomic round trip; a nil second decides first alone. A denial is a Decision,
-// not an error; an error is [ErrNotExecuted] or [ErrOutcomeUnknown], and
-// AllowOrdered never retries (docs/errors.md).
+// atomic round trip; a nil second decides first alone. A denial is not an
+// error; an error is [ErrNotExecuted] or [ErrOutcomeUnknown] (docs/errors.md).
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.take(ctx, OpTake, modeTake, first, second)
 }
@@ -130,11 +127,10 @@ func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) 
 	return l.take(ctx, OpAll, mode, first, second)
 }
 
-// AllowOrderedOnce is AllowOrdered made retry-safe by id, which names the
-// unit of work: a Decision that charged something is recorded, and a call
-// with the same id and request within [OnceWindow] returns it, Replayed, and
-// takes nothing. After ErrOutcomeUnknown, call again with the same id. The
-// same id with another request is [ErrOnceIDReused] (docs/errors.md).
+// AllowOrderedOnce is AllowOrdered made retry-safe by id, the unit of work's:
+// within [OnceWindow], a call with the same id and request returns the
+// recorded Decision, Replayed, and takes nothing; with another request, it is
+// [ErrOnceIDReused]. After ErrOutcomeUnknown, call again (docs/errors.md).
 func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
 	return l.once(ctx, id, first, second)
 }
@@ -153,12 +149,12 @@ func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) er
 	return l.refund(ctx, first, second)
 }
 
-// Wait calls AllowOrdered until it admits, sleeping each denial's RetryAfter
-// plus jitter, and returns that Decision; after a second-bucket denial it
-// refunds the first bucket. When ctx ends, or its deadline comes before the
-// token, Wait returns at once with an error wrapping [ErrNotExecuted] and
-// ctx's error: no token stays taken. A failed attempt is not repeated: Wait
-// returns its error, or ErrOutcomeUnknown if a refund failed (docs/budgets.md).
+// Wait calls AllowOrdered until it admits, and returns that Decision. It
+// sleeps each denial's RetryAfter plus jitter, and refunds the first bucket
+// after a second-bucket denial. When ctx ends, or its deadline comes before
+// the token, it returns at once with an error wrapping [ErrNotExecuted] and
+// ctx's error. A failed attempt is not repeated; a failed refund is
+// [ErrOutcomeUnknown] (docs/budgets.md).
 func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.wait(ctx, first, second)
 }

@@ -9,24 +9,15 @@ import (
 type Op uint8
 
 const (
-	// OpTake is AllowOrdered.
-	OpTake Op = iota + 1
-	// OpOnce is AllowOrderedOnce.
-	OpOnce
-	// OpPeek is Peek.
-	OpPeek
-	// OpRefund is Refund, Wait's refunds included.
-	OpRefund
-	// OpWaitAttempt is one attempt of Wait: an AllowOrdered.
-	OpWaitAttempt
-	// OpAll is AllowAll.
-	OpAll
-	// OpAcquire is Acquire.
-	OpAcquire
-	// OpRelease is a Lease's Release.
-	OpRelease
-	// OpExtend is a Lease's Extend.
-	OpExtend
+	OpTake        Op = iota + 1 // AllowOrdered
+	OpOnce                      // AllowOrderedOnce
+	OpPeek                      // Peek
+	OpRefund                    // Refund, Wait's refunds included
+	OpWaitAttempt               // one attempt of Wait: an AllowOrdered
+	OpAll                       // AllowAll
+	OpAcquire                   // Acquire
+	OpRelease                   // a Lease's Release
+	OpExtend                    // a Lease's Extend
 )
 
 var opNames = [...]string{OpTake: "take", OpOnce: "once", OpPeek: "peek", OpRefund: "refund", OpWaitAttempt: "wait-attempt", OpAll: "all",
@@ -58,10 +49,9 @@ type Observation struct {
 	Live  bool // what Release or Extend reported; false for the other Ops
 }
 
-// WithObserver has the Limiter call observe after every call, Wait's
-// attempts and refunds and lease calls included, on the caller's goroutine
-// before the call returns: observe must be quick and safe for concurrent
-// use. A nil observe, the default, observes nothing (docs/observing.md).
+// WithObserver has the Limiter call observe after each call it completes, on
+// the caller's goroutine before the call returns: observe must be quick and
+// safe for concurrent use. Nil, the default, observes nothing (docs/observing.md).
 func WithObserver(observe func(Observation)) Option {
 	return optionFunc(func(l *Limiter) { l.observe = observe })
 }

@@ -120,20 +120,17 @@ func (s Spec) Limit() Limit { return s.limit }
 // Burst returns the most tokens the bucket holds; a fresh bucket is full.
 func (s Spec) Burst() int { return s.burst }
 
-// Interval returns the time the server takes to add one token: 1/rate,
-// rounded up to a whole microsecond.
+// Interval returns the time the server takes to add one token.
 func (s Spec) Interval() time.Duration { return s.interval }
 
-// TTL returns the expiry each write gives the bucket's key: the time to
-// refill from empty, Burst × Interval, rounded up to a millisecond
-// (docs/key-schema.md).
+// TTL returns the expiry each write gives the bucket's key: Burst × Interval,
+// rounded up to a millisecond (docs/key-schema.md).
 func (s Spec) TTL() time.Duration { return s.ttl }
 
 // IsZero reports whether s is the zero Spec, which is invalid.
 func (s Spec) IsZero() bool { return s.burst == 0 }
 
-// String describes the Spec as the server enforces it, for example
-// "0.666667/s burst 20 (1.5s per token)".
+// String describes s as enforced: "0.666667/s burst 20 (1.5s per token)".
 func (s Spec) String() string {
 	if s.IsZero() {
 		return "invalid zero Spec"
