@@ -24,25 +24,19 @@ var (
 
 // Reasons, also tested with errors.Is; each comes with its class.
 var (
-	// ErrInvalidSpec: NewSpec, NewConcurrency or Spec.Scale was given
-	// values it cannot honour.
+	// ErrInvalidSpec: NewSpec, NewConcurrency or Spec.Scale cannot honour its values.
 	ErrInvalidSpec = errors.New("admit: invalid spec")
 	// ErrInvalidRequest: bad input, refused before any write. Not executed.
 	ErrInvalidRequest = errors.New("admit: invalid request")
-	// ErrCrossSlot: on a cluster client, the two keys are in different
-	// hash slots; give them a common hash tag. An ErrInvalidRequest.
+	// ErrCrossSlot (an ErrInvalidRequest): keys in different cluster hash slots.
 	ErrCrossSlot = fmt.Errorf("%w: keys in different cluster hash slots", ErrInvalidRequest)
-	// ErrOnceIDReused: AllowOrderedOnce's id was recorded within OnceWindow
-	// for a different request; nothing was taken. An ErrInvalidRequest.
+	// ErrOnceIDReused (an ErrInvalidRequest): a once id reused for another request.
 	ErrOnceIDReused = fmt.Errorf("%w: once id reused for a different request", ErrInvalidRequest)
-	// ErrWrongType: a bucket key (or once-record) holds a value of another
-	// type; nothing was written. Not executed.
+	// ErrWrongType: a key holds a value of another type. Not executed.
 	ErrWrongType = errors.New("admit: bucket key holds a value that is not a hash")
-	// ErrCorruptState: a bucket hash (or once-record) holds what admit
-	// does not write; nothing was written. Not executed.
+	// ErrCorruptState: a key holds what admit does not write. Not executed.
 	ErrCorruptState = errors.New("admit: corrupt bucket state")
-	// ErrBadReply: the server replied what the script never returns.
-	// Outcome unknown.
+	// ErrBadReply: a reply the script never gives. Outcome unknown.
 	ErrBadReply = errors.New("admit: unexpected reply")
 )
 

@@ -33,9 +33,7 @@ func (r Request) cost() int {
 // A Decision is the outcome of a call. The zero Decision, which comes with
 // every error, is not an admission: test with Allowed, not Denied == 0.
 type Decision struct {
-	// Denied is the bucket that refused, 1 or 2; 0 when admitted or with
-	// an error.
-	Denied uint8
+	Denied uint8 // the bucket that refused, 1 or 2; 0 if admitted or with an error
 	// RetryAfter is 0 when admitted; otherwise the time until the refusing
 	// bucket holds its Cost, never short.
 	RetryAfter time.Duration
@@ -70,9 +68,9 @@ func (d Decision) String() string {
 	return "denied by bucket " + strconv.Itoa(int(d.Denied)) + ", retry after " + d.RetryAfter.String()
 }
 
-// A Limiter decides requests against buckets stored in Valkey, shared by
-// every Limiter, in any process, that names their keys. A Limiter is safe for
-// simultaneous use by multiple goroutines.
+// A Limiter decides requests against buckets stored in Valkey. It holds no
+// bucket state, so Limiters in any number of processes share the buckets they
+// name. A Limiter is safe for simultaneous use by multiple goroutines.
 type Limiter struct {
 	client   valkey.Client
 	script   *valkey.Lua // EVALSHA: take and refund
@@ -127,10 +125,10 @@ func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) 
 	return l.take(ctx, OpAll, mode, first, second)
 }
 
-// AllowOrderedOnce is AllowOrdered made retry-safe by id, the unit of work's:
-// within [OnceWindow], a call with the same id and request returns the
-// recorded Decision, Replayed, and takes nothing; with another request, it is
-// [ErrOnceIDReused]. After ErrOutcomeUnknown, call again (docs/errors.md).
+// AllowOrderedOnce is AllowOrdered made retry-safe by id, which names the unit
+// of work: within [OnceWindow], a call with the same id and request returns
+// the recorded Decision, Replayed, and takes nothing; one with another request
+// is [ErrOnceIDReused]. After ErrOutcomeUnknown, call again (docs/errors.md).
 func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
 	return l.once(ctx, id, first, second)
 }
@@ -143,8 +141,8 @@ func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Dec
 }
 
 // Refund gives each Request's Cost back to its bucket, capped at its burst;
-// a nil second refunds first alone. Refund only what was charged, and not
-// after ErrOutcomeUnknown, from the charge or from Refund (docs/budgets.md).
+// a nil second refunds first alone. Refund only what was charged: nothing
+// after ErrOutcomeUnknown, from the charge or a Refund (docs/budgets.md).
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
 	return l.refund(ctx, first, second)
 }

@@ -18,9 +18,10 @@ func WithDenialCache(size int) Option {
 	})
 }
 
-// WithoutACLPrecheck runs the script without its ACL precheck: safe only if
-// the ACL user may write every key admit writes, or a write refused after the
-// call's first fails it as [ErrOutcomeUnknown], the first kept (docs/acl.md).
+// WithoutACLPrecheck runs the script without its ACL precheck. Use it only if
+// the ACL user may write every key admit writes: otherwise a write refused
+// after a call's first fails it as [ErrOutcomeUnknown], the first write kept
+// (docs/acl.md).
 func WithoutACLPrecheck() Option {
 	return optionFunc(func(l *Limiter) {
 		l.script, l.source = scripts().unchecked, withoutACLPrecheck(scriptSource)
