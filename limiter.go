@@ -9,25 +9,16 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// MaxKeyLen is the longest bucket key a Request may name, in bytes. A
-// longer key is refused with ErrInvalidRequest before anything is sent, so
-// that input a client controls (a header, a path) can never make the
-// server store a key of that client's choosing size. Build key parts from
-// such input with [KeyPart].
+// MaxKeyLen is the longest bucket key a Request may name, in bytes; a longer
+// key is [ErrInvalidRequest]. Build key parts from client input with [KeyPart].
 const MaxKeyLen = 1024
 
-// A Request names one bucket: the key of its hash, its shape, and what this
-// call takes from it.
+// A Request names one bucket and what a call takes from it.
 type Request struct {
-	// Key is the bucket's hash key. It must not be empty nor longer than
-	// MaxKeyLen bytes.
-	Key string
-	// Spec is the bucket's rate and burst. It must not be the zero Spec.
-	Spec Spec
-	// Cost is the number of tokens this call takes from this bucket (or, for
-	// Refund, gives back). 0 means 1. A negative Cost, or one above the
-	// Spec's burst (a bucket could never hold it), is refused with
-	// ErrInvalidRequest before anything is sent.
+	Key  string // the bucket's hash key: not empty, at most MaxKeyLen bytes
+	Spec Spec   // the bucket's rate and burst: not the zero Spec
+	// Cost is the tokens the call takes (Refund: gives back), from 0,
+	// meaning 1, to the Spec's burst.
 	Cost int
 }
 
@@ -39,28 +30,15 @@ func (r Request) cost() int {
 	return r.Cost
 }
 
-// A Decision is the outcome of one AllowOrdered (or Peek, or Wait) call.
-//
-// The zero Decision is not an admission: every call that returns an error
-// returns a Decision whose Allowed reports false, so a caller that looks at
-// the Decision before the error fails closed. Test admission with Allowed,
-// not with Denied == 0.
+// A Decision is the outcome of a call. The zero Decision, which comes with
+// every error, is not an admission: test with Allowed, not Denied == 0.
 type Decision struct {
-	// Denied is 1 when the first bucket refused the request and 2 when the
-	// second bucket refused it. It is 0 both when the request was admitted
-	// and in the zero Decision that comes with an error; Allowed tells them
-	// apart.
-	Denied uint8
-	// RetryAfter is 0 when the request was admitted. Otherwise it is the
-	// server-computed time until the refusing bucket holds the request's
-	// Cost, in whole microseconds and never short: waiting RetryAfter is
-	// enough for that bucket, though other callers may take the tokens
-	// first.
+	Denied uint8 // the bucket that refused, 1 or 2; 0 if admitted or with an error
+	// RetryAfter is 0 when admitted; otherwise the time until the refusing
+	// bucket holds its Cost, never short.
 	RetryAfter time.Duration
-	// Remaining is the number of tokens the first and second bucket hold
-	// after the call, or -1 for a bucket the call did not evaluate: the
-	// second bucket of a one-bucket call, or after the first bucket
-	// refused. It fills the IETF RateLimit header's "r" parameter.
+	// Remaining is the tokens the first and second bucket hold after the
+	// call; -1 for a bucket the call did not evaluate.
 	Remaining [2]int
 
 	// decided is set on every Decision the server made, so that the zero
@@ -71,20 +49,15 @@ type Decision struct {
 	replayed bool
 }
 
-// Replayed reports whether the Decision was made by an earlier call with
-// the same id and read back by [Limiter.AllowOrderedOnce]: this call
-// charged nothing. A caller that settles a reservation (Refund of the
-// unused part) settles only a Decision that is not Replayed, so that a
-// retry never refunds twice. It is false for every other call.
+// Replayed reports whether [Limiter.AllowOrderedOnce] returned an earlier
+// call's Decision for the same id: this call charged nothing; do not settle it.
 func (d Decision) Replayed() bool { return d.replayed }
 
-// Allowed reports whether the request was admitted. It is false for the
-// zero Decision, which every error comes with.
+// Allowed reports whether the request was admitted (never the zero Decision).
 func (d Decision) Allowed() bool { return d.decided && d.Denied == 0 }
 
-// String describes the decision, for example "allowed",
-// "denied by bucket 2, retry after 1.2s" or, for the zero Decision,
-// "no decision".
+// String describes d: "allowed", "denied by bucket 2, retry after 1.2s",
+// or "no decision" for the zero Decision.
 func (d Decision) String() string {
 	if !d.decided {
 		return "no decision"
@@ -96,9 +69,8 @@ func (d Decision) String() string {
 }
 
 // A Limiter decides requests against buckets stored in Valkey. It holds no
-// bucket state of its own: any number of Limiters, in any number of
-// processes, share the buckets of the keys they name. A Limiter is safe for
-// simultaneous use by multiple goroutines.
+// bucket state, so Limiters in any number of processes share the buckets they
+// name. A Limiter is safe for simultaneous use by multiple goroutines.
 type Limiter struct {
 	client   valkey.Client
 	script   *valkey.Lua // EVALSHA: take and refund
@@ -112,15 +84,9 @@ type Limiter struct {
 	waits   waitLines         // Wait's lines, one a pair of keys waited on
 }
 
-// New returns a Limiter that runs its decisions on client: a standalone,
-// sentinel or cluster client, or a mock, configured by opts (by default,
-// none: every call goes to the server). New only stores the client: it
-// calls no method on it and sends nothing. Each two-bucket call asks the
-// client for its Mode, to check cluster hash slots before sending.
-//
-// Do not hand admit a client built with ClientOption.ConnLifetime > 0:
-// valkey-go (v1.0.79) re-sends a command that is in flight when its
-// connection expires, whatever its retry flag, so a script could run twice.
+// New returns a Limiter that decides on client, configured by opts; it sends
+// nothing. Do not pass a client with ClientOption.ConnLifetime set: it may
+// run a script twice (docs/errors.md).
 func New(client valkey.Client, opts ...Option) *Limiter {
 	s := scripts()
 	l := &Limiter{client: client, script: s.take, source: scriptSource, readOnly: s.peek}
@@ -141,32 +107,16 @@ const (
 	modeOnce   = "o" // take, recorded under an id
 )
 
-// AllowOrdered takes first's Cost from first and, only when first admits,
-// second's Cost from second, in one atomic server-side step and one round
-// trip. A nil second is the single-bucket path.
-//
-// A denial is a Decision with Denied set, not an error. An error is either
-// [ErrNotExecuted] or [ErrOutcomeUnknown]; AllowOrdered never retries.
-// Invalid requests are refused before anything is sent. A context that is
-// already done is refused before sending too; one that ends while the
-// command is in flight gives ErrOutcomeUnknown, because the command may
-// still reach the server.
+// AllowOrdered takes first's Cost and, only if first admits, second's, in one
+// atomic round trip; a nil second decides first alone. A denial is not an
+// error; an error is [ErrNotExecuted] or [ErrOutcomeUnknown] (docs/errors.md).
 func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.take(ctx, OpTake, modeTake, first, second)
 }
 
-// AllowAll is AllowOrdered, all or nothing: when the second bucket
-// refuses, the first is not charged either. Both buckets are then left as
-// a denial leaves a bucket, Denied is 2, RetryAfter is the second bucket's
-// wait, and Remaining reports the first bucket's tokens uncharged. It is
-// decided in the same single script run and round trip as AllowOrdered.
-//
-// Use AllowAll where a refusal must cost nothing: an edge that answers
-// 429 to a request its shared bucket refuses should not also spend the
-// caller's own bucket. AllowOrdered keeps the first bucket's charge,
-// which is what a worker wants when it will retry the same unit of work
-// later through the second bucket alone. With a nil second the two calls
-// are the same. Errors are as AllowOrdered's.
+// AllowAll is AllowOrdered, all or nothing: when the second bucket refuses
+// (Denied 2), the first is not charged either, and Remaining reports it
+// uncharged. Errors are as AllowOrdered's (docs/semantics.md).
 func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) (Decision, error) {
 	mode := modeTake
 	if second != nil {
@@ -175,124 +125,34 @@ func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) 
 	return l.take(ctx, OpAll, mode, first, second)
 }
 
-// AllowOrderedOnce is AllowOrdered made retry-safe by id. A call decides
-// and, when its decision charged something (an admission, or a denial by
-// the second bucket, which charged the first), records it in the same
-// script run and round trip; a later call with the same id and the same
-// request within [OnceWindow] returns the recorded Decision (Remaining and
-// RetryAfter as they were then) with [Decision.Replayed] true, and takes
-// nothing. A denial by the first bucket charged nothing and is not
-// recorded: it writes nothing, and the same id simply decides again. So
-// after ErrOutcomeUnknown, call again with the same id: if the first call
-// ran, its Decision comes back and nothing is charged twice; if it did
-// not, this call decides. Settle a reservation (Refund the unused part)
-// only for a Decision that is not Replayed. Use an id that names the unit
-// of work, such as a message id, never reused for other work within the
-// window.
-//
-// The record is one string key in the first bucket's cluster slot, named
-// by [OnceRecordKey]; it expires after OnceWindow and holds the decision
-// and the request it was made for. The same id with another request
-// (bucket count, second key, Spec or Cost) is refused with
-// [ErrOnceIDReused]; a record holding a value admit did not write is
-// [ErrCorruptState]; both are not executed and write nothing. An empty id,
-// an id over MaxOnceIDLen bytes, and a first key without a hash tag that
-// holds a "}" (its record could not share its slot) are refused with
-// ErrInvalidRequest before sending. The local denial cache
-// ([WithDenialCache]) is not used: every call goes to the server.
-//
-// The ACL user needs +get and +set beside what AllowOrdered needs.
+// AllowOrderedOnce is AllowOrdered made retry-safe by id, which names the unit
+// of work: within [OnceWindow], a call with the same id and request returns
+// the recorded Decision, Replayed, and takes nothing; one with another request
+// is [ErrOnceIDReused]. After ErrOutcomeUnknown, call again (docs/errors.md).
 func (l *Limiter) AllowOrderedOnce(ctx context.Context, id string, first Request, second *Request) (Decision, error) {
 	return l.once(ctx, id, first, second)
 }
 
-// Peek returns the Decision that AllowOrdered would return now for the same
-// requests, Remaining included, and takes nothing: it writes no key and
-// refreshes no expiry. It runs the same script read-only (EVALSHA_RO), so it
-// works for an ACL user without write permissions and may be served by a
-// replica (valkey-go's ClientOption.SendToReplicas), where the answer is as
-// fresh as the replica.
-//
-// A Peek is advice, not a reservation: another caller may take the tokens
-// before a following AllowOrdered. Since a Peek writes nothing, every error
-// it returns is [ErrNotExecuted], even one whose reason is a lost reply or
-// [ErrBadReply]: nothing was taken, and a retry is safe.
-//
-// On a server that refuses TIME in a read-only script (miniredis, the
-// embedded server of unit tests), Peek runs the same script through
-// EVALSHA instead, in the same read-only mode, which writes nothing; the
-// Limiter remembers that and goes straight there afterwards.
+// Peek returns the Decision AllowOrdered would return now, and takes nothing:
+// it writes nothing, so every error it returns is [ErrNotExecuted]
+// (docs/budgets.md).
 func (l *Limiter) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.peek(ctx, first, second)
 }
 
-// Refund gives each Request's Cost back to its bucket, capped at the
-// Spec's burst: a refund never creates a token above it, and a bucket
-// whose key has expired (a full bucket) is left alone. Refund with a nil
-// second gives back to first only.
-//
-// It is meant for reserve-then-settle: take an estimate with AllowOrdered,
-// do the work, then Refund the unused part with Cost set to it. Refund only
-// what was charged: after a Decision with Denied 2 only the first bucket
-// was charged, so refund first alone; after Denied 1 nothing was charged.
-// After ErrOutcomeUnknown from AllowOrdered, the charge may or may not have
-// happened: refunding could hand out tokens that were never taken, so do
-// not refund (let the bucket refill on its own). Refund is not idempotent:
-// after ErrOutcomeUnknown from Refund itself, do not repeat it.
-//
-// With [WithDenialCache], once the refund has returned, whatever its outcome
-// (one whose outcome is unknown may have run), the Limiter holds no cached
-// denial of either key, and does not cache the denial of a call sent before
-// that: the next call on either key goes to the server.
+// Refund gives each Request's Cost back to its bucket, capped at its burst;
+// a nil second refunds first alone. Refund only what was charged: nothing
+// after ErrOutcomeUnknown, from the charge or a Refund (docs/budgets.md).
 func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) error {
 	return l.refund(ctx, first, second)
 }
 
-// Wait blocks until AllowOrdered admits the requests, and returns that
-// Decision. Between attempts it sleeps the denial's RetryAfter plus up to
-// 10% of jitter, so that waiters in other processes do not wake in
-// lockstep; with a deadline, the jitter takes at most a quarter of the time
-// between the token and the deadline, so a token that comes before the
-// deadline is tried for.
-//
-// The Waits of one Limiter on the same keys (first and second Key) form a
-// line: only the Wait at its head sends attempts, and the others queue
-// behind it, in about the order they came, each sending nothing until it
-// is the head. So with any number of waiters on one bucket a Limiter sends
-// about two scripts per admission (the new head's first attempt, denied,
-// and the one after its sleep), three when the second bucket refuses (the
-// refund too). Waits with different Specs or Costs on the same keys share
-// the line. Waits of different Limiters, or of other processes, do not:
-// only the jitter spreads them.
-//
-// It honours ctx: it returns ctx's error when ctx is done while it sleeps
-// or is queued, and, like golang.org/x/time/rate, it returns at once,
-// without sleeping, when the refusing bucket cannot hold the Cost before
-// ctx's deadline. A queued Wait knows this from the last denial the head of
-// its line got for the same requests, and returns at once, having sent
-// nothing, when its deadline comes before that denial's token. Those errors
-// wrap ErrNotExecuted and context.DeadlineExceeded (or ctx's error) and
-// come with the denial: nothing was taken.
-//
-// An attempt that the second bucket refuses has charged the first bucket
-// (the ordered transitions); Wait refunds that charge (one more round trip)
-// before it sleeps or gives up, so only the admitted attempt costs
-// anything. Should that refund fail, Wait returns ErrOutcomeUnknown with the
-// refund's error: the first bucket may stay charged. When it succeeds and
-// Wait then gives up (the deadline, ctx ended, or a later attempt did not
-// run), the error is still ErrNotExecuted, because no token stays taken and
-// a retry is safe, but it is not proof that nothing was written: each such
-// attempt and its refund ran two scripts, which wrote the first bucket's
-// key (its tokens back, capped at its burst, and its expiry), and the
-// error's text says so. The Decision that comes with a deadline error is
-// the last attempt's, whose Remaining for the first bucket is from before
-// the refund.
-//
-// An attempt that fails is never repeated: Wait returns its error as
-// AllowOrdered gave it (a not-executed one after refunded attempts says
-// what those wrote, as above), so an attempt whose outcome is unknown
-// (ErrOutcomeUnknown) is not sent twice. A Wait without a deadline waits as
-// long as the buckets keep refusing.
+// Wait calls AllowOrdered until it admits, and returns that Decision. It
+// sleeps each denial's RetryAfter plus jitter, and refunds the first bucket
+// after a second-bucket denial. When ctx ends, or its deadline comes before
+// the token, it returns at once with an error wrapping [ErrNotExecuted] and
+// ctx's error. A failed attempt is not repeated; a failed refund is
+// [ErrOutcomeUnknown] (docs/budgets.md).
 func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.wait(ctx, first, second)
 }

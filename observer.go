@@ -9,24 +9,15 @@ import (
 type Op uint8
 
 const (
-	// OpTake is AllowOrdered.
-	OpTake Op = iota + 1
-	// OpOnce is AllowOrderedOnce.
-	OpOnce
-	// OpPeek is Peek.
-	OpPeek
-	// OpRefund is Refund, Wait's refunds included.
-	OpRefund
-	// OpWaitAttempt is one attempt of Wait: an AllowOrdered.
-	OpWaitAttempt
-	// OpAll is AllowAll.
-	OpAll
-	// OpAcquire is Acquire.
-	OpAcquire
-	// OpRelease is a Lease's Release.
-	OpRelease
-	// OpExtend is a Lease's Extend.
-	OpExtend
+	OpTake        Op = iota + 1 // AllowOrdered
+	OpOnce                      // AllowOrderedOnce
+	OpPeek                      // Peek
+	OpRefund                    // Refund, Wait's refunds included
+	OpWaitAttempt               // one attempt of Wait: an AllowOrdered
+	OpAll                       // AllowAll
+	OpAcquire                   // Acquire
+	OpRelease                   // a Lease's Release
+	OpExtend                    // a Lease's Extend
 )
 
 var opNames = [...]string{OpTake: "take", OpOnce: "once", OpPeek: "peek", OpRefund: "refund", OpWaitAttempt: "wait-attempt", OpAll: "all",
@@ -43,45 +34,24 @@ func (o Op) String() string {
 
 // An Observation is one call of a Limiter, as [WithObserver] reports it.
 type Observation struct {
-	Op Op
-	// FirstKey is the first Request's Key; with Decision.Denied it tells
-	// which bucket refused. For a lease call (OpAcquire, OpRelease,
-	// OpExtend) it is the lease key, the part decided first.
-	FirstKey string
-	// Decision is what the call returned: the zero Decision with an error,
-	// and for OpRefund, which returns none, the zero Decision too. For
-	// OpAcquire it is the Lease's [Lease.Decision], which is not Allowed
-	// for a slot's refusal either: read Lease.Denied for the part that
-	// refused. For OpRelease and OpExtend it is the zero Decision.
+	Op       Op
+	FirstKey string // the first Request's Key; a lease call's lease key
+	// Decision is what the call returned (for OpAcquire, the Lease's
+	// Decision); the zero Decision with an error, and for OpRefund,
+	// OpRelease and OpExtend.
 	Decision Decision
-	// Err is the call's error, nil on success. Its class is
-	// errors.Is(Err, ErrNotExecuted) or errors.Is(Err, ErrOutcomeUnknown).
-	Err error
-	// Duration is the call's time on the local clock, round trip
-	// included; near zero for a Cached one.
-	Duration time.Duration
-	// Cached is set when the Limiter's denial cache ([WithDenialCache])
-	// answered, and nothing was sent.
-	Cached bool
-	// Lease is the Lease of a lease call: the one Acquire returned (read
-	// its Granted, Denied, Holders, Replayed), or the one released or
-	// extended. Nil for the other Ops. It is the caller's: read it, but
-	// neither keep it nor call its Release or Extend.
+	Err      error         // the call's error, nil on success
+	Duration time.Duration // the call's time on the local clock
+	Cached   bool          // the denial cache answered; nothing was sent
+	// Lease is a lease call's Lease, nil for the other Ops: read it, but
+	// neither keep it nor call its methods.
 	Lease *Lease
-	// Live is what Release or Extend reported: the lease was live on the
-	// server (released, or renewed). False for the other Ops.
-	Live bool
+	Live  bool // what Release or Extend reported; false for the other Ops
 }
 
-// WithObserver has the Limiter call observe once for every call it
-// completes: AllowOrdered, AllowAll, AllowOrderedOnce, Peek, Refund, each
-// attempt and refund of Wait, and Acquire with the Release and Extend of
-// its Leases (those of [Limiter.Lease] too). observe runs on the caller's
-// goroutine after the call, before it returns, so it must be quick and
-// safe for concurrent use: count, or hand off to a metrics library
-// (examples/outgress feeds Prometheus). A nil observe leaves the Limiter unobserved, the default,
-// which costs nothing: no clock is read and nothing is allocated.
-// Reporting an Observation allocates nothing either.
+// WithObserver has the Limiter call observe after each call it completes, on
+// the caller's goroutine before the call returns: observe must be quick and
+// safe for concurrent use. Nil, the default, observes nothing (docs/observing.md).
 func WithObserver(observe func(Observation)) Option {
 	return optionFunc(func(l *Limiter) { l.observe = observe })
 }

@@ -7,11 +7,7 @@ import (
 )
 
 // OnceWindow is how long AllowOrderedOnce remembers the Decision made for
-// an id. A retry after ErrOutcomeUnknown comes within seconds (a timeout, a
-// reconnect); a message bus redelivers within its ack wait, typically under
-// a minute. Two minutes cover both with margin while bounding what the
-// records hold: at 1,000 decisions a second, about 120,000 keys of under
-// 100 bytes each. A call after the window decides again.
+// an id; a call after it decides again.
 const OnceWindow = 2 * time.Minute
 
 // MaxOnceIDLen is the longest id AllowOrderedOnce accepts, in bytes.
@@ -19,16 +15,9 @@ const MaxOnceIDLen = 256
 
 var onceWindowArg = strconv.FormatInt(OnceWindow.Milliseconds(), 10)
 
-// OnceRecordKey returns the key of the record that AllowOrderedOnce keeps
-// for id under the first key firstKey, or the ErrInvalidRequest
-// AllowOrderedOnce would refuse them with:
-//
-//	<firstKey>:once:<id>:<len(firstKey)>      when firstKey has a hash tag
-//	{<firstKey>}:once:<id>:<len(firstKey)>    otherwise
-//
-// Either way it lives in firstKey's cluster slot, and distinct (firstKey,
-// id) pairs never share a record. For operators and tests: to find,
-// inspect or delete a record.
+// OnceRecordKey returns the key, in firstKey's cluster slot, of the record
+// AllowOrderedOnce keeps for id under the first key firstKey, or the
+// [ErrInvalidRequest] it would refuse them with (docs/errors.md).
 func OnceRecordKey(firstKey, id string) (string, error) { return onceKey(firstKey, id) }
 
 // onceKey names the record of id for a call whose first key is key:

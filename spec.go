@@ -7,9 +7,8 @@ import (
 	"time"
 )
 
-// Limit is the rate at which a bucket refills, in tokens per second. It uses
-// the vocabulary of golang.org/x/time/rate: Every(100*time.Millisecond) and
-// Limit(10) are the same rate.
+// Limit is the rate at which a bucket refills, in tokens per second, as in
+// golang.org/x/time/rate: Every(100*time.Millisecond) is Limit(10).
 type Limit float64
 
 // Every converts the interval between two tokens into a Limit. A zero or
@@ -21,23 +20,19 @@ func Every(interval time.Duration) Limit {
 	return 1 / Limit(interval.Seconds())
 }
 
-// Bounds of a Spec. The server computes in whole microseconds with Lua
-// numbers, which are exact integers up to 2^53; keeping a full refill under
-// 2^50 µs (about 35 years) leaves every intermediate value exact.
+// Bounds of a Spec.
 const (
 	// MaxLimit is the fastest refill a Spec accepts: one token per microsecond.
 	MaxLimit Limit = 1e6
-	// maxRefillMicros bounds burst × interval, the time to refill from empty.
+	// maxRefillMicros bounds burst × interval, the time to refill from
+	// empty. The server computes in whole microseconds with Lua numbers,
+	// which are exact integers up to 2^53; keeping a full refill under
+	// 2^50 µs (about 35 years) leaves every intermediate value exact.
 	maxRefillMicros = 1 << 50
 )
 
-// RateTolerance is how much slower than asked a Spec may enforce a rate.
-// The server counts whole microseconds per token, so NewSpec rounds
-// 1/rate up to the next whole microsecond: the enforced rate is never
-// faster than the one asked for, and NewSpec refuses a rate whose enforced
-// rate would be more than 1% slower. Every rate up to 10,000 per second
-// is within the tolerance; faster rates are accepted only near 1e6/n per
-// second for a whole n (1,000,000/s, 500,000/s, 333,333.3/s, ...).
+// RateTolerance is how much slower than asked NewSpec may enforce a rate,
+// once rounded to whole microseconds per token (docs/semantics.md).
 const RateTolerance = 0.01
 
 // snapTolerance absorbs float64 noise: 1e6/float64(Every(5*time.Microsecond))
@@ -47,20 +42,9 @@ const RateTolerance = 0.01
 const snapTolerance = 1e-12
 
 // A Spec describes one token bucket: it holds at most Burst tokens, starts
-// full, and gains one token every Interval. A request takes its Cost, one
-// token unless it says otherwise.
-//
-// The server applies the rate as a whole number of microseconds per token:
-// NewSpec rounds 1/rate up to a whole microsecond, so the bucket is never
-// faster than asked, and refuses a rate it cannot honour within
-// [RateTolerance]. Limit, Interval and String report the rate the server
-// enforces. Every(d) with d a whole number of microseconds is exact.
-//
-// A Spec is an immutable value: the script arguments it implies are encoded
-// once, in NewSpec, so a decision formats nothing. Build Specs once (for
-// example with [MustSpec] in a package-level var) and share them freely
-// between goroutines. The zero Spec is invalid; [Limiter.AllowOrdered]
-// refuses it.
+// full, and gains one token every Interval, a whole number of microseconds.
+// A Spec is an immutable value; build it once with [NewSpec] or [MustSpec]
+// and share it between goroutines. The zero Spec is invalid.
 type Spec struct {
 	limit    Limit
 	burst    int
@@ -73,13 +57,9 @@ type Spec struct {
 	intervalArg, burstArg string
 }
 
-// NewSpec returns a Spec for a bucket that refills at rate tokens per second
-// and holds at most burst tokens. The enforced rate is 1/rate rounded up to
-// a whole microsecond per token: never faster than rate, and at most
-// [RateTolerance] slower. It returns an error wrapping [ErrInvalidSpec] when
-// rate is NaN, infinite, not positive or above [MaxLimit], when it cannot be
-// enforced within RateTolerance, when burst is below 1, or when refilling
-// from empty would take longer than about 35 years.
+// NewSpec returns a Spec that holds at most burst tokens and gains one every
+// 1/rate, rounded up to a whole microsecond. It returns an error wrapping
+// [ErrInvalidSpec] for a rate or burst it cannot honour (docs/errors.md).
 func NewSpec(rate Limit, burst int) (Spec, error) {
 	r := float64(rate)
 	switch {
@@ -123,10 +103,8 @@ func NewSpec(rate Limit, burst int) (Spec, error) {
 	}, nil
 }
 
-// MustSpec is like [NewSpec] but panics if the arguments are invalid. It is
-// meant for package-level Specs built from constants:
-//
-//	var chatShared = admit.MustSpec(admit.Every(1500*time.Millisecond), 20)
+// MustSpec is like [NewSpec] but panics if the arguments are invalid: for
+// package-level Specs built from constants.
 func MustSpec(rate Limit, burst int) Spec {
 	s, err := NewSpec(rate, burst)
 	if err != nil {
@@ -135,32 +113,24 @@ func MustSpec(rate Limit, burst int) Spec {
 	return s
 }
 
-// Limit returns the rate the server enforces, in tokens per second: one
-// token per Interval. It is never above the rate given to NewSpec, and at
-// most RateTolerance below it.
+// Limit returns the rate the server enforces, one token per Interval: never
+// above the rate given to NewSpec, at most [RateTolerance] below it.
 func (s Spec) Limit() Limit { return s.limit }
 
 // Burst returns the most tokens the bucket holds; a fresh bucket is full.
 func (s Spec) Burst() int { return s.burst }
 
-// Interval returns the time the server takes to add one token: 1/rate,
-// rounded up to a whole microsecond.
+// Interval returns the time the server takes to add one token.
 func (s Spec) Interval() time.Duration { return s.interval }
 
-// TTL returns the expiry every write gives the bucket's key: the time to
-// refill from empty to full (Burst × Interval), rounded up to a millisecond,
-// counted from the later of the server's now and the bucket's ts (which is
-// ahead of now only after the server clock stepped back). An idle bucket
-// expires only once it would be full anyway, so expiry never hands out
-// tokens early. A denial does not rewrite a bucket: it only lengthens the
-// key's expiry, when needed, to the moment the bucket is full again.
+// TTL returns the expiry each write gives the bucket's key: Burst × Interval,
+// rounded up to a millisecond (docs/key-schema.md).
 func (s Spec) TTL() time.Duration { return s.ttl }
 
 // IsZero reports whether s is the zero Spec, which is invalid.
 func (s Spec) IsZero() bool { return s.burst == 0 }
 
-// String describes the Spec as the server enforces it, for example
-// "0.666667/s burst 20 (1.5s per token)".
+// String describes s as enforced: "0.666667/s burst 20 (1.5s per token)".
 func (s Spec) String() string {
 	if s.IsZero() {
 		return "invalid zero Spec"
