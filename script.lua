@@ -169,13 +169,15 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
     end
     return r
   end
-  -- The server's clock, or nil and an error reply.
-  local function ltime()
+  -- A lease alone reads the server's clock here; an acquire with buckets
+  -- reads it with theirs (step 2).
+  local now
+  if n == 0 then
     local t = redis.pcall('TIME')
     if t.err then
-      return nil, redis.error_reply('ADMITREFUSED admit: the server refused TIME: ' .. t.err)
+      return redis.error_reply('ADMITREFUSED admit: the server refused TIME: ' .. t.err)
     end
-    return t[1] * 1000000 + t[2]
+    now = t[1] * 1000000 + t[2]
   end
   -- The verdict of a precheck, pcall(acl, cmd, lkey, args...): nil when
   -- the user may run cmd on the lease key, else the call's error reply.
@@ -183,7 +185,7 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
   local function lrefused(cmd, ok, allowed)
     if not ok then
       return redis.error_reply('ADMITREFUSED admit: the server failed the ACL precheck of ' .. cmd ..
-        ' on the lease key: ' .. (type(allowed) == 'table' and tostring(allowed.err) or tostring(allowed)))
+        ' on the lease key: ' .. (allowed.err or allowed)) -- a table, or a string (Redis 8.0.2)
     end
     if not allowed then
       return redis.error_reply('NOPERM admit: the ACL user may not run ' .. cmd .. ' on the lease key; grant +' ..
@@ -199,10 +201,6 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
 
   -- Extend and release, a lease alone: decided here, whole.
   if n == 0 and mode ~= 'l' then
-    local now, terr = ltime()
-    if not now then
-      return terr
-    end
     local own = lcall('ZSCORE', lname)
     if lerr then
       return lerr
@@ -307,8 +305,8 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
       end
       -- only without the precheck (lcheck): a write refused after the
       -- buckets' or the prune's, which stays
-      return redis.error_reply('ADMITPARTIAL admit: the server refused a write on the lease key after ' ..
-        (first and 'expired holders were pruned' or 'the buckets were written') .. ', which stays')
+      return redis.error_reply('ADMITPARTIAL admit: the server refused a write on the lease key after an earlier ' ..
+        'write of the call, which stays')
     end
     local at = math.max(exp, latest) / 1000
     redis.call('PEXPIREAT', lkey, at + (-at) % 1) --@lease-expire
@@ -317,10 +315,6 @@ if mode == 'l' or mode == 'e' or mode == 'f' then --@lease-mode
 
   -- An acquire of a lease alone: decided here, whole.
   if n == 0 then
-    local now, terr = ltime()
-    if not now then
-      return terr
-    end
     local r, expired, latest, live = lread(now)
     if r then
       return r
@@ -788,7 +782,7 @@ end
 local where = ei and (' on bucket ' .. ei .. "'s key") or (ecmd == 'TIME' and '' or ' on the once-record key')
 if eok == false then --@precheck-failed
   return redis.error_reply('ADMITREFUSED admit: the server failed the ACL precheck of ' .. ecmd .. where .. ': ' ..
-    (type(eallow) == 'table' and tostring(eallow.err) or tostring(eallow)))
+    (eallow.err or eallow)) -- a table, or a string (Redis 8.0.2)
 end
 if eerr and string.sub(eerr, 1, 9) == 'WRONGTYPE' then
   if not ei then
