@@ -370,7 +370,7 @@ var goMutants = []mutant{
 	{name: "closing-not-executed", file: "errors.go", edits: edits(text(`return unknown("the valkey client was closed;`, `return notExecuted("the valkey client was closed;`)),
 		catcher: "TestIntegrationErrClassClosing"},
 	{name: "connection-failure-not-executed", file: "errors.go", edits: edits(text(`return unknown("the connection failed while`, `return notExecuted("the connection failed while`)),
-		catcher: "TestErrClassTable/eof"},
+		catcher: "TestErrClassTable/read-error"},
 	{name: "unplaced-context-error-not-executed", file: "errors.go", edits: edits(text(`if !foreign.proven {`, `if false {`)),
 		catcher: "TestErrClassTable/wrapped-context-error"},
 	{name: "own-context-end-not-executed", file: "errors.go", edits: edits(text(`return unknown("this call's context ended`, `return notExecuted("this call's context ended`)),
