@@ -300,7 +300,7 @@ func ExampleWithObserver() {
 	hourly := admit.Request{Key: "rl:{user:1}", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
 	lim.AllowOrdered(ctx, hourly, nil)
 	lim.AllowOrdered(ctx, hourly, nil)
-	slot := admit.Slot{Key: "conc:{user:1}", Spec: admit.MustConcurrency(1, time.Minute)}
+	slot := admit.LeaseRequest{Key: "conc:{user:1}", Spec: admit.MustConcurrency(1, time.Minute)}
 	x, _ := lim.Acquire(ctx, slot, nil, nil)
 	y, _ := lim.Acquire(ctx, slot, nil, nil)
 	x.Release(ctx)
@@ -311,7 +311,7 @@ func ExampleWithObserver() {
 	}
 	// Output:
 	// acquire ok 1
-	// acquire refused by slot 1
+	// acquire refused by concurrency 1
 	// release not held 1
 	// release ok 1
 	// take denied 1
@@ -422,7 +422,7 @@ func ExampleLimiter_Acquire() {
 
 	ctx := context.Background()
 	x, err := lim.Acquire(ctx,
-		admit.Slot{Key: "conc:{org:7}", Spec: inFlight, Name: "request-4711"},
+		admit.LeaseRequest{Key: "conc:{org:7}", Spec: inFlight, Name: "request-4711"},
 		&admit.Request{Key: "tpm:{org:7}", Spec: perMinute, Cost: 1200}, nil)
 	// Safe in every case: a refused Lease sends nothing; one whose outcome
 	// is unknown frees the slot it may hold.
@@ -450,7 +450,7 @@ func ExampleLease_Extend() {
 	defer client.Close()
 	lim := admit.New(client)
 	ctx := context.Background()
-	x, err := lim.Acquire(ctx, admit.Slot{Key: "conc:{gpu}", Spec: admit.MustConcurrency(4, 10*time.Second), Name: "job-42"}, nil, nil)
+	x, err := lim.Acquire(ctx, admit.LeaseRequest{Key: "conc:{gpu}", Spec: admit.MustConcurrency(4, 10*time.Second), Name: "job-42"}, nil, nil)
 	if err != nil || !x.Granted() {
 		log.Fatal(x, err)
 	}

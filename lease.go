@@ -29,7 +29,7 @@ const (
 // A Concurrency describes a concurrency limit: at most Limit leases of one
 // key are live at once, and each lease lasts Lease on the server's clock
 // unless it is extended or released first. A holder that dies without
-// releasing frees its slot when its lease expires.
+// releasing frees its place when its lease expires.
 //
 // A Concurrency is an immutable value; build it once (for example with
 // [MustConcurrency] in a package-level var) and share it between
@@ -90,9 +90,9 @@ func (c Concurrency) String() string {
 	return strconv.Itoa(c.limit) + " at once, lease " + c.lease.String()
 }
 
-// A Slot names the concurrency part of an [Limiter.Acquire]: the lease
+// A LeaseRequest names the concurrency part of an [Limiter.Acquire]: the lease
 // key, its limit, and the holder's name.
-type Slot struct {
+type LeaseRequest struct {
 	// Key is the lease key: a sorted set of holders (docs/leases.md has
 	// its schema). It must not be empty, nor be one of the buckets' keys.
 	Key string
@@ -111,15 +111,15 @@ type Slot struct {
 // A Part is a part of an Acquire, the one that refused it.
 type Part uint8
 
-// The parts of an Acquire, decided in the order slot, first, second. The
+// The parts of an Acquire, decided in the order concurrency, first, second. The
 // buckets' values are those of [Decision.Denied].
 const (
-	PartFirst  Part = 1 // the first bucket
-	PartSecond Part = 2 // the second bucket
-	PartSlot   Part = 3 // the concurrency limit: every slot is taken
+	PartFirst       Part = 1 // the first bucket
+	PartSecond      Part = 2 // the second bucket
+	PartConcurrency Part = 3 // the concurrency limit: every lease is held
 )
 
-// String names the part: "first bucket", "second bucket" or "slot".
+// String names the part: "first bucket", "second bucket" or "concurrency".
 func (p Part) String() string {
 	switch p {
 	case 0:
@@ -128,8 +128,8 @@ func (p Part) String() string {
 		return "first bucket"
 	case PartSecond:
 		return "second bucket"
-	case PartSlot:
-		return "slot"
+	case PartConcurrency:
+		return "concurrency"
 	}
 	return "part " + strconv.Itoa(int(p))
 }
@@ -144,14 +144,14 @@ func (p Part) String() string {
 // handler that releases it).
 type Lease struct {
 	// Key and Name identify the lease: the lease key and the holder's
-	// name, the one Acquire drew when the Slot named none.
+	// name, the one Acquire drew when the LeaseRequest named none.
 	Key, Name string
 	// Denied names the part that refused the Acquire; 0 when granted and
 	// with an error.
 	Denied Part
-	// RetryAfter is 0 when granted. When the slot refused, it is the time
+	// RetryAfter is 0 when granted. When the concurrency limit refused, it is the time
 	// until the oldest live lease of the key expires on the server's
-	// clock: an upper bound on the wait for a slot, unless leases are
+	// clock: an upper bound on the wait for a lease, unless leases are
 	// extended meanwhile (a release frees one sooner). When a bucket
 	// refused, it is that bucket's wait, as in [Decision.RetryAfter].
 	RetryAfter time.Duration
@@ -182,13 +182,13 @@ type Lease struct {
 // monoBase anchors Lease deadlines on the monotonic clock.
 var monoBase = time.Now()
 
-// Granted reports whether the Acquire was granted: the lease holds a slot
+// Granted reports whether the Acquire was granted: the lease is held
 // until released or expired. It is false with every error.
 func (x *Lease) Granted() bool { return x != nil && x.granted }
 
 // Decision returns what the Acquire decided of its buckets, as a
 // [Decision]: Allowed for a granted lease (Remaining the tokens left),
-// Denied 1 or 2 with RetryAfter for a bucket's refusal. A slot refusal,
+// Denied 1 or 2 with RetryAfter for a bucket's refusal. A concurrency refusal,
 // which a Decision cannot name, and a Lease that comes with an error give
 // the zero Decision, which is not Allowed: read Denied for those.
 func (x *Lease) Decision() Decision {
@@ -210,7 +210,7 @@ func (x *Lease) Replayed() bool { return x != nil && x.replayed }
 // Deadline returns the local moment until which the lease is surely live
 // on the server, measured from before the Acquire (or the last Extend) was
 // sent; the zero Time when not granted. A holder that must not run
-// without its slot stops, or extends, before it. Only the server's clock
+// without its lease stops, or extends, before it. Only the server's clock
 // decides: a server clock stepped forward ends the lease sooner.
 func (x *Lease) Deadline() time.Time {
 	if x == nil {
@@ -225,7 +225,7 @@ func (x *Lease) Deadline() time.Time {
 
 // String describes the lease, for example
 // `granted "job-42" on "conc:{org:7}" (3 holders)` or
-// "refused by slot, retry after 2.5s".
+// "refused by concurrency, retry after 2.5s".
 func (x *Lease) String() string {
 	switch {
 	case x == nil:
@@ -250,9 +250,9 @@ const (
 	modeLeaseRelease = "f"
 )
 
-// Acquire takes one of slot's leases and, with first (and second) given,
+// Acquire takes one of req's leases and, with first (and second) given,
 // the buckets' Costs, all or nothing, in one script run and round trip:
-// the slot, first bucket and second bucket are decided in that order, and
+// the concurrency limit, first bucket and second bucket are decided in that order, and
 // when any of them refuses nothing is taken, and the Lease's Denied names
 // the part that refused. Without buckets it is a plain concurrency limit.
 //
@@ -262,15 +262,15 @@ const (
 // expired holder of the key, so that a holder that died never costs more
 // than its lease.
 //
-// Retry safety: an Acquire under a Slot.Name whose lease is live returns
-// that lease, Replayed, and takes nothing (neither a slot nor tokens),
+// Retry safety: an Acquire under a LeaseRequest.Name whose lease is live returns
+// that lease, Replayed, and takes nothing (neither a lease nor tokens),
 // whatever buckets it names. An error is [ErrNotExecuted] or
 // [ErrOutcomeUnknown], as for AllowOrdered; after ErrOutcomeUnknown the
-// Acquire may have been granted, and its slot (and tokens) taken until the
+// Acquire may have been granted, and its lease (and tokens) held until the
 // lease expires. Retry under the same name (the returned Lease's Name,
-// which Acquire drew if the Slot named none): a lease granted by the lost
+// which Acquire drew if the LeaseRequest named none): a lease granted by the lost
 // call comes back, Replayed; or Release the returned Lease, which frees
-// the slot if it was granted.
+// the lease if it was granted.
 //
 // Invalid input is refused with ErrInvalidRequest before anything is
 // sent: an empty key, a zero Concurrency or Spec, a name over
@@ -281,22 +281,22 @@ const (
 // The ACL user needs +zscore +zcard +zcount +zrange +zadd
 // +zremrangebyscore +zrem beside what AllowOrdered needs
 // (docs/leases.md).
-func (l *Limiter) Acquire(ctx context.Context, slot Slot, first, second *Request) (*Lease, error) {
+func (l *Limiter) Acquire(ctx context.Context, req LeaseRequest, first, second *Request) (*Lease, error) {
 	start := l.observeStart()
-	x, err := l.acquire(ctx, slot, first, second)
+	x, err := l.acquire(ctx, req, first, second)
 	l.observedLease(OpAcquire, x, start, false, err)
 	return x, err
 }
 
 // acquire is Acquire, unobserved: it returns a non-nil *Lease always.
-func (l *Limiter) acquire(ctx context.Context, slot Slot, first, second *Request) (*Lease, error) {
-	x := &Lease{Key: slot.Key, Name: slot.Name, Remaining: [2]int{-1, -1}, l: l, spec: slot.Spec}
+func (l *Limiter) acquire(ctx context.Context, req LeaseRequest, first, second *Request) (*Lease, error) {
+	x := &Lease{Key: req.Key, Name: req.Name, Remaining: [2]int{-1, -1}, l: l, spec: req.Spec}
 	if x.Name == "" {
 		var b [12]byte
 		rand.Read(b[:]) // never fails (crypto/rand)
 		x.Name = base64.RawURLEncoding.EncodeToString(b[:])
 	}
-	if err := l.checkAcquire(ctx, x.Name, slot, first, second); err != nil {
+	if err := l.checkAcquire(ctx, x.Name, req, first, second); err != nil {
 		return x, err
 	}
 	var buf [11]string // up to 3 keys, then up to 8 arguments
@@ -310,7 +310,7 @@ func (l *Limiter) acquire(ctx context.Context, slot Slot, first, second *Request
 		nk, na = nk+1, na+3
 	}
 	buckets := uint8(nk)
-	buf[nk], buf[3+na], buf[4+na] = slot.Key, modeLeaseAcquire, slot.Spec.argPrefix+x.Name
+	buf[nk], buf[3+na], buf[4+na] = req.Key, modeLeaseAcquire, req.Spec.argPrefix+x.Name
 	keys, args := buf[0:nk+1], buf[3:3+na+2]
 	if err := ctx.Err(); err != nil {
 		return x, notSent(err)
@@ -341,18 +341,18 @@ func isNotExecuted(err error) bool {
 
 // checkAcquire refuses what can be known client-side, before anything is
 // sent.
-func (l *Limiter) checkAcquire(ctx context.Context, name string, slot Slot, first, second *Request) error {
+func (l *Limiter) checkAcquire(ctx context.Context, name string, req LeaseRequest, first, second *Request) error {
 	switch {
 	case l == nil || l.client == nil:
 		return invalidRequest("the Limiter has no client; build it with admit.New")
 	case ctx == nil:
 		return invalidRequest("nil context")
-	case slot.Key == "":
-		return invalidRequest("the Slot has an empty Key")
-	case len(slot.Key) > MaxKeyLen:
-		return invalidRequest("the Slot's Key is " + strconv.Itoa(len(slot.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
-	case slot.Spec.IsZero():
-		return invalidRequest("the Slot for key " + strconv.Quote(slot.Key) + " has the zero Concurrency; build one with admit.NewConcurrency")
+	case req.Key == "":
+		return invalidRequest("the LeaseRequest has an empty Key")
+	case len(req.Key) > MaxKeyLen:
+		return invalidRequest("the LeaseRequest's Key is " + strconv.Itoa(len(req.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
+	case req.Spec.IsZero():
+		return invalidRequest("the LeaseRequest for key " + strconv.Quote(req.Key) + " has the zero Concurrency; build one with admit.NewConcurrency")
 	case len(name) > MaxLeaseNameLen:
 		return invalidRequest("the lease name is " + strconv.Itoa(len(name)) + " bytes, over MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
 	case first == nil && second != nil:
@@ -373,12 +373,12 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, slot Slot, firs
 		if r == nil {
 			continue
 		}
-		if r.Key == slot.Key {
-			return invalidRequest("a bucket and the Slot name the same key " + strconv.Quote(slot.Key) + "; a lease key is a sorted set of its own")
+		if r.Key == req.Key {
+			return invalidRequest("a bucket and the LeaseRequest name the same key " + strconv.Quote(req.Key) + "; a lease key is a sorted set of its own")
 		}
 		if l.client.Mode() == valkey.ClientModeCluster {
-			if s1, s2 := keySlot(slot.Key), keySlot(r.Key); s1 != s2 {
-				return crossSlot("the Slot's key " + strconv.Quote(slot.Key) + " (slot " + strconv.Itoa(int(s1)) +
+			if s1, s2 := keySlot(req.Key), keySlot(r.Key); s1 != s2 {
+				return crossSlot("the LeaseRequest's key " + strconv.Quote(req.Key) + " (slot " + strconv.Itoa(int(s1)) +
 					") and bucket key " + strconv.Quote(r.Key) + " (slot " + strconv.Itoa(int(s2)) +
 					") are in different cluster hash slots; give them a common hash tag such as {org:7}")
 			}
@@ -438,19 +438,19 @@ func leaseFields(s string, n int) ([7]int64, error) {
 	return f, nil
 }
 
-// Release frees the lease's slot, and reports whether the lease was live
+// Release frees the lease's place, and reports whether the lease was live
 // on the server: false when it had expired, had been released before, or
-// was never granted. It is idempotent: releasing twice frees one slot, and
+// was never granted. It is idempotent: releasing twice frees one place, and
 // reports false the second time. After ErrOutcomeUnknown, call it again.
 //
 // A Lease that was refused, or whose Acquire failed with ErrNotExecuted,
 // sends nothing and reports false. A Lease whose Acquire failed with
-// ErrOutcomeUnknown is released on the server: its slot is freed if that
+// ErrOutcomeUnknown is released on the server: its place is freed if that
 // Acquire was granted.
 //
 // Release with a context that is not done: a deferred Release in a request
 // handler whose context is cancelled should use
-// context.WithoutCancel(ctx), or its slot stays taken until the lease
+// context.WithoutCancel(ctx), or its place stays taken until the lease
 // expires.
 func (x *Lease) Release(ctx context.Context) (bool, error) {
 	if x == nil {
@@ -488,7 +488,7 @@ func (x *Lease) release(ctx context.Context) (bool, error) {
 // from now on the server's clock (never less than it had), and Deadline
 // moves accordingly. It reports false, and writes nothing, when the lease
 // is no longer live: it expired (the holder stalled past its lease and
-// may have lost its slot to another), or was released. A Lease that was
+// may have lost its place to another), or was released. A Lease that was
 // not granted sends nothing and reports false. After ErrOutcomeUnknown,
 // Extend again.
 func (x *Lease) Extend(ctx context.Context) (bool, error) {
@@ -526,14 +526,14 @@ func (x *Lease) extend(ctx context.Context) (bool, error) {
 	return false, badReply("lease: extend reply " + strconv.Quote(s))
 }
 
-// Lease returns a handle on the lease that slot.Name holds (or held) on
-// slot.Key, to Extend or Release it from elsewhere than its Acquire: a
+// Lease returns a handle on the lease that req.Name holds (or held) on
+// req.Key, to Extend or Release it from elsewhere than its Acquire: a
 // process that restarted with the unit of work's id, an operator's tool,
 // a retry on another client. It sends nothing. Its Granted is false and
-// its Deadline zero until an Extend succeeds; slot.Spec gives the lease
+// its Deadline zero until an Extend succeeds; req.Spec gives the lease
 // duration an Extend renews to.
-func (l *Limiter) Lease(slot Slot) *Lease {
-	x := &Lease{Key: slot.Key, Name: slot.Name, Remaining: [2]int{-1, -1}, l: l, spec: slot.Spec, sent: true}
+func (l *Limiter) Lease(req LeaseRequest) *Lease {
+	x := &Lease{Key: req.Key, Name: req.Name, Remaining: [2]int{-1, -1}, l: l, spec: req.Spec, sent: true}
 	return x
 }
 

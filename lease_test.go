@@ -72,17 +72,17 @@ func TestLeaseInvalid(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name          string
-		slot          admit.Slot
+		slot          admit.LeaseRequest
 		first, second *admit.Request
 		want          string
 	}{
-		{"empty key", admit.Slot{Spec: spec}, nil, nil, "empty Key"},
-		{"long key", admit.Slot{Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: spec}, nil, nil, "MaxKeyLen"},
-		{"zero spec", admit.Slot{Key: "c"}, nil, nil, "zero Concurrency"},
-		{"long name", admit.Slot{Key: "c", Spec: spec, Name: strings.Repeat("x", admit.MaxLeaseNameLen+1)}, nil, nil, "MaxLeaseNameLen"},
-		{"second alone", admit.Slot{Key: "c", Spec: spec}, nil, &b, "second bucket without a first"},
-		{"slot key is a bucket's", admit.Slot{Key: "b", Spec: spec}, &b, nil, "same key"},
-		{"bad bucket", admit.Slot{Key: "c", Spec: spec}, &admit.Request{Key: "b"}, nil, "zero Spec"},
+		{"empty key", admit.LeaseRequest{Spec: spec}, nil, nil, "empty Key"},
+		{"long key", admit.LeaseRequest{Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: spec}, nil, nil, "MaxKeyLen"},
+		{"zero spec", admit.LeaseRequest{Key: "c"}, nil, nil, "zero Concurrency"},
+		{"long name", admit.LeaseRequest{Key: "c", Spec: spec, Name: strings.Repeat("x", admit.MaxLeaseNameLen+1)}, nil, nil, "MaxLeaseNameLen"},
+		{"second alone", admit.LeaseRequest{Key: "c", Spec: spec}, nil, &b, "second bucket without a first"},
+		{"slot key is a bucket's", admit.LeaseRequest{Key: "b", Spec: spec}, &b, nil, "same key"},
+		{"bad bucket", admit.LeaseRequest{Key: "c", Spec: spec}, &admit.Request{Key: "b"}, nil, "zero Spec"},
 	} {
 		x, err := l.Acquire(ctx, tc.slot, tc.first, tc.second)
 		if !errors.Is(err, admit.ErrInvalidRequest) || !errors.Is(err, admit.ErrNotExecuted) || !strings.Contains(err.Error(), tc.want) || x.Granted() {
@@ -146,8 +146,8 @@ func TestLeaseSteps(t *testing.T) {
 			m.Advance(st.d)
 			srv.SetTime(time.UnixMicro(m.Now))
 		case "acquire":
-			x, err := l.Acquire(ctx, admit.Slot{Key: "c", Spec: spec, Name: st.name}, st.first, st.second)
-			want, werr := m.Acquire(model.Slot{Key: "c", Spec: spec, Name: st.name}, st.first, st.second)
+			x, err := l.Acquire(ctx, admit.LeaseRequest{Key: "c", Spec: spec, Name: st.name}, st.first, st.second)
+			want, werr := m.Acquire(model.LeaseRequest{Key: "c", Spec: spec, Name: st.name}, st.first, st.second)
 			if got := leaseOutcomeOf(x); err != nil || werr != nil || got != want {
 				t.Errorf("step %d acquire %s: %v (%v), %v; want %v, %v", i, st.name, got, x, err, want, werr)
 			}
@@ -242,7 +242,7 @@ func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
 	if _, err := l.AllowOrdered(ctx, b, nil); err != nil {
 		t.Fatal(err)
 	}
-	x, err := l.Acquire(ctx, admit.Slot{Key: "held", Spec: spec, Name: "h"}, nil, nil)
+	x, err := l.Acquire(ctx, admit.LeaseRequest{Key: "held", Spec: spec, Name: "h"}, nil, nil)
 	if err != nil || !x.Granted() {
 		t.Fatal(x, err)
 	}
@@ -260,7 +260,7 @@ func TestLeaseWrongTypeAndCorrupt(t *testing.T) {
 		{"a fractional score", "foreign", nil, admit.ErrCorruptState},
 		{"a fractional score, with a bucket", "foreign", &b, admit.ErrCorruptState},
 	} {
-		x, err := l.Acquire(ctx, admit.Slot{Key: tc.slot, Spec: spec}, tc.first, nil)
+		x, err := l.Acquire(ctx, admit.LeaseRequest{Key: tc.slot, Spec: spec}, tc.first, nil)
 		if !errors.Is(err, tc.reason) || !errors.Is(err, admit.ErrNotExecuted) || x.Granted() {
 			t.Errorf("%s: %v, %v; want %v, not executed", tc.name, x, err, tc.reason)
 		}
@@ -282,7 +282,7 @@ func TestLeaseBinaryNames(t *testing.T) {
 	spec := admit.MustConcurrency(admit.MaxConcurrency, time.Minute)
 	names := []string{"a b c", "{x}", "\x00\xff", strings.Repeat("n", admit.MaxLeaseNameLen), "1 2 3", " "}
 	for _, n := range names {
-		if x, err := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec, Name: n}, nil, nil); err != nil || !x.Granted() || x.Replayed() || x.Name != n {
+		if x, err := l.Acquire(ctx, admit.LeaseRequest{Key: "k", Spec: spec, Name: n}, nil, nil); err != nil || !x.Granted() || x.Replayed() || x.Name != n {
 			t.Errorf("%q: %v %v", n, x, err)
 		}
 	}
@@ -290,13 +290,13 @@ func TestLeaseBinaryNames(t *testing.T) {
 	if len(members) != len(names) {
 		t.Errorf("holders %q, want %q", members, names)
 	}
-	x, _ := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec, Name: "\x00\xff"}, nil, nil)
+	x, _ := l.Acquire(ctx, admit.LeaseRequest{Key: "k", Spec: spec, Name: "\x00\xff"}, nil, nil)
 	if !x.Replayed() {
 		t.Errorf("the binary name again: %v", x)
 	}
 	// A random name is drawn when none is given, and differs each time.
-	x1, _ := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec}, nil, nil)
-	x2, _ := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec}, nil, nil)
+	x1, _ := l.Acquire(ctx, admit.LeaseRequest{Key: "k", Spec: spec}, nil, nil)
+	x2, _ := l.Acquire(ctx, admit.LeaseRequest{Key: "k", Spec: spec}, nil, nil)
 	if x1.Name == "" || x1.Name == x2.Name || !x1.Granted() || !x2.Granted() || x2.Replayed() {
 		t.Errorf("random names: %v %q, %v %q", x1, x1.Name, x2, x2.Name)
 	}
@@ -647,7 +647,7 @@ func (r *leaseRun) op(ctx context.Context, rng *rand.Rand) (string, error) {
 		lossy := rng.IntN(10) == 0
 		return r.call(ctx, fmt.Sprintf("extend %q on %q (lossy %v)", name, key, lossy), lossy, func(l *admit.Limiter) (any, error) {
 			if lossy {
-				return l.Lease(admit.Slot{Key: key, Spec: spec, Name: x.Name}).Extend(ctx)
+				return l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: x.Name}).Extend(ctx)
 			}
 			return x.Extend(ctx)
 		}, func(m *model.LeaseServer) (any, error) {
@@ -662,7 +662,7 @@ func (r *leaseRun) op(ctx context.Context, rng *rand.Rand) (string, error) {
 		lossy := rng.IntN(10) == 0
 		desc, err := r.call(ctx, fmt.Sprintf("release %q on %q (lossy %v)", name, key, lossy), lossy, func(l *admit.Limiter) (any, error) {
 			if lossy {
-				return l.Lease(admit.Slot{Key: key, Spec: spec, Name: x.Name}).Release(ctx)
+				return l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: x.Name}).Release(ctx)
 			}
 			return x.Release(ctx)
 		}, func(m *model.LeaseServer) (any, error) {
@@ -680,7 +680,7 @@ func (r *leaseRun) op(ctx context.Context, rng *rand.Rand) (string, error) {
 		case 2:
 			first, second = &r.w.b1, &r.w.b2
 		}
-		slot := admit.Slot{Key: key, Spec: spec, Name: name}
+		slot := admit.LeaseRequest{Key: key, Spec: spec, Name: name}
 		if rng.IntN(8) == 0 {
 			slot.Name = "" // a random name: a holder that cannot retry
 		}
@@ -695,7 +695,7 @@ func (r *leaseRun) op(ctx context.Context, rng *rand.Rand) (string, error) {
 				}
 				return leaseOutcomeOf(x), nil
 			}, func(m *model.LeaseServer) (any, error) {
-				s := model.Slot{Key: key, Spec: spec, Name: got.Name}
+				s := model.LeaseRequest{Key: key, Spec: spec, Name: got.Name}
 				o, err := m.Acquire(s, first, second)
 				return o, err
 			})
@@ -939,20 +939,20 @@ func TestLeaseBadReply(t *testing.T) {
 		"return '0 0 3 -1 1 1000 0'",
 	} {
 		l := admit.NewLimiterWithScript(c, reply)
-		x, err := l.Acquire(ctx, admit.Slot{Key: "k", Spec: spec, Name: "n"}, nil, nil)
+		x, err := l.Acquire(ctx, admit.LeaseRequest{Key: "k", Spec: spec, Name: "n"}, nil, nil)
 		if !errors.Is(err, admit.ErrBadReply) || !errors.Is(err, admit.ErrOutcomeUnknown) || x.Granted() {
 			t.Errorf("acquire replied by %q: %v, %v; want ErrBadReply, outcome unknown", reply, x, err)
 		}
 	}
 	for _, reply := range []string{"return '3'", "return 'x'", "return {1}"} {
 		l := admit.NewLimiterWithScript(c, reply)
-		if held, err := l.Lease(admit.Slot{Key: "k", Spec: spec, Name: "n"}).Release(ctx); held || !errors.Is(err, admit.ErrBadReply) {
+		if held, err := l.Lease(admit.LeaseRequest{Key: "k", Spec: spec, Name: "n"}).Release(ctx); held || !errors.Is(err, admit.ErrBadReply) {
 			t.Errorf("release replied by %q: %v, %v; want ErrBadReply", reply, held, err)
 		}
 	}
 	for _, reply := range []string{"return '1 0'", "return '0 5'", "return '2 5'", "return '1'"} {
 		l := admit.NewLimiterWithScript(c, reply)
-		if ok, err := l.Lease(admit.Slot{Key: "k", Spec: spec, Name: "n"}).Extend(ctx); ok || !errors.Is(err, admit.ErrBadReply) {
+		if ok, err := l.Lease(admit.LeaseRequest{Key: "k", Spec: spec, Name: "n"}).Extend(ctx); ok || !errors.Is(err, admit.ErrBadReply) {
 			t.Errorf("extend replied by %q: %v, %v; want ErrBadReply", reply, ok, err)
 		}
 	}

@@ -54,14 +54,14 @@ func TestObserver(t *testing.T) {
 	l.Wait(wctx, std, &shared) // one attempt, refused by shared, refunded, then the deadline
 	cancel()
 	expect(want{op: OpWaitAttempt, denied: 2}, want{op: OpRefund})
-	slot := Slot{Key: "ob:{c}:conc", Spec: MustConcurrency(1, time.Hour), Name: "a"}
+	slot := LeaseRequest{Key: "ob:{c}:conc", Spec: MustConcurrency(1, time.Hour), Name: "a"}
 	held, _ := l.Acquire(ctx, slot, &std, nil)
 	expect(want{op: OpAcquire})
 	other := slot
 	other.Name = "b"
 	refused, _ := l.Acquire(ctx, other, nil, nil) // the one slot is held
-	expect(want{op: OpAcquire, part: PartSlot})
-	l.Acquire(ctx, Slot{Key: "ob:{c}:conc"}, nil, nil) // refused before sending
+	expect(want{op: OpAcquire, part: PartConcurrency})
+	l.Acquire(ctx, LeaseRequest{Key: "ob:{c}:conc"}, nil, nil) // refused before sending
 	expect(want{op: OpAcquire, err: ErrNotExecuted})
 	held.Extend(ctx)
 	expect(want{op: OpExtend, live: true})
@@ -70,7 +70,7 @@ func TestObserver(t *testing.T) {
 	l.Lease(slot).Release(ctx) // released already
 	expect(want{op: OpRelease})
 	refused.Release(ctx) // sends nothing
-	expect(want{op: OpRelease, part: PartSlot})
+	expect(want{op: OpRelease, part: PartConcurrency})
 
 	mu.Lock()
 	defer mu.Unlock()

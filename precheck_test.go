@@ -74,15 +74,15 @@ func TestIntegrationPrecheckFailureNotExecuted(t *testing.T) {
 			if l == shipped {
 				name = "other"
 			}
-			_, err := l.Acquire(ctx, Slot{Key: p + "{f}c", Spec: conc, Name: name}, nil, nil)
+			_, err := l.Acquire(ctx, LeaseRequest{Key: p + "{f}c", Spec: conc, Name: name}, nil, nil)
 			return err
 		}},
 		{"lease-acl-extend", []string{"{g}c"}, func(l *Limiter) error {
 			if l == shipped {
-				_, err := l.Acquire(ctx, Slot{Key: p + "{g}c", Spec: conc, Name: "mine"}, nil, nil)
+				_, err := l.Acquire(ctx, LeaseRequest{Key: p + "{g}c", Spec: conc, Name: "mine"}, nil, nil)
 				return err
 			}
-			_, err := l.Lease(Slot{Key: p + "{g}c", Spec: conc, Name: "mine"}).Extend(ctx)
+			_, err := l.Lease(LeaseRequest{Key: p + "{g}c", Spec: conc, Name: "mine"}).Extend(ctx)
 			return err
 		}},
 	} {

@@ -373,7 +373,7 @@ type Report struct {
 	Err error
 	// Lease is the Acquire's outcome for Admitted and Refused when the
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
-	// part that refused (admit.PartSlot when every slot was taken), and
+	// part that refused (admit.PartConcurrency when every slot was taken), and
 	// Lease.Holders the calls of the key in flight. For a slot refusal,
 	// Decision carries the slot's RetryAfter with Denied 0: read Lease.
 	Lease *admit.Lease
@@ -676,7 +676,7 @@ func (ic *Interceptors) reportLease(call *Call, rule Rule, o Outcome, d admit.De
 // refusal is the ResourceExhausted status of a refused decision: by the
 // slot when x says so, by a bucket otherwise.
 func refusal(rule Rule, d admit.Decision, x *admit.Lease, degraded bool) error {
-	if x != nil && x.Denied == admit.PartSlot && rule.Concurrent != nil {
+	if x != nil && x.Denied == admit.PartConcurrency && rule.Concurrent != nil {
 		return slotRefusal(rule.Concurrent, x)
 	}
 	b := rule.First

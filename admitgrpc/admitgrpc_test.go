@@ -636,7 +636,7 @@ func TestConcurrentInFlight(t *testing.T) {
 	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return admitgrpc.Rule{Concurrent: conc} },
 		admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
 		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
-			if r.Outcome == admitgrpc.Refused && r.Lease != nil && r.Lease.Denied == admit.PartSlot && r.Lease.Holders == n {
+			if r.Outcome == admitgrpc.Refused && r.Lease != nil && r.Lease.Denied == admit.PartConcurrency && r.Lease.Holders == n {
 				refusedBySlot.Add(1)
 			}
 		}))
@@ -1102,7 +1102,7 @@ func TestConcurrentLostAcquireReleased(t *testing.T) {
 	lim := admit.New(c)
 	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(2, time.Minute)}
 	// Load the script through the proxy, so that the next EVALSHA runs.
-	x, err := lim.Acquire(context.Background(), admit.Slot{Key: conc.Key, Spec: conc.Spec}, nil, nil)
+	x, err := lim.Acquire(context.Background(), admit.LeaseRequest{Key: conc.Key, Spec: conc.Spec}, nil, nil)
 	if err != nil || !x.Granted() {
 		t.Fatalf("warm-up Acquire: %v %v", x, err)
 	}
@@ -1183,7 +1183,7 @@ func TestConcurrentHostileMetadata(t *testing.T) {
 		}
 		var x *admit.Lease
 		if key != "" && len(key) <= admit.MaxKeyLen && !strings.HasPrefix(key, admitgrpc.ShadowPrefix) {
-			x, err = lim.Acquire(context.Background(), admit.Slot{Key: key, Spec: one}, nil, nil)
+			x, err = lim.Acquire(context.Background(), admit.LeaseRequest{Key: key, Spec: one}, nil, nil)
 			if err != nil || !x.Granted() {
 				t.Fatalf("%s: Acquire %v %v", name, x, err)
 			}
@@ -1260,7 +1260,7 @@ func TestIntegrationConcurrentInFlight(t *testing.T) {
 			switch {
 			case r.Outcome == admitgrpc.Admitted:
 				admitted.Add(1)
-			case r.Outcome == admitgrpc.Refused && r.Lease != nil && r.Lease.Denied == admit.PartSlot:
+			case r.Outcome == admitgrpc.Refused && r.Lease != nil && r.Lease.Denied == admit.PartConcurrency:
 				refusedBySlot.Add(1)
 			}
 		}))

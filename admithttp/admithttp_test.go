@@ -984,7 +984,7 @@ func TestConcurrentSlotRefusalTakesNothing(t *testing.T) {
 		before[k] = hashOf(t, c, k)
 	}
 	// Another holder takes the one slot.
-	x, err := admit.New(c).Acquire(ctx, admit.Slot{Key: rule.Concurrent.Key, Spec: one}, nil, nil)
+	x, err := admit.New(c).Acquire(ctx, admit.LeaseRequest{Key: rule.Concurrent.Key, Spec: one}, nil, nil)
 	if err != nil || !x.Granted() {
 		t.Fatalf("Acquire: %v %v", x, err)
 	}
@@ -1007,7 +1007,7 @@ func TestConcurrentSlotRefusalTakesNothing(t *testing.T) {
 			t.Errorf("%s: %v after the slot's refusal, was %v", k, got, before[k])
 		}
 	}
-	if len(events) != 1 || events[0].Outcome != admithttp.Refused || events[0].Lease == nil || events[0].Lease.Denied != admit.PartSlot {
+	if len(events) != 1 || events[0].Outcome != admithttp.Refused || events[0].Lease == nil || events[0].Lease.Denied != admit.PartConcurrency {
 		t.Errorf("events %+v; want one Refused whose Lease names the slot", events)
 	}
 	if _, err := x.Release(ctx); err != nil {
@@ -1280,7 +1280,7 @@ func TestConcurrentHostileKeys(t *testing.T) {
 				}
 				continue
 			}
-			x, err := lim.Acquire(context.Background(), admit.Slot{Key: keyOf(v), Spec: one}, nil, nil)
+			x, err := lim.Acquire(context.Background(), admit.LeaseRequest{Key: keyOf(v), Spec: one}, nil, nil)
 			if err != nil || !x.Granted() {
 				t.Fatalf("%s: Acquire %v %v", tc.name, x, err)
 			}

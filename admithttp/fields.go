@@ -155,7 +155,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, res edge.Result) {
 	ref := Refusal{Rule: rule, Decision: res.Decision, Lease: res.Lease}
 	switch res.Denied() {
-	case admit.PartSlot:
+	case admit.PartConcurrency:
 		ref.ViolatedConcurrent = rule.Concurrent
 	case admit.PartSecond:
 		ref.Violated = *rule.Second
@@ -216,7 +216,7 @@ func setFields(h http.Header, rule Rule, res edge.Result) {
 		writeString(&limit, c.Policy)
 		writeParam(&limit, remainingParam, int64(r))
 		switch {
-		case res.Lease.Denied == admit.PartSlot:
+		case res.Lease.Denied == admit.PartConcurrency:
 			writeParam(&limit, resetParam, ceilSeconds(res.Lease.RetryAfter))
 		case r < n:
 			writeParam(&limit, resetParam, ceilSeconds(c.Spec.Lease()))

@@ -73,7 +73,7 @@ type Event struct {
 	Decision admit.Decision
 	// Lease is the Acquire's outcome for Admitted and Refused when the
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
-	// part that refused (admit.PartSlot when every slot was taken), and
+	// part that refused (admit.PartConcurrency when every slot was taken), and
 	// Lease.Holders the requests of the key in flight.
 	Lease *admit.Lease
 	// Shadow is the shadow rule's Name for ShadowWouldRefuse; empty

@@ -76,7 +76,7 @@ func checkLeaseLimit(ctx context.Context, e *env) error {
 		want   int
 		denied admit.Part
 	}{
-		{"a lease alone", nil, 5, admit.PartSlot},
+		{"a lease alone", nil, 5, admit.PartConcurrency},
 		{"with a bucket of burst 3", &admit.Request{Key: p + "bucket", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}, 3, admit.PartFirst},
 	} {
 		key := p + "conc:" + strconv.Itoa(tc.want)
@@ -87,7 +87,7 @@ func checkLeaseLimit(ctx context.Context, e *env) error {
 		for g := range goroutines {
 			wg.Go(func() {
 				for i := range 4 {
-					x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: fmt.Sprintf("g%d-%d", g, i)}, tc.bucket, nil)
+					x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: fmt.Sprintf("g%d-%d", g, i)}, tc.bucket, nil)
 					mu.Lock()
 					if err != nil && firstErr == nil {
 						firstErr = err
@@ -142,7 +142,7 @@ func checkLeaseDeadHolder(ctx context.Context, e *env) error {
 	const lease = 400 * time.Millisecond
 	spec := admit.MustConcurrency(3, lease)
 	for i := range 3 {
-		x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "dead-" + strconv.Itoa(i)}, nil, nil)
+		x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "dead-" + strconv.Itoa(i)}, nil, nil)
 		if err != nil || !x.Granted() {
 			return fmt.Errorf("holder %d: %v, %v; want granted", i, x, err)
 		}
@@ -170,7 +170,7 @@ func checkLeaseDeadHolder(ctx context.Context, e *env) error {
 		if err != nil {
 			return err
 		}
-		x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "next"}, nil, nil)
+		x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "next"}, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -199,7 +199,7 @@ func checkLeaseDeadHolder(ctx context.Context, e *env) error {
 		if t0 > oldest {
 			return fmt.Errorf("refused at server time %d, after the oldest dead lease ended at %d: %v", t0, oldest, x)
 		}
-		if x.Denied != admit.PartSlot || x.RetryAfter.Microseconds() < oldest-t1 || x.RetryAfter.Microseconds() > oldest-t0 {
+		if x.Denied != admit.PartConcurrency || x.RetryAfter.Microseconds() < oldest-t1 || x.RetryAfter.Microseconds() > oldest-t0 {
 			return fmt.Errorf("refused with %v; want the slot, retry after %d..%dµs, the time until the oldest lease ends", x, oldest-t1, oldest-t0)
 		}
 		time.Sleep(min(x.RetryAfter, 20*time.Millisecond))
@@ -218,7 +218,7 @@ func checkLeaseDeadHolder(ctx context.Context, e *env) error {
 	time.Sleep(time.Duration(latest-now)*time.Microsecond + 5*time.Millisecond)
 	granted := 0
 	for i := range 3 {
-		x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "after-" + strconv.Itoa(i)}, nil, nil)
+		x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "after-" + strconv.Itoa(i)}, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -250,7 +250,7 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 		}
 		e.admin.Do(ctx, e.admin.B().Del().Key(key).Build())
 		if holder {
-			if x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "holder"}, nil, nil); err != nil || !x.Granted() {
+			if x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "holder"}, nil, nil); err != nil || !x.Granted() {
 				errs = append(errs, fmt.Errorf("%s: the holder: %v, %v", name, x, err))
 				return
 			}
@@ -260,7 +260,7 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 			errs = append(errs, err)
 			return
 		}
-		x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
+		x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
 		if err != nil || x.Granted() || x.Denied != want {
 			errs = append(errs, fmt.Errorf("%s: %v, %v; want refused by the %v", name, x, err, want))
 		}
@@ -270,7 +270,7 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 	}
 	if e.cluster {
 		// Keys in two slots are refused before anything is sent.
-		other := admit.Slot{Key: e.base + "{lease-all-elsewhere}:conc", Spec: spec, Name: "x"}
+		other := admit.LeaseRequest{Key: e.base + "{lease-all-elsewhere}:conc", Spec: spec, Name: "x"}
 		s1, err1 := e.slotOf(ctx, other.Key)
 		s2, err2 := e.slotOf(ctx, b1.Key)
 		if err := errors.Join(err1, err2); err != nil {
@@ -283,7 +283,7 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 			}
 		}
 	}
-	refused("the slot taken", map[string]seedAt{b1.Key: {5, 0}, b2.Key: {5, 0}}, true, admit.PartSlot)
+	refused("the slot taken", map[string]seedAt{b1.Key: {5, 0}, b2.Key: {5, 0}}, true, admit.PartConcurrency)
 	refused("bucket 1 short", map[string]seedAt{b1.Key: {1, 0}, b2.Key: {5, 0}}, false, admit.PartFirst)
 	refused("bucket 2 short", map[string]seedAt{b1.Key: {5, 0}, b2.Key: {2, 0}}, false, admit.PartSecond)
 
@@ -292,11 +292,11 @@ func checkLeaseAllOrNothing(ctx context.Context, e *env) error {
 		return err
 	}
 	e.admin.Do(ctx, e.admin.B().Del().Key(key).Build())
-	x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
+	x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
 	if err != nil || !x.Granted() || x.Remaining != [2]int{3, 2} || x.Holders != 1 {
 		errs = append(errs, fmt.Errorf("nothing short: %v %v, %v; want granted, Remaining [3 2], 1 holder", x, x.Remaining, err))
 	}
-	again, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
+	again, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "x"}, &b1, &b2)
 	if err != nil || !again.Replayed() || again.Remaining != [2]int{-1, -1} {
 		errs = append(errs, fmt.Errorf("the same name again: %v, %v; want the lease replayed, no bucket evaluated", again, err))
 	}
@@ -341,15 +341,15 @@ func checkLeaseRefusalWritesNothing(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "new"}, &b, nil)
-	if err != nil || x.Denied != admit.PartSlot || x.Holders != 2 {
-		errs = append(errs, fmt.Errorf("acquire on a full key: %v, %v; want refused by the slot, 2 holders", x, err))
+	x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "new"}, &b, nil)
+	if err != nil || x.Denied != admit.PartConcurrency || x.Holders != 2 {
+		errs = append(errs, fmt.Errorf("acquire on a full key: %v, %v; want refused by the concurrency limit, 2 holders", x, err))
 	}
-	if ok, err := e.l.Lease(admit.Slot{Key: key, Spec: spec, Name: "expired"}).Extend(ctx); ok || err != nil {
+	if ok, err := e.l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: "expired"}).Extend(ctx); ok || err != nil {
 		errs = append(errs, fmt.Errorf("extend of an expired lease: %v, %v; want false", ok, err))
 	}
 	for _, name := range []string{"unknown", "Live-1"} {
-		if held, err := e.l.Lease(admit.Slot{Key: key, Spec: spec, Name: name}).Release(ctx); held || err != nil {
+		if held, err := e.l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: name}).Release(ctx); held || err != nil {
 			errs = append(errs, fmt.Errorf("release of %q: %v, %v; want false", name, held, err))
 		}
 	}
@@ -375,7 +375,7 @@ func checkLeaseRefusalWritesNothing(ctx context.Context, e *env) error {
 		if err != nil {
 			return err
 		}
-		x, err := e.l.Acquire(ctx, admit.Slot{Key: p + "bad", Spec: spec}, &b, nil)
+		x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: p + "bad", Spec: spec}, &b, nil)
 		if !errors.Is(err, tc.reason) || !errors.Is(err, admit.ErrNotExecuted) || x.Granted() {
 			errs = append(errs, fmt.Errorf("%s: %v, %v; want %v, not executed", tc.name, x, err, tc.reason))
 		}
@@ -394,7 +394,7 @@ func checkLeaseReleaseIdempotent(ctx context.Context, e *env) error {
 	key := p + "conc"
 	spec := admit.MustConcurrency(1, time.Hour)
 	var errs []error
-	x, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "a"}, nil, nil)
+	x, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "a"}, nil, nil)
 	if err != nil || !x.Granted() {
 		return fmt.Errorf("acquire: %v, %v", x, err)
 	}
@@ -420,7 +420,7 @@ func checkLeaseReleaseIdempotent(ctx context.Context, e *env) error {
 		errs = append(errs, err)
 	}
 	// A shorter Concurrency does not shorten it.
-	if ok, err := e.l.Lease(admit.Slot{Key: key, Spec: admit.MustConcurrency(1, time.Second), Name: "a"}).Extend(ctx); !ok || err != nil {
+	if ok, err := e.l.Lease(admit.LeaseRequest{Key: key, Spec: admit.MustConcurrency(1, time.Second), Name: "a"}).Extend(ctx); !ok || err != nil {
 		errs = append(errs, fmt.Errorf("extend with a shorter lease: %v, %v", ok, err))
 	} else if st2, err := e.readLease(ctx, key); err != nil || st2.holders["a"] != st.holders["a"] || st2.expireAt != st.expireAt {
 		errs = append(errs, fmt.Errorf("extend with a shorter lease moved the lease: %v → %v (%v)", st, st2, err))
@@ -436,17 +436,17 @@ func checkLeaseReleaseIdempotent(ctx context.Context, e *env) error {
 	if n, err := e.admin.Do(ctx, e.admin.B().Exists().Key(key).Build()).AsInt64(); err != nil || n != 0 {
 		errs = append(errs, fmt.Errorf("the key outlived its last holder: EXISTS %d, %v", n, err))
 	}
-	y, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "a"}, nil, nil)
+	y, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "a"}, nil, nil)
 	if err != nil || !y.Granted() || y.Replayed() {
 		errs = append(errs, fmt.Errorf("acquire under the released name: %v, %v; want a new grant", y, err))
 	}
 	// An expired lease: released false, removed.
 	// A short lease after a long one: the key lives as long as the long one.
 	short := admit.MustConcurrency(2, 20*time.Millisecond)
-	if _, err := e.l.Acquire(ctx, admit.Slot{Key: p + "short", Spec: admit.MustConcurrency(2, time.Hour), Name: "keeps-the-key"}, nil, nil); err != nil {
+	if _, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: p + "short", Spec: admit.MustConcurrency(2, time.Hour), Name: "keeps-the-key"}, nil, nil); err != nil {
 		return err
 	}
-	z, err := e.l.Acquire(ctx, admit.Slot{Key: p + "short", Spec: short, Name: "z"}, nil, nil)
+	z, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: p + "short", Spec: short, Name: "z"}, nil, nil)
 	if err != nil || !z.Granted() {
 		return fmt.Errorf("acquire a short lease: %v, %v", z, err)
 	}
@@ -480,13 +480,13 @@ func checkLeaseRetrySafe(ctx context.Context, e *env) error {
 	spec := admit.MustConcurrency(2, time.Hour)
 	b := admit.Request{Key: p + "bucket", Spec: admit.MustSpec(admit.Every(time.Hour), 5), Cost: 2}
 	px.mode.Store(dropScriptReply)
-	lost, lerr := lp.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "job-7"}, &b, nil)
+	lost, lerr := lp.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "job-7"}, &b, nil)
 	px.dropHeld()
 	if !errors.Is(lerr, admit.ErrOutcomeUnknown) || lost.Granted() {
 		return fmt.Errorf("the acquire whose reply was dropped: %v, %v; want admit.ErrOutcomeUnknown", lost, lerr)
 	}
 	var errs []error
-	retry, err := e.l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "job-7"}, &b, nil)
+	retry, err := e.l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "job-7"}, &b, nil)
 	if err != nil || !retry.Granted() || !retry.Replayed() || retry.Holders != 1 {
 		errs = append(errs, fmt.Errorf("the retry under the same name: %v, %v; want the lost call's lease, replayed, 1 holder", retry, err))
 	}
@@ -496,7 +496,7 @@ func checkLeaseRetrySafe(ctx context.Context, e *env) error {
 	if st, err := e.readLease(ctx, key); err != nil || len(st.holders) != 1 {
 		errs = append(errs, fmt.Errorf("the lease key holds %v (%v), want one holder", st.holders, err))
 	}
-	if held, err := e.l.Lease(admit.Slot{Key: key, Spec: spec, Name: "job-7"}).Release(ctx); !held || err != nil {
+	if held, err := e.l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: "job-7"}).Release(ctx); !held || err != nil {
 		errs = append(errs, fmt.Errorf("release by name on the client under test: %v, %v; want true", held, err))
 	}
 	return errors.Join(errs...)
@@ -526,7 +526,7 @@ func checkLeaseLeastPrivilege(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "a"}, &b, nil)
+	x, err := l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "a"}, &b, nil)
 	if err != nil || !x.Granted() {
 		errs = append(errs, fmt.Errorf("acquire as the least-privilege user: %v, %v; want granted", x, err))
 	}
@@ -563,12 +563,12 @@ func checkLeaseLeastPrivilege(ctx context.Context, e *env) error {
 			done()
 			return err
 		}
-		x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "b"}, &b, nil)
+		x, err := l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "b"}, &b, nil)
 		if !errors.Is(err, admit.ErrNotExecuted) || errors.Is(err, admit.ErrOutcomeUnknown) || x.Granted() || !strings.Contains(fmt.Sprint(err), "NOPERM") {
 			errs = append(errs, fmt.Errorf("acquire without %s: %v, %v; want NOPERM, not executed", missing, x, err))
 		}
 		if missing != "+zremrangebyscore" {
-			ok, err := l.Lease(admit.Slot{Key: key, Spec: spec, Name: "live"}).Extend(ctx)
+			ok, err := l.Lease(admit.LeaseRequest{Key: key, Spec: spec, Name: "live"}).Extend(ctx)
 			if !errors.Is(err, admit.ErrNotExecuted) || ok {
 				errs = append(errs, fmt.Errorf("extend without %s: %v, %v; want NOPERM, not executed", missing, ok, err))
 			}

@@ -176,11 +176,11 @@ func checkACLPrecheckPaths(ctx context.Context, e *env) error {
 			return err
 		}
 	}
-	x, err := l.Acquire(ctx, admit.Slot{Key: alone, Spec: spec, Name: "a"}, nil, nil)
+	x, err := l.Acquire(ctx, admit.LeaseRequest{Key: alone, Spec: spec, Name: "a"}, nil, nil)
 	if err != nil || !x.Granted() {
 		errs = append(errs, fmt.Errorf("Acquire alone (checks ZADD, PEXPIREAT) as the least-privilege user: %v, %v; want granted", x, err))
 	}
-	y, err := l.Acquire(ctx, admit.Slot{Key: with, Spec: spec, Name: "b"}, &one, nil)
+	y, err := l.Acquire(ctx, admit.LeaseRequest{Key: with, Spec: spec, Name: "b"}, &one, nil)
 	if err != nil || !y.Granted() {
 		errs = append(errs, fmt.Errorf("Acquire with a bucket (checks PEXPIREAT, ZADD, ZREMRANGEBYSCORE, PEXPIREAT) as the least-privilege user: %v, %v; want granted", y, err))
 	} else if ok, err := y.Extend(ctx); !ok || err != nil {

@@ -139,7 +139,7 @@ func TestBudgetAllocations(t *testing.T) {
 	p := testserver.Prefix(t, testserver.NewClient(t, srv))
 	first, second := admit.Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, admit.Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
 	shut := admit.Request{Key: p + "shut", Spec: tight} // drained by the warm-up's first call
-	slot := admit.Slot{Key: p + "conc", Spec: admit.MustConcurrency(1, time.Hour), Name: "job-1"}
+	slot := admit.LeaseRequest{Key: p + "conc", Spec: admit.MustConcurrency(1, time.Hour), Name: "job-1"}
 	for _, tc := range []struct {
 		name string
 		max  float64
@@ -202,7 +202,7 @@ func TestBudgetAllocations(t *testing.T) {
 }
 
 // acquireRelease takes slot's one lease with first's Cost, and releases it.
-func acquireRelease(ctx context.Context, l *admit.Limiter, slot admit.Slot, first *admit.Request) error {
+func acquireRelease(ctx context.Context, l *admit.Limiter, slot admit.LeaseRequest, first *admit.Request) error {
 	x, err := l.Acquire(ctx, slot, first, nil)
 	if err != nil {
 		return err

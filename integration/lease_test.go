@@ -58,9 +58,9 @@ func TestIntegrationLeaseKill9(t *testing.T) {
 		}
 		t.Logf("holder %d (pid %d): %s", i, cmd.Process.Pid, strings.TrimSpace(seen.String()[strings.Index(seen.String(), "HOLDING"):]))
 	}
-	x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "late"}, nil, nil)
-	if err != nil || x.Granted() || x.Denied != admit.PartSlot {
-		t.Fatalf("with %d holders alive: %v, %v; want refused by the slot", holders, x, err)
+	x, err := l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "late"}, nil, nil)
+	if err != nil || x.Granted() || x.Denied != admit.PartConcurrency {
+		t.Fatalf("with %d holders alive: %v, %v; want refused by the concurrency limit", holders, x, err)
 	}
 	t.Logf("with %d holders alive: %v", holders, x)
 	for _, p := range procs {
@@ -88,7 +88,7 @@ func TestIntegrationLeaseKill9(t *testing.T) {
 			t.Fatal(err)
 		}
 		serverNow := float64(now[0]*1_000_000 + now[1])
-		x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "late"}, nil, nil)
+		x, err := l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "late"}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestIntegrationLeaseKill9(t *testing.T) {
 	time.Sleep(time.Until(killed.Add(lease + 100*time.Millisecond)))
 	got := 0
 	for i := range holders {
-		x, err := l.Acquire(ctx, admit.Slot{Key: key, Spec: spec, Name: "after-" + strconv.Itoa(i)}, nil, nil)
+		x, err := l.Acquire(ctx, admit.LeaseRequest{Key: key, Spec: spec, Name: "after-" + strconv.Itoa(i)}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestIntegrationLeaseHolderProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := admit.New(c).Acquire(context.Background(), admit.Slot{Key: parts[1], Spec: admit.MustConcurrency(4, 3*time.Second), Name: parts[2]}, nil, nil)
+	x, err := admit.New(c).Acquire(context.Background(), admit.LeaseRequest{Key: parts[1], Spec: admit.MustConcurrency(4, 3*time.Second), Name: parts[2]}, nil, nil)
 	if err != nil || !x.Granted() {
 		t.Fatalf("%v %v", x, err)
 	}

@@ -263,7 +263,7 @@ func checkName(what, s string, required bool) error {
 
 // An Acquirer decides concurrency limits: *admit.Limiter.
 type Acquirer interface {
-	Acquire(ctx context.Context, slot admit.Slot, first, second *admit.Request) (*admit.Lease, error)
+	Acquire(ctx context.Context, slot admit.LeaseRequest, first, second *admit.Request) (*admit.Lease, error)
 }
 
 // A Result is one decided Rule: the Decision, whose Remaining is what each
@@ -313,11 +313,11 @@ func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, tim
 	if rule.HasBuckets() {
 		fp = &first
 	}
-	x, err := acq.Acquire(ctx, admit.Slot{Key: c.Key, Spec: c.Spec}, fp, second)
+	x, err := acq.Acquire(ctx, admit.LeaseRequest{Key: c.Key, Spec: c.Spec}, fp, second)
 	switch {
 	case err != nil:
 		return Result{Lease: x}, err
-	case x.Denied == admit.PartSlot:
+	case x.Denied == admit.PartConcurrency:
 		return Result{Decision: admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}, Lease: x}, nil
 	}
 	return Result{Decision: x.Decision(), Lease: x}, nil

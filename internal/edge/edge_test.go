@@ -131,7 +131,7 @@ func TestDecide(t *testing.T) {
 		t.Fatalf("first slot: %+v, %v; want granted, 1 left", held, err)
 	}
 	refused, err := edge.Decide(ctx, lim, lim, rule, 0)
-	if err != nil || refused.Allowed() || refused.Denied() != admit.PartSlot ||
+	if err != nil || refused.Allowed() || refused.Denied() != admit.PartConcurrency ||
 		refused.Decision.RetryAfter != time.Minute || refused.Decision.Remaining != [2]int{-1, -1} {
 		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after 1m, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
 	}

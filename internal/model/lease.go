@@ -43,10 +43,10 @@ type LeaseSet struct {
 	ExpireAt int64
 }
 
-// A Slot is an Acquire's concurrency part: the lease key, its Spec, and
+// A LeaseRequest is an Acquire's concurrency part: the lease key, its Spec, and
 // the holder's name (as admit sends it: a name the caller gave, or the
 // random one admit drew).
-type Slot struct {
+type LeaseRequest struct {
 	Key  string
 	Spec admit.Concurrency
 	Name string
@@ -56,7 +56,7 @@ type Slot struct {
 type LeaseOutcome struct {
 	Granted  bool
 	Replayed bool
-	// Denied names the part that refused: admit.PartSlot or the bucket
+	// Denied names the part that refused: admit.PartConcurrency or the bucket
 	// (admit.PartFirst, admit.PartSecond); 0 when granted.
 	Denied     admit.Part
 	RetryAfter time.Duration
@@ -140,9 +140,9 @@ func (s *LeaseServer) Live(key string) int {
 	return n
 }
 
-// ValidateSlot returns the refusal admit gives an Acquire before sending
+// ValidateLease returns the refusal admit gives an Acquire before sending
 // anything (admit.ErrInvalidRequest), or nil.
-func ValidateSlot(slot Slot, first, second *admit.Request) error {
+func ValidateLease(slot LeaseRequest, first, second *admit.Request) error {
 	switch {
 	case slot.Key == "":
 		return fmt.Errorf("%w: the slot has an empty Key", admit.ErrInvalidRequest)
@@ -180,8 +180,8 @@ func (s *LeaseServer) wrongTypeLease(key string) error {
 
 // Acquire is admit's Limiter.Acquire, with slot.Name the name admit sends.
 // first and second may be nil (a lease alone), or first alone.
-func (s *LeaseServer) Acquire(slot Slot, first, second *admit.Request) (LeaseOutcome, error) {
-	if err := ValidateSlot(slot, first, second); err != nil {
+func (s *LeaseServer) Acquire(slot LeaseRequest, first, second *admit.Request) (LeaseOutcome, error) {
+	if err := ValidateLease(slot, first, second); err != nil {
 		return LeaseOutcome{}, err
 	}
 	s.Server.expire()
@@ -217,7 +217,7 @@ func (s *LeaseServer) Acquire(slot Slot, first, second *admit.Request) (LeaseOut
 				oldest = at
 			}
 		}
-		o.Denied, o.RetryAfter = admit.PartSlot, micros(oldest-s.Now)
+		o.Denied, o.RetryAfter = admit.PartConcurrency, micros(oldest-s.Now)
 		return o, nil
 	}
 	if first != nil {

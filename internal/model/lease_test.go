@@ -16,7 +16,7 @@ func TestLeaseSteps(t *testing.T) {
 	for _, expiry := range []Expiry{Absolute, Countdown} {
 		s := NewLeaseServer(epoch, expiry)
 		spec := admit.MustConcurrency(2, 10*time.Second)
-		slot := func(name string) Slot { return Slot{Key: "c", Spec: spec, Name: name} }
+		slot := func(name string) LeaseRequest { return LeaseRequest{Key: "c", Spec: spec, Name: name} }
 		acq := func(step, name string) LeaseOutcome {
 			t.Helper()
 			o, err := s.Acquire(slot(name), nil, nil)
@@ -33,8 +33,8 @@ func TestLeaseSteps(t *testing.T) {
 			t.Errorf("step b: %v", o)
 		}
 		// Full: the wait is until a's lease expires, 7 s on.
-		if o := acq("c refused", "c"); o.Granted || o.Denied != admit.PartSlot || o.RetryAfter != 7*time.Second || o.Holders != 2 {
-			t.Errorf("step c: %v, want refused by slot, retry after 7s", o)
+		if o := acq("c refused", "c"); o.Granted || o.Denied != admit.PartConcurrency || o.RetryAfter != 7*time.Second || o.Holders != 2 {
+			t.Errorf("step c: %v, want refused by concurrency, retry after 7s", o)
 		}
 		// A retry of a under its name: the same lease, nothing taken.
 		if o := acq("a again", "a"); !o.Granted || !o.Replayed || o.Left != 7*time.Second || o.Holders != 2 {
@@ -88,15 +88,15 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	spec := admit.MustConcurrency(1, time.Minute)
 	b1 := admit.Request{Key: "b1", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
 	b2 := admit.Request{Key: "b2", Spec: admit.MustSpec(admit.Every(time.Hour), 1)}
-	o, err := s.Acquire(Slot{"c", spec, "x"}, &b1, &b2)
+	o, err := s.Acquire(LeaseRequest{"c", spec, "x"}, &b1, &b2)
 	if err != nil || !o.Granted || o.Remaining != [2]int{2, 0} {
 		t.Fatalf("first: %v %v", o, err)
 	}
-	if o, _ := s.Acquire(Slot{"c", spec, "x"}, &b1, &b2); !o.Replayed || o.Remaining != [2]int{-1, -1} || s.Buckets["b1"].Tokens != 2 {
+	if o, _ := s.Acquire(LeaseRequest{"c", spec, "x"}, &b1, &b2); !o.Replayed || o.Remaining != [2]int{-1, -1} || s.Buckets["b1"].Tokens != 2 {
 		t.Errorf("replay: %v, b1 %d", o, s.Buckets["b1"].Tokens)
 	}
 	before := s.Clone()
-	if o, _ := s.Acquire(Slot{"c", spec, "y"}, &b1, &b2); o.Denied != admit.PartSlot {
+	if o, _ := s.Acquire(LeaseRequest{"c", spec, "y"}, &b1, &b2); o.Denied != admit.PartConcurrency {
 		t.Errorf("full: %v", o)
 	}
 	if len(s.Sets["c"].Holders) != len(before.Sets["c"].Holders) || s.Buckets["b1"] != before.Buckets["b1"] || s.Buckets["b2"] != before.Buckets["b2"] {
@@ -106,17 +106,17 @@ func TestLeaseAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = s.Clone()
-	o, _ = s.Acquire(Slot{"c", spec, "y"}, &b1, &b2)
+	o, _ = s.Acquire(LeaseRequest{"c", spec, "y"}, &b1, &b2)
 	if o.Denied != admit.PartSecond || o.Remaining != [2]int{2, 0} {
 		t.Errorf("bucket 2 empty: %v", o)
 	}
 	if s.Buckets["b1"] != before.Buckets["b1"] || len(s.Sets) != len(before.Sets) {
 		t.Errorf("a refusal by bucket 2 took something: b1 %v → %v", before.Buckets["b1"], s.Buckets["b1"])
 	}
-	if _, err := s.Acquire(Slot{"b1", spec, "y"}, &b1, nil); !errors.Is(err, admit.ErrInvalidRequest) {
+	if _, err := s.Acquire(LeaseRequest{"b1", spec, "y"}, &b1, nil); !errors.Is(err, admit.ErrInvalidRequest) {
 		t.Errorf("slot key = bucket key: %v", err)
 	}
-	if _, err := s.Acquire(Slot{"b1", spec, "y"}, nil, nil); !errors.Is(err, admit.ErrWrongType) {
+	if _, err := s.Acquire(LeaseRequest{"b1", spec, "y"}, nil, nil); !errors.Is(err, admit.ErrWrongType) {
 		t.Errorf("slot on a bucket's key: %v", err)
 	}
 }
@@ -134,7 +134,7 @@ func TestLeaseModelNeverOverLimit(t *testing.T) {
 			name := strconv.Itoa(rng.IntN(8))
 			switch rng.IntN(6) {
 			case 0, 1:
-				o, err := s.Acquire(Slot{"c", spec, name}, nil, nil)
+				o, err := s.Acquire(LeaseRequest{"c", spec, name}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
