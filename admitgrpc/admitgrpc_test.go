@@ -357,9 +357,9 @@ func TestClientGone(t *testing.T) {
 	}
 }
 
-// TestNoLimitOnlyByChoice: NoLimit runs the handler undecided; the zero
-// Rule and a Rule with an empty key are refused, and a Rule the server got
-// wrong is Internal.
+// TestNoLimitOnlyByChoice: NoLimit, the zero Rule, runs the handler
+// undecided (as admithttp's zero Rule does); a Rule with an empty key is
+// refused, and a Rule the server got wrong is Internal.
 func TestNoLimitOnlyByChoice(t *testing.T) {
 	rules := map[string]admitgrpc.Rule{
 		"nolimit":  admitgrpc.NoLimit,
@@ -379,7 +379,7 @@ func TestNoLimitOnlyByChoice(t *testing.T) {
 	}
 	c := serve(t, ic)
 	want := map[string]codes.Code{
-		"nolimit": codes.OK, "zero": codes.InvalidArgument, "emptykey": codes.InvalidArgument, "samekey": codes.InvalidArgument,
+		"nolimit": codes.OK, "zero": codes.OK, "emptykey": codes.InvalidArgument, "samekey": codes.InvalidArgument,
 		"shadowns": codes.InvalidArgument, "zerospec": codes.Internal, "cost": codes.Internal, "policy": codes.Internal,
 	}
 	for name, code := range want {
@@ -619,7 +619,8 @@ var concSpec = admit.MustConcurrency(3, time.Minute)
 
 // TestConcurrentInFlight: 50 concurrent calls on a limit of 3. While the
 // first 3 hold their slots, the 47 others are refused with a RetryInfo of
-// the lease (the frozen clock's oldest lease expires a minute from now)
+// the default hint, 1 s (the frozen clock's oldest lease expires a minute
+// from now)
 // and a QuotaFailure naming the part; the outcome hook reports them
 // refused by the slot. Then 50 callers retry until each is served once
 // (at most 400 attempts each): never more than 3 handlers in flight,
@@ -688,8 +689,8 @@ func TestConcurrentInFlight(t *testing.T) {
 	for _, err := range refusals {
 		code, delay, vs := slotInfo(t, err)
 		want := []string{"in-flight: 3 calls in flight, limit 3"}
-		if code != codes.ResourceExhausted || delay != time.Minute || fmt.Sprint(vs) != fmt.Sprint(want) {
-			t.Fatalf("refusal %v: code %v, RetryInfo %v, violations %q; want ResourceExhausted, 1m0s, %q", err, code, delay, vs, want)
+		if code != codes.ResourceExhausted || delay != time.Second || fmt.Sprint(vs) != fmt.Sprint(want) {
+			t.Fatalf("refusal %v: code %v, RetryInfo %v, violations %q; want ResourceExhausted, 1s (the default hint, under the lease's 1m0s), %q", err, code, delay, vs, want)
 		}
 	}
 	if got := refusedBySlot.Load(); got != callers-n {
@@ -1015,14 +1016,15 @@ func TestConcurrentReleaseError(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `releasing the slot of "c:{o}"`) {
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `releasing the lease of "c:{o}"`) {
 		t.Fatalf("error hook got %v, want one release error", errs)
 	}
 }
 
-// TestConcurrentDegrade: while degraded, a concurrency-only Rule is served
-// (the part is not enforced), and a Rule with a bucket is decided on the
-// Degraded's bucket alone.
+// TestConcurrentDegrade: while degraded, a Rule with a concurrency part,
+// with a bucket or without, is refused with Unavailable and a RetryInfo of
+// 1 s, its handler never run (a Degraded holds no leases); a Rule without
+// one is still decided on the Degraded's bucket.
 func TestConcurrentDegrade(t *testing.T) {
 	srv, c := minitest.Start(t)
 	srv.Close() // every decision fails: not executed
@@ -1032,14 +1034,11 @@ func TestConcurrentDegrade(t *testing.T) {
 	}
 	bucket := admitgrpc.Bucket{Policy: "tpm", Key: "tpm:{o}", Spec: admit.MustSpec(admit.Every(time.Hour), 4)}
 	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(1, time.Minute)}
-	var withBucket atomic.Bool
+	var rule atomic.Value
 	var outcomes sync.Map
-	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
-		if withBucket.Load() {
-			return admitgrpc.Rule{First: bucket, Concurrent: conc}
-		}
-		return admitgrpc.Rule{Concurrent: conc}
-	}, admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(deg), OutcomeUnknown: admitgrpc.Degrade(deg)}, admitgrpc.WithTimeout(200*time.Millisecond),
+	var ran atomic.Int64
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return rule.Load().(admitgrpc.Rule) },
+		admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(deg), OutcomeUnknown: admitgrpc.Degrade(deg)}, admitgrpc.WithTimeout(200*time.Millisecond),
 		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
 			n, _ := outcomes.LoadOrStore(r.Outcome, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
@@ -1047,13 +1046,21 @@ func TestConcurrentDegrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := serveChecker(t, ic, func(context.Context) error { return nil }, nil, nil)
-	for range 3 {
-		if err := check(context.Background(), client); err != nil {
-			t.Fatalf("concurrency alone, degraded: %v, want served", err)
+	client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+	for _, r := range []admitgrpc.Rule{{Concurrent: conc}, {First: bucket, Concurrent: conc}} {
+		rule.Store(r)
+		for range 3 {
+			err := check(context.Background(), client)
+			st, _ := status.FromError(err)
+			if delay, _ := retryAndQuota(st); st.Code() != codes.Unavailable || delay != time.Second {
+				t.Fatalf("concurrency part (buckets %v), degraded: %v, RetryInfo %v; want Unavailable, 1s", r.HasBuckets(), err, delay)
+			}
 		}
 	}
-	withBucket.Store(true)
+	if ran.Load() != 0 {
+		t.Fatalf("%d handlers ran for a Rule with a concurrency part while degraded; want 0", ran.Load())
+	}
+	rule.Store(admitgrpc.Rule{First: bucket})
 	var ok, refused int
 	for range 4 {
 		switch err := check(context.Background(), client); status.Code(err) {
@@ -1078,9 +1085,9 @@ func TestConcurrentDegrade(t *testing.T) {
 		}
 		return n.(*atomic.Int64).Load()
 	}
-	if count(admitgrpc.OutageServed) != 3 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 {
-		t.Fatalf("outcomes: served %d, degraded-admitted %d, degraded-refused %d; want 3, 2, 2",
-			count(admitgrpc.OutageServed), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused))
+	if count(admitgrpc.OutageRefused) != 6 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 || count(admitgrpc.OutageServed) != 0 {
+		t.Fatalf("outcomes: outage-refused %d, degraded-admitted %d, degraded-refused %d, served %d; want 6, 2, 2, 0",
+			count(admitgrpc.OutageRefused), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused), count(admitgrpc.OutageServed))
 	}
 }
 

@@ -117,7 +117,9 @@ func ExampleConcurrent() {
 			org = admit.KeyPart(v[0])
 		}
 		return admitgrpc.Rule{
-			Concurrent: &admitgrpc.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight},
+			// RetryAfter: about how long a handler holds its place, the
+			// wait a refusal says (at most until the oldest lease expires).
+			Concurrent: &admitgrpc.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight, RetryAfter: 2 * time.Second},
 			First:      admitgrpc.Bucket{Policy: "per-minute", Key: "rpm:{org:" + org + "}", Spec: perMinute},
 		}
 	}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Unavailable(time.Second)})
@@ -172,8 +174,8 @@ func ExampleConcurrent() {
 	go func() { <-started }()
 	fmt.Println(call()) // a slot is free again
 	// Output:
-	// ResourceExhausted admit: concurrency limit "inflight" reached; retry after 30s
-	// retry in 30s
+	// ResourceExhausted admit: concurrency limit "inflight" reached; retry after 2s
+	// retry in 2s
 	// violated "inflight": 2 calls in flight, limit 2
 	// <nil> <nil>
 	// <nil>

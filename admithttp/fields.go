@@ -5,16 +5,15 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
-// The names of draft-ietf-httpapi-ratelimit-headers-11, in one place: the
-// fields, and the parameters of each. A revision that renames a parameter
-// is an edit here.
+// The names of draft-ietf-httpapi-ratelimit-headers-11: the fields, and
+// the parameters of each, which edge.Fields writes (a revision that
+// renames a parameter is an edit there, and here for the tests).
 const (
 	policyField = "RateLimit-Policy" // the quota policies of the Rule
 	limitField  = "RateLimit"        // the state of the buckets decided
@@ -25,7 +24,6 @@ const (
 	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
 	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
 
-	concurrentUnit = "concurrent-requests" // the qu of a concurrency part (Rule.Concurrent)
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
@@ -139,7 +137,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 			left = max(ref.Decision.Remaining[i], 0)
 		}
 		detail = "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
-			" of the " + strconv.Itoa(edge.Bucket(ref.Violated).Tokens()) + " this request needs; retry after " +
+			" of the " + strconv.Itoa(ref.Violated.Tokens()) + " this request needs; retry after " +
 			formatSeconds(ref.RetryAfter()) + " s"
 	}
 	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
@@ -192,103 +190,14 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // setFields sets RateLimit-Policy for every part of rule and RateLimit
-// for every part the decision evaluated: the concurrency part first, as
-// it is decided first, then the buckets.
+// for every part the decision evaluated (see [edge.Fields]).
 func setFields(h http.Header, rule Rule, res edge.Result) {
-	var policy, limit strings.Builder
-	sep := func(b *strings.Builder) {
-		if b.Len() > 0 {
-			b.WriteString(", ")
-		}
-	}
-	if c := rule.Concurrent; c != nil && res.Lease != nil {
-		n := c.Spec.Limit()
-		writeString(&policy, c.Policy)
-		writeParam(&policy, quotaParam, int64(n))
-		policy.WriteString(";" + unitParam + "=")
-		writeString(&policy, concurrentUnit)
-
-		// r is the slots left after the call; t the seconds until more
-		// are free: for a refusal, until the oldest lease expires (the
-		// Retry-After); else within one lease duration, when this
-		// request's own lease ends at the latest. No slot taken, no t.
-		r := max(n-res.Lease.Holders, 0)
-		writeString(&limit, c.Policy)
-		writeParam(&limit, remainingParam, int64(r))
-		switch {
-		case res.Lease.Denied == admit.PartConcurrency:
-			writeParam(&limit, resetParam, ceilSeconds(res.Lease.RetryAfter))
-		case r < n:
-			writeParam(&limit, resetParam, ceilSeconds(c.Spec.Lease()))
-		}
-	}
-	for i, b := range rule.edge().Buckets() {
-		sep(&policy)
-		burst := b.Spec.Burst()
-		writeString(&policy, b.Policy)
-		writeParam(&policy, quotaParam, int64(burst))
-		if b.Unit != "" {
-			policy.WriteString(";" + unitParam + "=")
-			writeString(&policy, b.Unit)
-		}
-		writeParam(&policy, windowParam, max(ceilSeconds(time.Duration(burst)*b.Spec.Interval()), 1))
-
-		r := res.Decision.Remaining[i]
-		if r < 0 {
-			continue // not evaluated: an earlier part refused
-		}
-		sep(&limit)
-		writeString(&limit, b.Policy)
-		writeParam(&limit, remainingParam, int64(r))
-		if t, ok := effectiveWindow(b, r, int(res.Decision.Denied) == i+1, res.Decision.RetryAfter); ok {
-			writeParam(&limit, resetParam, t)
-		}
-	}
-	h.Set(policyField, policy.String())
-	h.Set(limitField, limit.String())
-}
-
-// effectiveWindow is the draft's t for a bucket holding r tokens after the
-// decision: the seconds until it holds more than r, rounded up. For the
-// refusing bucket, that is its RetryAfter. For another, the next token
-// comes within one Interval, the bound the Decision allows; a full bucket
-// gains nothing more, and has no t (ok false).
-func effectiveWindow(b edge.Bucket, r int, refused bool, retryAfter time.Duration) (t int64, ok bool) {
-	switch {
-	case refused:
-		return ceilSeconds(retryAfter), true
-	case r >= b.Spec.Burst():
-		return 0, false
-	}
-	return ceilSeconds(b.Spec.Interval()), true
-}
-
-func writeParam(b *strings.Builder, name string, v int64) {
-	b.WriteByte(';')
-	b.WriteString(name)
-	b.WriteByte('=')
-	b.WriteString(strconv.FormatInt(v, 10))
-}
-
-// writeString writes s as a Structured Field String (RFC 9651, section
-// 4.1.6); s is printable ASCII (checkRule).
-func writeString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
+	policy, limit := edge.Fields(edge.Quotas(rule, res))
+	h.Set(policyField, policy)
+	h.Set(limitField, limit)
 }
 
 // ceilSeconds is d in whole seconds, rounded up: never short.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
+func ceilSeconds(d time.Duration) int64 { return edge.CeilSeconds(d) }
 
 func formatSeconds(n int64) string { return strconv.FormatInt(n, 10) }

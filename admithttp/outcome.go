@@ -6,7 +6,7 @@ import (
 	"strconv"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
 // An Outcome is what the middleware did with one request.

@@ -228,20 +228,20 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 	}
 }
 
-// TestParentDeadlineIsAnOutage: a deadline that a server above set on the
-// request's context is a time bound, not a client gone: the Outage handler
-// of the error's class answers.
-func TestParentDeadlineIsAnOutage(t *testing.T) {
+// TestParentDeadlineIsClientGone: a deadline that a server above set on
+// the request's context ends the request as a client that went away does
+// (edge.IsGone: one rule at both edges): 499, no Outage handler.
+func TestParentDeadlineIsClientGone(t *testing.T) {
 	_, mini := minitest.Start(t)
 	var log eventLog
 	h := mustNew(t, admit.New(stallingClient{mini}), lanes("t:"), refuseAll, admithttp.WithOutcome(log.record))(&recordingHandler{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	rec := sendCtx(ctx, h, "premium", "")
-	if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
-		t.Errorf("status %d, Retry-After %q; want 503 from Refuse", rec.Code, rec.Header().Get("Retry-After"))
+	if rec.Code != admithttp.StatusClientClosedRequest || rec.Header().Get("Retry-After") != "" {
+		t.Errorf("status %d, Retry-After %q; want 499 and no Outage handler", rec.Code, rec.Header().Get("Retry-After"))
 	}
-	if diff := cmp.Diff([]string{"outage-refused"}, log.take()); diff != "" {
+	if diff := cmp.Diff([]string{"client-gone"}, log.take()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }

@@ -1,8 +1,9 @@
 // Package edge is what the HTTP and gRPC edges (admithttp, admitgrpc)
-// share, with neither transport in it: the shape of a Rule, its checks,
-// the one all-or-nothing call that decides it, and the release of its
-// concurrency slot. Each edge keeps its exported types, documented in its
-// own words, and converts them to these to decide.
+// share, with neither transport in it: the Rule a request or call is
+// charged, its checks, the one all-or-nothing call that decides it, the
+// reading of that call's outcome, and the release of its concurrency
+// lease. admithttp and admitgrpc alias its types (admithttp.Rule is
+// edge.Rule), so that one Rule means the same at both edges.
 package edge
 
 import (
@@ -14,24 +15,37 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/deciderhook"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on. Enforced keys
-// must not start with it. Each edge exports the same value as its own
-// ShadowPrefix; their tests that an enforced key under it is refused hold
-// the two equal.
+// must not start with it.
 const ShadowPrefix = "admit-shadow:"
 
-// A Bucket is one token bucket of a Rule: Policy names it in refusals;
-// Key, Spec and Cost (0 meaning 1) make its [admit.Request]; Unit is what
-// it counts, for the HTTP header fields (empty for requests, and always on
-// the gRPC edge). admithttp.Bucket has the same fields, so that it
-// converts to a Bucket.
+// A Bucket is one token bucket a request (or call) is charged to, and the
+// name under which a refusal names it.
 type Bucket struct {
-	Policy, Key string
-	Spec        admit.Spec
-	Cost        int
-	Unit        string
+	// Policy names the bucket in refusals (HTTP's RateLimit fields and
+	// problem body, gRPC's QuotaFailure). It must be printable ASCII
+	// (0x20 to 0x7E), not empty, and differ from the Rule's other parts'.
+	Policy string
+	// Key is the bucket's key; it must not be empty, nor over
+	// admit.MaxKeyLen, nor start with [ShadowPrefix]. The keys of a Rule
+	// must share a hash tag on Valkey Cluster, as in "rl:{api}:standard"
+	// and "rl:{api}:shared". Build the part that comes from the client
+	// with [admit.KeyPart].
+	Key string
+	// Spec is the bucket's rate and burst; it must not be the zero Spec.
+	Spec admit.Spec
+	// Cost is the tokens the request takes; 0 means 1. A Cost above the
+	// Spec's burst could never be admitted: the Rule is refused as the
+	// server's error, so bound it before the edge.
+	Cost int
+	// Unit, when set, is what the bucket counts, printable ASCII: the
+	// HTTP draft's qu parameter ("requests" when empty,
+	// "content-bytes", or your own, such as "llm-tokens"). gRPC names it
+	// in the QuotaFailure's description.
+	Unit string
 }
 
 // Request returns the bucket as an [admit.Request].
@@ -40,24 +54,58 @@ func (b Bucket) Request() admit.Request {
 }
 
 // Tokens is what the bucket's request takes: its Cost, or 1 for a Cost
-// of 0 (Check refuses a negative one).
+// of 0.
 func (b Bucket) Tokens() int { return max(b.Cost, 1) }
 
-// A Concurrent is a concurrency limit: Policy names it in refusals, Key is
-// its lease key, Spec its limit and lease duration. Both edges' Concurrent
-// types have the same fields, so that they convert to one.
+// DefaultConcurrencyRetryAfter is the wait a concurrency refusal tells
+// the client when the Concurrent's RetryAfter is zero.
+const DefaultConcurrencyRetryAfter = time.Second
+
+// A Concurrent is a concurrency limit: a request holds one of its places
+// (an [admit.Lease]) from its admission until its handler returns or
+// panics, so that at most Spec.Limit() requests of its Key run at once.
 type Concurrent struct {
-	Policy, Key string
-	Spec        admit.Concurrency
+	// Policy names the limit in refusals. It must be printable ASCII
+	// (0x20 to 0x7E), not empty, and differ from the buckets' policies.
+	Policy string
+	// Key is the lease key (a sorted set of holders); it must not be
+	// empty, must differ from the buckets' keys, and must share their
+	// hash tag on Valkey Cluster, as in "conc:{org:7}" beside
+	// "tpm:{org:7}".
+	Key string
+	// Spec is the limit and the lease duration; it must not be the zero
+	// Concurrency. Give a lease longer than the slowest handler.
+	Spec admit.Concurrency
+	// RetryAfter is the wait a refusal by this limit tells the client:
+	// about how long a handler holds its place. Holders release at
+	// their end, long before their leases expire, so the refusal says
+	// the smaller of RetryAfter and the time until the key's oldest
+	// lease expires (after which a place is surely free). Zero means
+	// DefaultConcurrencyRetryAfter (one second); it must not be
+	// negative.
+	RetryAfter time.Duration
 }
 
-// A Rule is what one request is charged: a slot of Concurrent, if not nil,
-// then First, and only when First admits, Second, all or nothing.
+// A Rule is what one request is charged: a place of Concurrent, if not
+// nil, then First, and only when First admits, Second, all or nothing. A
+// nil Second is the one-bucket path; a Rule with a concurrency part may
+// have no bucket (First zero and Second nil). The zero Rule means no
+// limit: the handler runs undecided, at both edges.
 type Rule struct {
-	First      Bucket
-	Second     *Bucket
+	// First is checked first: the standard lane's own bucket, or the
+	// premium lane's shared one.
+	First Bucket
+	// Second, if not nil, is checked only when First admits: the shared
+	// bucket of the standard lane.
+	Second *Bucket
+	// Concurrent, if not nil, is a concurrency limit whose place the
+	// request holds while its handler runs; it is decided before the
+	// buckets, in the same script run.
 	Concurrent *Concurrent
 }
+
+// IsZero reports whether r is the zero Rule: no limit.
+func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil && r.Concurrent == nil }
 
 // HasBuckets reports whether r names a bucket: any Rule but one with a
 // concurrency part and neither First nor Second.
@@ -76,8 +124,9 @@ func (r Rule) Buckets() []Bucket {
 	return []Bucket{r.First, *r.Second}
 }
 
-// Requests returns the Rule's buckets as the arguments of admit's calls;
-// a Rule without a bucket returns the zero Request and nil.
+// Requests returns the Rule's buckets as the arguments of admit's calls,
+// for example to Refund the unused part of a reservation; a Rule without
+// a bucket returns the zero Request and nil: there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	if !r.HasBuckets() {
 		return admit.Request{}, nil
@@ -90,15 +139,32 @@ func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	return first, second
 }
 
-// Copy returns a pointer to a copy of *p, or nil for nil: what a Rule's
-// clone makes of its Second and Concurrent, so that a callee may change
-// them freely.
-func Copy[T any](p *T) *T {
+// Clone returns r with its own copies of Second and Concurrent, so that a
+// callee may change them freely.
+func (r Rule) Clone() Rule {
+	r.Second, r.Concurrent = clonePtr(r.Second), clonePtr(r.Concurrent)
+	return r
+}
+
+func clonePtr[T any](p *T) *T {
 	if p == nil {
 		return nil
 	}
 	c := *p
 	return &c
+}
+
+// CheckDecider returns an error, naming what to pass instead, for a
+// decider that can decide nothing: nil, or an *admit.Limiter built
+// without a client. It sends nothing.
+func CheckDecider(dec admit.Decider) error {
+	if dec == nil {
+		return errors.New("nil decider; pass admit.New(client), or an admit.Local for one process")
+	}
+	if deciderhook.Check != nil {
+		return deciderhook.Check(dec)
+	}
+	return nil
 }
 
 // A Fault is what makes a Rule invalid. It wraps [admit.ErrInvalidRequest]
@@ -171,8 +237,11 @@ func Check(rule Rule) *Fault {
 
 // checkConcurrent refuses a concurrency part's Spec or policy name.
 func checkConcurrent(c Concurrent, bs []Bucket) error {
-	if c.Spec.IsZero() {
+	switch {
+	case c.Spec.IsZero():
 		return errors.New("zero Spec; give it admit.NewConcurrency's or admit.MustConcurrency's")
+	case c.RetryAfter < 0:
+		return fmt.Errorf("a negative RetryAfter (%v); give about how long a handler holds its place, or 0 for one second", c.RetryAfter)
 	}
 	if err := checkName("policy name", c.Policy, true); err != nil {
 		return err
@@ -263,7 +332,7 @@ func checkName(what, s string, required bool) error {
 
 // An Acquirer decides concurrency limits: *admit.Limiter.
 type Acquirer interface {
-	Acquire(ctx context.Context, slot admit.LeaseRequest, first, second *admit.Request) (*admit.Lease, error)
+	Acquire(ctx context.Context, req admit.LeaseRequest, first, second *admit.Request) (*admit.Lease, error)
 }
 
 // A Result is one decided Rule: the Decision, whose Remaining is what each
@@ -291,13 +360,15 @@ func (res Result) Denied() admit.Part {
 }
 
 // Decide decides rule, all or nothing, within timeout when it is above
-// zero: on dec's AllowAll for buckets alone, on acq's Acquire with a
-// concurrency part. With a concurrency part the Lease is never nil, error
-// or not, and the Decision of a decided Acquire is the Lease's decision of
-// the buckets (Allowed when granted), or, for a refusal by the slot, the
-// slot's RetryAfter with the buckets' Remaining. acq may be nil only when
-// rule has no concurrency part.
-func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, timeout time.Duration) (Result, error) {
+// zero: on dec's AllowAll for buckets alone, on dec's Acquire (dec must
+// be an [Acquirer]) with a concurrency part. With a concurrency part the
+// Lease is never nil, error or not, and the Decision of a decided Acquire
+// is the Lease's decision of the buckets (Allowed when granted), or, for
+// a refusal by the concurrency limit, a RetryAfter of the smaller of the
+// Concurrent's RetryAfter (or DefaultConcurrencyRetryAfter) and the
+// Lease's, with the buckets' Remaining. A concurrency part on a decider
+// that cannot Acquire is an error wrapping [admit.ErrInvalidRequest].
+func Decide(ctx context.Context, dec admit.Decider, rule Rule, timeout time.Duration) (Result, error) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
@@ -309,6 +380,11 @@ func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, tim
 		d, err := dec.AllowAll(ctx, first, second)
 		return Result{Decision: d}, err
 	}
+	acq, ok := dec.(Acquirer)
+	if !ok {
+		return Result{}, fmt.Errorf("the Rule has a concurrency part (policy %q), and the decider (%T) cannot Acquire; "+
+			"decide concurrency limits on an *admit.Limiter: %w", c.Policy, dec, admit.ErrInvalidRequest)
+	}
 	var fp *admit.Request
 	if rule.HasBuckets() {
 		fp = &first
@@ -318,17 +394,79 @@ func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, tim
 	case err != nil:
 		return Result{Lease: x}, err
 	case x.Denied == admit.PartConcurrency:
-		return Result{Decision: admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}, Lease: x}, nil
+		hint := c.RetryAfter
+		if hint == 0 {
+			hint = DefaultConcurrencyRetryAfter
+		}
+		return Result{Decision: admit.Decision{RetryAfter: min(hint, x.RetryAfter), Remaining: x.Remaining}, Lease: x}, nil
 	}
 	return Result{Decision: x.Decision(), Lease: x}, nil
+}
+
+// A Verdict is what an edge does with one decided Rule.
+type Verdict uint8
+
+// The verdicts, as [Judge] gives them.
+const (
+	// Admit: the decider admitted the request; its handler runs.
+	Admit Verdict = iota + 1
+	// Refuse: the decider refused it (429, ResourceExhausted).
+	Refuse
+	// Gone: the caller's context ended (the client went away, or its
+	// deadline passed) before the decision came: nobody reads an answer,
+	// and the store is not known to be failing.
+	Gone
+	// Invalid: the Rule could not be decided (admit.ErrInvalidRequest):
+	// the server's error.
+	Invalid
+	// NotExecuted: the decision failed and took nothing; the outage
+	// policy answers.
+	NotExecuted
+	// OutcomeUnknown: the decision failed and may have taken tokens, or
+	// the error is in neither of admit's classes; the outage policy
+	// answers.
+	OutcomeUnknown
+)
+
+// Judge returns the verdict on a decision that returned err, made for a
+// caller whose context is ctx (the request's, without the decision
+// timeout). Client gone versus outage is one rule at both edges: see
+// [IsGone].
+func Judge(ctx context.Context, res Result, err error) Verdict {
+	switch {
+	case err == nil && res.Allowed():
+		return Admit
+	case err == nil:
+		return Refuse
+	case errors.Is(err, admit.ErrInvalidRequest):
+		return Invalid
+	case IsGone(ctx):
+		return Gone
+	case errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown):
+		return NotExecuted
+	}
+	return OutcomeUnknown
+}
+
+// IsGone reports whether the caller whose context is ctx is gone: ctx is
+// done, or its deadline has passed (admit may see a deadline pass before
+// the context's timer fires). Whatever the store's error, a decision
+// that failed for such a caller is the caller's going, not an outage; a
+// decision timeout of the edge's own that fires first is an outage.
+func IsGone(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // releaseTimeout bounds a release when the edge has no decision timeout.
 const releaseTimeout = time.Second
 
-// Release frees the slot of x, on a context that outlives ctx's
-// cancellation (a client that went away must not keep the slot), bounded
-// by timeout, or releaseTimeout when it is zero. It returns the release's
+// Release frees the place of x, on a context that outlives ctx's
+// cancellation (a client that went away must not keep the place), bounded
+// by timeout, or one second when it is zero. It returns the release's
 // failure, or for a granted lease found expired, an error that says the
 // handler outlived it and the limit stopped counting it for a while.
 func Release(ctx context.Context, x *admit.Lease, timeout time.Duration) error {
@@ -340,7 +478,7 @@ func Release(ctx context.Context, x *admit.Lease, timeout time.Duration) error {
 	live, err := x.Release(ctx)
 	switch {
 	case err != nil:
-		return fmt.Errorf("releasing the slot of %q: %w", x.Key, err)
+		return fmt.Errorf("releasing the lease of %q: %w", x.Key, err)
 	case x.Granted() && !live:
 		return fmt.Errorf("the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
 			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL)

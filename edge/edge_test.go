@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 	"github.com/admitkit/admit/internal/minitest"
 )
 
@@ -120,26 +120,34 @@ func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	bucket := edge.Bucket{Policy: "b", Key: "{o}:b", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
 
-	res, err := edge.Decide(ctx, lim, nil, edge.Rule{First: bucket}, time.Second)
+	res, err := edge.Decide(ctx, lim, edge.Rule{First: bucket}, time.Second)
 	if err != nil || !res.Allowed() || res.Lease != nil || res.Decision.Remaining[0] != 2 {
 		t.Fatalf("buckets alone: %+v, %v; want admitted, no lease, 2 left", res, err)
 	}
 
 	rule := edge.Rule{First: bucket, Concurrent: &edge.Concurrent{Policy: "c", Key: "{o}:c", Spec: admit.MustConcurrency(1, time.Minute)}}
-	held, err := edge.Decide(ctx, lim, lim, rule, 0)
+	held, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || !held.Allowed() || held.Lease == nil || held.Denied() != 0 || held.Decision.Remaining[0] != 1 {
 		t.Fatalf("first slot: %+v, %v; want granted, 1 left", held, err)
 	}
-	refused, err := edge.Decide(ctx, lim, lim, rule, 0)
+	refused, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || refused.Allowed() || refused.Denied() != admit.PartConcurrency ||
-		refused.Decision.RetryAfter != time.Minute || refused.Decision.Remaining != [2]int{-1, -1} {
-		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after 1m, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+		refused.Decision.RetryAfter != edge.DefaultConcurrencyRetryAfter || refused.Decision.Remaining != [2]int{-1, -1} {
+		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after the default 1s, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+	}
+	hinted := rule.Clone()
+	for _, tc := range []struct{ hint, want time.Duration }{{250 * time.Millisecond, 250 * time.Millisecond}, {time.Hour, time.Minute}} {
+		hinted.Concurrent.RetryAfter = tc.hint
+		res, err := edge.Decide(ctx, lim, hinted, 0)
+		if err != nil || res.Denied() != admit.PartConcurrency || res.Decision.RetryAfter != tc.want {
+			t.Fatalf("hint %v: %v, retry after %v; want refused, retry after %v (the hint, capped by the oldest lease's 1m left)", tc.hint, err, res.Decision.RetryAfter, tc.want)
+		}
 	}
 
 	if err := edge.Release(ctx, held.Lease, 0); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	again, err := edge.Decide(ctx, lim, lim, rule, 0)
+	again, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || !again.Allowed() || again.Decision.Remaining[0] != 0 {
 		t.Fatalf("after the release: %+v, %v; want granted, the bucket's last token taken", again, err)
 	}
