@@ -1512,3 +1512,96 @@ func restartServer(t *testing.T, port string) *exec.Cmd {
 	t.Fatalf("%s did not listen on %s again", filepath.Base(testserver.Binary()), port)
 	return nil
 }
+
+// TestGoneVersusOutageStorePaused: with the store paused (SIGSTOP) and a
+// client deadline of 300 ms, every one of 100 calls is ClientGone, with
+// and without a decision timeout (one longer than the client's deadline):
+// a caller whose deadline passed is never an outage, and its handler never
+// runs, even when valkey-go fails its call with another call's context
+// error first (edge.Decide tries again). A decision timeout well before
+// the deadline is an outage.
+func TestGoneVersusOutageStorePaused(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	spec := admit.MustSpec(admit.Every(time.Millisecond), 1000)
+	for _, tc := range []struct {
+		name     string
+		opts     []admitgrpc.Option
+		deadline time.Duration
+		outcome  admitgrpc.Outcome
+	}{
+		{"no timeout", nil, 300 * time.Millisecond, admitgrpc.ClientGone},
+		{"timeout 1s", []admitgrpc.Option{admitgrpc.WithTimeout(time.Second)}, 300 * time.Millisecond, admitgrpc.ClientGone},
+		// The decision timeout well before the client's deadline, which a
+		// loaded machine must not reach first.
+		{"timeout 50ms", []admitgrpc.Option{admitgrpc.WithTimeout(50 * time.Millisecond)}, 10 * time.Second, admitgrpc.OutageServed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var outcomes sync.Map
+			var ran, classified atomic.Int64
+			ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
+				classified.Add(1)
+				return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "p", Key: "gone:{o}", Spec: spec}}
+			}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Serve()}, append(tc.opts,
+				admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+					n, _ := outcomes.LoadOrStore(r.Outcome, new(atomic.Int64))
+					if r.Outcome != tc.outcome {
+						dl, _ := r.Call.Context.Deadline()
+						t.Logf("%v: %v (ctx %v, deadline in %v)", r.Outcome, r.Err, r.Call.Context.Err(), time.Until(dl))
+					}
+					n.(*atomic.Int64).Add(1)
+				}))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+			if err := check(context.Background(), client); err != nil { // the store's connection is up
+				t.Fatal(err)
+			}
+			outcomes.Clear()
+			ran.Store(0)
+			classified.Store(0)
+			resume := testserver.Pause(t, srv)
+			const calls = 100
+			var wg sync.WaitGroup
+			for range calls {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
+					defer cancel()
+					check(ctx, client) //nolint:errcheck // the outcome hook counts
+				})
+			}
+			wg.Wait()
+			// Every call that reached the interceptor is decided (its
+			// context ended) before the store resumes.
+			total := func() (n int64) {
+				outcomes.Range(func(_, v any) bool { n += v.(*atomic.Int64).Load(); return true })
+				return n
+			}
+			for deadline := time.Now().Add(5 * time.Second); total() < classified.Load() && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			resume()
+			counts := map[string]int64{}
+			var wrong int64
+			outcomes.Range(func(k, v any) bool {
+				n := v.(*atomic.Int64).Load()
+				counts[k.(admitgrpc.Outcome).String()] = n
+				if k != tc.outcome {
+					wrong += n
+				}
+				return true
+			})
+			// A call whose deadline passed before the server read it never
+			// reaches the interceptor: count those that did.
+			n := classified.Load()
+			t.Logf("%d calls, %d reached the interceptor, store paused: outcomes %v, handlers run %d, not %v: %d", calls, n, counts, ran.Load(), tc.outcome, wrong)
+			if wrong != 0 || counts[tc.outcome.String()] != n || n < calls/2 {
+				t.Errorf("%d of %d calls decided not %v (%v); want 0, and at least %d decided", wrong, n, tc.outcome, counts, calls/2)
+			}
+			if tc.outcome == admitgrpc.ClientGone && ran.Load() != 0 {
+				t.Errorf("%d handlers ran for callers whose deadline had passed; want 0", ran.Load())
+			}
+		})
+	}
+}

@@ -368,12 +368,40 @@ func (res Result) Denied() admit.Part {
 // Concurrent's RetryAfter (or DefaultConcurrencyRetryAfter) and the
 // Lease's, with the buckets' Remaining. A concurrency part on a decider
 // that cannot Acquire is an error wrapping [admit.ErrInvalidRequest].
+//
+// A decision that failed with another call's context error, sending
+// nothing (valkey-go gives every call waiting for a new connection the
+// error of the call whose context ended during the attempt), is neither
+// this caller's going nor an outage: Decide tries it again, at most
+// foreignRetries times, while ctx is live.
 func Decide(ctx context.Context, dec admit.Decider, rule Rule, timeout time.Duration) (Result, error) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	for i := 0; ; i++ {
+		res, err := decide(ctx, dec, rule)
+		if i == foreignRetries || !foreignContext(ctx, err) {
+			return res, err
+		}
+	}
+}
+
+// foreignRetries bounds Decide's retries of a decision failed by another
+// call's context.
+const foreignRetries = 16
+
+// foreignContext reports whether err is a context error that is not ctx's
+// own, on a call that sent nothing.
+func foreignContext(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && !IsGone(ctx) &&
+		errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown) &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// decide is one attempt of Decide.
+func decide(ctx context.Context, dec admit.Decider, rule Rule) (Result, error) {
 	first, second := rule.Requests()
 	c := rule.Concurrent
 	if c == nil {
