@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -566,7 +567,7 @@ func serveChecker(tb testing.TB, ic *admitgrpc.Interceptors, check func(context.
 // service svc, the interceptors chained after outer (if any), and returns a
 // client connected to it. Both stop with the test.
 func serveHealth(tb testing.TB, ic *admitgrpc.Interceptors, svc healthpb.HealthServer,
-	outerUnary grpc.UnaryServerInterceptor, outerStream grpc.StreamServerInterceptor) healthpb.HealthClient {
+	outerUnary grpc.UnaryServerInterceptor, outerStream grpc.StreamServerInterceptor, dial ...grpc.DialOption) healthpb.HealthClient {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -584,7 +585,7 @@ func serveHealth(tb testing.TB, ic *admitgrpc.Interceptors, svc healthpb.HealthS
 	healthpb.RegisterHealthServer(srv, svc)
 	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
 	tb.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -1603,5 +1604,121 @@ func TestGoneVersusOutageStorePaused(t *testing.T) {
 				t.Errorf("%d handlers ran for callers whose deadline had passed; want 0", ran.Load())
 			}
 		})
+	}
+}
+
+// retryExhausted is a service config whose retry policy retries
+// RESOURCE_EXHAUSTED once, with a backoff of 10 ms: what a pushback
+// replaces.
+const retryExhausted = `{"methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}], "retryPolicy": {
+	"maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1,
+	"retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]}`
+
+// TestPushbackRetried: a refusal's grpc-retry-pushback-ms trailer is its
+// RetryInfo delay in milliseconds; a real grpc-go client whose service
+// config retries RESOURCE_EXHAUSTED waits that pushback (instead of its
+// 10 ms backoff) and its retry is admitted: two attempts, refused then
+// admitted. The measured wait is logged, not asserted.
+func TestPushbackRetried(t *testing.T) {
+	local, err := admit.NewLocal(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := admit.MustSpec(admit.Every(250*time.Millisecond), 1)
+	var mu sync.Mutex
+	var attempts []time.Time
+	var outcomes []admitgrpc.Outcome
+	var refusedWait time.Duration // the last refusal's RetryAfter
+	ic, err := admitgrpc.New(local, func(*admitgrpc.Call) admitgrpc.Rule {
+		return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "p", Key: "k", Spec: spec}}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
+		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+			mu.Lock()
+			outcomes = append(outcomes, r.Outcome)
+			if r.Outcome == admitgrpc.Refused {
+				refusedWait = r.Decision.RetryAfter
+			}
+			mu.Unlock()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamp := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		mu.Unlock()
+		return h(ctx, req)
+	}
+	svc := health.NewServer()
+	plain := serveHealth(t, ic, svc, stamp, nil)
+	retrying := serveHealth(t, ic, svc, stamp, nil, grpc.WithDefaultServiceConfig(retryExhausted))
+
+	if err := check(context.Background(), plain); err != nil {
+		t.Fatal(err)
+	}
+	var trailer metadata.MD
+	_, err = plain.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+	st, _ := status.FromError(err)
+	delay, _ := retryAndQuota(st)
+	if got := trailer.Get(admitgrpc.PushbackTrailer); st.Code() != codes.ResourceExhausted || delay <= 0 ||
+		fmt.Sprint(got) != fmt.Sprint([]string{strconv.FormatInt(delay.Milliseconds(), 10)}) {
+		t.Fatalf("refusal %v, trailer %s %q; want ResourceExhausted and the RetryInfo delay %v in ms", err, admitgrpc.PushbackTrailer, got, delay)
+	}
+
+	mu.Lock()
+	attempts, outcomes = nil, nil
+	mu.Unlock()
+	_, err = retrying.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || len(attempts) != 2 || fmt.Sprint(outcomes) != fmt.Sprint([]admitgrpc.Outcome{admitgrpc.Refused, admitgrpc.Admitted}) {
+		t.Fatalf("retrying client: %v after %d attempts, outcomes %v; want OK after 2 (refused, admitted)", err, len(attempts), outcomes)
+	}
+	pushback := (refusedWait + time.Millisecond - 1).Truncate(time.Millisecond)
+	t.Logf("plain client: pushback %v ms, RetryInfo %v; retrying client: pushback %v, its retry came %v after its refused attempt",
+		trailer.Get(admitgrpc.PushbackTrailer), delay, pushback, attempts[1].Sub(attempts[0]))
+}
+
+// TestQuotaMetadata: with WithQuotaMetadata an admitted call carries the
+// quota fields in its headers and a refusal in its trailers, with t the
+// time to the next token, whatever the cost: a cost of 6 on a bucket of 10
+// refilling 1/s, on a frozen clock.
+func TestQuotaMetadata(t *testing.T) {
+	spec := admit.MustSpec(admit.Every(time.Second), 10)
+	for _, with := range []bool{false, true} {
+		var opts []admitgrpc.Option
+		if with {
+			opts = append(opts, admitgrpc.WithQuotaMetadata())
+		}
+		ic, err := admitgrpc.New(mustLocal(t, minitest.NewClock()), func(*admitgrpc.Call) admitgrpc.Rule {
+			return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "tpm", Key: "k", Spec: spec, Cost: 6, Unit: "llm-tokens"}}
+		}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := serve(t, ic)
+		var header, trailer metadata.MD
+		if _, err := c.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		st, _ := status.FromError(err)
+		delay, vs := retryAndQuota(st)
+		policy := `"tpm";q=10;qu="llm-tokens";w=10`
+		want := []string{policy, `"tpm";r=4;t=1`, policy, `"tpm";r=4;t=1`}
+		if !with {
+			want = []string{"", "", "", ""}
+		}
+		got := []string{strings.Join(header.Get(admitgrpc.PolicyMetadata), ","), strings.Join(header.Get(admitgrpc.LimitMetadata), ","),
+			strings.Join(trailer.Get(admitgrpc.PolicyMetadata), ","), strings.Join(trailer.Get(admitgrpc.LimitMetadata), ",")}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("WithQuotaMetadata %v: header and trailer fields %q; want %q", with, got, want)
+		}
+		if st.Code() != codes.ResourceExhausted || delay != 2*time.Second || len(vs) != 1 ||
+			vs[0].GetDescription() != `the "tpm" bucket holds 4 llm-tokens; this call costs 6` ||
+			fmt.Sprint(trailer.Get(admitgrpc.PushbackTrailer)) != "[2000]" {
+			t.Errorf("refusal %v, RetryInfo %v, violations %v, pushback %q; want ResourceExhausted, 2s, 4 of 6 llm-tokens, 2000",
+				err, delay, vs, trailer.Get(admitgrpc.PushbackTrailer))
+		}
 	}
 }
