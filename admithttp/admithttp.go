@@ -276,9 +276,23 @@ type config struct {
 	onError func(*http.Request, error)
 	outcome func(Event)
 	refusal func(http.ResponseWriter, *http.Request, Refusal)
-	shadows []Shadow
+	// xRateLimit is WithXRateLimit's.
+	xRateLimit bool
+	shadows    []Shadow
 	// shadowNames are the shadows' names, which a new one must not take.
 	shadowNames []string
+}
+
+// WithXRateLimit adds X-RateLimit-Limit, X-RateLimit-Remaining and
+// X-RateLimit-Reset, the fields that users of httprate, ulule/limiter and
+// GitHub's API read, beside the IETF ones, to refusals and admitted
+// responses alike. They describe one part of the Rule: the one that
+// refused, or else the one with the fewest tokens left (the first of
+// equals): Limit its quota (q), Remaining what it holds (r), Reset the
+// Unix time, in whole seconds rounded up, by which it holds more (now + t;
+// now for a full bucket). Default: off.
+func WithXRateLimit() Option {
+	return optionFunc(func(c *config) error { c.xRateLimit = true; return nil })
 }
 
 // WithHeaders adds RateLimit-Policy and RateLimit to admitted responses
@@ -422,9 +436,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.refuse(w, r, rule, res)
 	default:
 		m.emit(r, Admitted, rule, res, nil)
-		if m.headers {
-			setFields(w.Header(), rule, res)
-		}
+		m.setFields(w.Header(), rule, res, false)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.Decision, Lease: res.Lease})))
 	}
 }

@@ -58,9 +58,7 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			o.m.refuse(w, r, scaled, res)
 			return
 		}
-		if o.m.headers {
-			setFields(w.Header(), scaled, res)
-		}
+		o.m.setFields(w.Header(), scaled, res, false)
 		next.ServeHTTP(w, r)
 	}
 }

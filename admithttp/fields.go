@@ -161,7 +161,7 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, r
 		ref.Violated = rule.First
 	}
 	h := w.Header()
-	setFields(h, rule, res)
+	m.setFields(h, rule, res, true)
 	h.Set("Retry-After", formatSeconds(ref.RetryAfter()))
 	if m.refusal == nil {
 		TooManyRequests(w, r, ref)
@@ -190,11 +190,48 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // setFields sets RateLimit-Policy for every part of rule and RateLimit
-// for every part the decision evaluated (see [edge.Fields]).
-func setFields(h http.Header, rule Rule, res edge.Result) {
-	policy, limit := edge.Fields(edge.Quotas(rule, res))
-	h.Set(policyField, policy)
-	h.Set(limitField, limit)
+// for every part the decision evaluated (see [edge.Fields]), on refusals
+// and with WithHeaders; and with WithXRateLimit the X-RateLimit fields.
+func (m *middleware) setFields(h http.Header, rule Rule, res edge.Result, refused bool) {
+	if !refused && !m.headers && !m.xRateLimit {
+		return
+	}
+	qs := edge.Quotas(rule, res)
+	if refused || m.headers {
+		policy, limit := edge.Fields(qs)
+		h.Set(policyField, policy)
+		h.Set(limitField, limit)
+	}
+	if m.xRateLimit {
+		setXRateLimit(h, qs, time.Now())
+	}
+}
+
+// setXRateLimit sets X-RateLimit-Limit, -Remaining and -Reset of the part
+// of qs that refused, or else of the evaluated one with the fewest left.
+func setXRateLimit(h http.Header, qs []edge.Quota, now time.Time) {
+	var pick *edge.Quota
+	for i := range qs {
+		q := &qs[i]
+		switch {
+		case !q.Evaluated:
+			continue
+		case q.Refused:
+			pick = q
+		case pick == nil || (!pick.Refused && q.Remaining < pick.Remaining):
+			pick = q
+		}
+	}
+	if pick == nil {
+		return
+	}
+	reset := now.Unix()
+	if pick.HasReset {
+		reset = ceilSeconds(time.Duration(now.UnixNano()) + pick.Reset)
+	}
+	h.Set("X-RateLimit-Limit", strconv.Itoa(pick.Limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(pick.Remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 }
 
 // ceilSeconds is d in whole seconds, rounded up: never short.
