@@ -238,3 +238,15 @@ func setXRateLimit(h http.Header, qs []edge.Quota, now time.Time) {
 func ceilSeconds(d time.Duration) int64 { return edge.CeilSeconds(d) }
 
 func formatSeconds(n int64) string { return strconv.FormatInt(n, 10) }
+
+// SetFields sets RateLimit-Policy and RateLimit on h for a's Rule as the
+// handler now knows it: after a Refund of the unused part of a
+// reservation, say, pass the Admission with Decision.Remaining raised by
+// what was refunded (capped at each bucket's burst), before the handler
+// writes its status, so that the response reports what its client may
+// still use rather than what the reservation left.
+func (a Admission) SetFields(h http.Header) {
+	policy, limit := edge.Fields(edge.Quotas(a.Rule, edge.Result{Decision: a.Decision, Lease: a.Lease}))
+	h.Set(policyField, policy)
+	h.Set(limitField, limit)
+}
