@@ -1722,3 +1722,40 @@ func TestQuotaMetadata(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentRetryAfterHint: a refusal by the concurrency part says
+// the Concurrent's RetryAfter, in RetryInfo and the pushback trailer, but
+// never more than the time until the oldest lease expires (30 s on the
+// frozen clock); 1 s when it is zero.
+func TestConcurrentRetryAfterHint(t *testing.T) {
+	_, c := minitest.Start(t)
+	conc := admitgrpc.Concurrent{Policy: "one", Key: "hint:{o}", Spec: admit.MustConcurrency(1, 30*time.Second)}
+	x, err := admit.New(c).Acquire(context.Background(), admit.LeaseRequest{Key: conc.Key, Spec: conc.Spec}, nil, nil)
+	if err != nil || !x.Granted() {
+		t.Fatalf("Acquire: %v, %v", x, err)
+	}
+	var hint atomic.Int64
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
+		cc := conc
+		cc.RetryAfter = time.Duration(hint.Load())
+		return admitgrpc.Rule{Concurrent: &cc}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serve(t, ic)
+	for _, tc := range []struct {
+		hint, want time.Duration
+		pushback   string
+	}{{0, time.Second, "1000"}, {2500 * time.Millisecond, 2500 * time.Millisecond, "2500"}, {time.Hour, 30 * time.Second, "30000"}} {
+		hint.Store(int64(tc.hint))
+		var trailer metadata.MD
+		_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		code, delay, vs := slotInfo(t, err)
+		if code != codes.ResourceExhausted || delay != tc.want || fmt.Sprint(trailer.Get(admitgrpc.PushbackTrailer)) != "["+tc.pushback+"]" ||
+			fmt.Sprint(vs) != "[one: 1 calls in flight, limit 1]" {
+			t.Errorf("hint %v: %v, RetryInfo %v, pushback %q, violations %q; want ResourceExhausted, %v, %s", tc.hint, code, delay,
+				trailer.Get(admitgrpc.PushbackTrailer), vs, tc.want, tc.pushback)
+		}
+	}
+}

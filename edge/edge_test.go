@@ -3,6 +3,7 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -156,3 +157,81 @@ func TestDecide(t *testing.T) {
 		t.Fatalf("release of an expired lease: %v; want the handler said to have outlived it", err)
 	}
 }
+
+// TestCheckDecider: nil and a Limiter without a client are refused, saying
+// what to pass, with nothing sent (the hook package admit sets); a Limiter
+// with a client, a Local and a Degraded are accepted.
+func TestCheckDecider(t *testing.T) {
+	srv, c := minitest.Start(t)
+	local, err := admit.NewLocal(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deg, err := admit.NewDegraded(0.5, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := srv.CommandCount()
+	for _, tc := range []struct {
+		name string
+		dec  admit.Decider
+		want string
+	}{
+		{"nil", nil, "nil decider"},
+		{"no client", admit.New(nil), "has no client"},
+		{"nil Limiter", (*admit.Limiter)(nil), "has no client"},
+		{"Limiter", admit.New(c), ""},
+		{"Local", local, ""},
+		{"Degraded", deg, ""},
+	} {
+		err := edge.CheckDecider(tc.dec)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v; want %q", tc.name, err, tc.want)
+		}
+	}
+	if n := srv.CommandCount() - before; n != 0 {
+		t.Errorf("CheckDecider sent %d commands; want none", n)
+	}
+}
+
+// TestJudge: a decision's verdict; a failed one is Gone when the caller's
+// context ended or its deadline passed (whatever the error), and an
+// outage of its class otherwise; an invalid Rule is Invalid even then.
+func TestJudge(t *testing.T) {
+	live := context.Background()
+	ended, cancel := context.WithCancel(live)
+	cancel()
+	passed := passedDeadline{live} // its timer has not fired yet
+	notExec := fmt.Errorf("store down: %w", admit.ErrNotExecuted)
+	unknown := fmt.Errorf("lost: %w", admit.ErrOutcomeUnknown)
+	invalid := fmt.Errorf("bad: %w", admit.ErrInvalidRequest)
+	other := errors.New("a Decider of your own's")
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want edge.Verdict
+	}{
+		{"not executed", live, notExec, edge.NotExecuted},
+		{"outcome unknown", live, unknown, edge.OutcomeUnknown},
+		{"unclassed", live, other, edge.OutcomeUnknown},
+		{"invalid", live, invalid, edge.Invalid},
+		{"ended, not executed", ended, notExec, edge.Gone},
+		{"ended, outcome unknown", ended, unknown, edge.Gone},
+		{"deadline passed, timer not fired", passed, unknown, edge.Gone},
+		{"ended, invalid", ended, invalid, edge.Invalid},
+	} {
+		if got := edge.Judge(tc.ctx, edge.Result{}, tc.err); got != tc.want {
+			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+		}
+	}
+	if edge.Judge(ended, edge.Result{Decision: admit.Decision{}}, nil) != edge.Refuse {
+		t.Error("a decided refusal whose caller then left: not Refuse")
+	}
+}
+
+// passedDeadline is a context whose deadline has passed although its Err
+// is still nil: a timer that has not fired yet, as admit may see it.
+type passedDeadline struct{ context.Context }
+
+func (passedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
