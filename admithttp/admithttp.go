@@ -1,5 +1,5 @@
-// Package admithttp puts an [admit.Limiter] in front of any net/http
-// handler: premium reservation for an HTTP service, with the IETF RateLimit
+// Package admithttp puts an [admit.Limiter] (or any [admit.Decider]) in
+// front of any net/http handler: premium reservation for an HTTP service, with the IETF RateLimit
 // header fields for both buckets of an ordered decision, an outage policy
 // the caller chooses, shadow rules that try a candidate Spec on production
 // traffic without enforcing it, and a per-request outcome hook.
@@ -54,10 +54,12 @@
 // Interval, rounded up; at least 1). RateLimit lists every bucket the
 // decision evaluated (the second is not evaluated when the first refuses):
 // r is the tokens the bucket holds after the call (Decision.Remaining), and
-// t the effective window, the seconds until the bucket holds more than r.
-// For the refusing bucket t is its RetryAfter rounded up, which is also
-// the Retry-After value: Retry-After is never earlier than the t of the
-// policy it names as violated. For a bucket that did not refuse, t is its
+// t the effective window, the seconds until the bucket holds more than r:
+// until its next token, whatever the cost. For the refusing bucket t is
+// exact: its RetryAfter (until it holds the whole cost, the Retry-After
+// value) less one Interval for each further token the cost needs, rounded
+// up; Retry-After is never earlier than the t of the policy it names as
+// violated. For a bucket that did not refuse, t is its
 // Interval rounded up: a Decision gives the tokens left but not how much of
 // the next one has accrued, so t is the longest the next token can take
 // (exact for a bucket that was full before the call, when the server's
@@ -66,6 +68,7 @@
 // is not a request, set Bucket.Unit, the draft's qu parameter, so that
 // clients do not read q and r as requests. Refusals always carry the
 // fields; admitted responses carry them with [WithHeaders].
+// [WithXRateLimit] adds X-RateLimit-Limit, -Remaining and -Reset.
 //
 // # Concurrency
 //
@@ -85,11 +88,12 @@
 // RateLimit-Policy lists the part first, with q the limit and
 // qu="concurrent-requests", and no w (it has no window); RateLimit gives r,
 // the slots left after the decision, and t: for a refusal by the slot, the
-// time until the oldest lease of the key expires, which Retry-After
-// repeats; otherwise the lease duration, by which this request's slot is
-// free at the latest. A release frees a slot sooner: t is an upper bound.
-// A refusal by the slot is a 429 whose violated-policies names the part.
-// While degraded ([Degrade]) the part is not enforced.
+// Concurrent's RetryAfter (one second when zero: about how long a handler
+// holds its place), but never more than the time until the oldest lease of
+// the key expires, which Retry-After repeats; otherwise the lease
+// duration, by which this request's slot is free at the latest. A refusal
+// by the slot is a 429 whose violated-policies names the part. While
+// degraded ([Degrade]) a Rule with a concurrency part is refused (503).
 //
 // # Outages
 //
@@ -97,11 +101,12 @@
 // [admit.ErrOutcomeUnknown]; [Outage] says what to do in each case, and
 // [New] refuses to build a middleware without it. [WithDecisionTimeout]
 // bounds how long a decision may take; its expiry is an error of its class
-// like any other, and so is the expiry of a deadline that a server above
-// set on the request's context. A request whose own context is canceled
-// before the decision (its client went away) is not an outage: no Outage
+// like any other. A request whose own context ended before the decision
+// came back, whatever the store's error (its client went away, or a
+// deadline a server above set on it passed), is not an outage: no Outage
 // handler runs, and the middleware writes only the status
-// [StatusClientClosedRequest]. See [Outage] for the trade-off.
+// [StatusClientClosedRequest]; admitgrpc applies the same rule
+// ([edge.Judge]). See [Outage] for the trade-off.
 //
 // # Shadow rules
 //
@@ -191,8 +196,8 @@ func Serve(w http.ResponseWriter, r *http.Request, next http.Handler, _ error) {
 // a body, for a request whose client went away before its decision
 // ([ClientGone]): the client reads nothing, and access logs show 499, as
 // nginx logs a client that closed its request. A server above that cancels
-// the context of a request whose client is still there gets this status
-// rather than an empty 200.
+// the context of a request whose client is still there, or sets a
+// deadline on it that passes, gets this status rather than an empty 200.
 const StatusClientClosedRequest = 499
 
 // OutageRetryAfter is the Retry-After that [Refuse] sends: long enough
@@ -251,8 +256,9 @@ var outageRetryAfter = formatSeconds(ceilSeconds(OutageRetryAfter))
 // (admit.ErrInvalidRequest: an empty Key, a Cost above the burst, keys in
 // different cluster slots, a bad policy name) is answered 500, whatever
 // Outage says, since serving would lift the limit for every request the
-// faulty Rule covers; and a request whose own context was canceled before
-// the decision (its client went away) gets only the status
+// faulty Rule covers; and a request whose own context ended before the
+// decision came back (its client went away, or a deadline set above
+// passed), whatever the store's error, gets only the status
 // [StatusClientClosedRequest] ([ClientGone]).
 type Outage struct {
 	// NotExecuted answers a request whose decision failed with
