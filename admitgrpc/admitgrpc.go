@@ -311,7 +311,8 @@ type Report struct {
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
 	// part that refused (admit.PartConcurrency when every slot was taken), and
 	// Lease.Holders the calls of the key in flight. For a slot refusal,
-	// Decision carries the slot's RetryAfter with Denied 0: read Lease.
+	// Decision carries the refusal's RetryAfter (the Concurrent's hint, capped
+	// by Lease.RetryAfter) with Denied 0: read Lease.
 	Lease *admit.Lease
 }
 

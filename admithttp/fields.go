@@ -75,9 +75,9 @@ type Refusal struct {
 	// Rule is the Rule the request was decided on.
 	Rule Rule
 	// Decision is the refusing Decision: Denied names the bucket,
-	// RetryAfter and Remaining say how long and how much. With a
-	// concurrency part it holds the Lease's RetryAfter and Remaining, and
-	// Denied is 0 when the slot refused.
+	// RetryAfter and Remaining say how long and how much. When the
+	// concurrency part refused, Denied is 0, RetryAfter the wait the
+	// refusal says (see [Refusal.RetryAfter]) and Remaining the Lease's.
 	Decision admit.Decision
 	// Violated is the bucket that refused: Rule.First or *Rule.Second; the
 	// zero Bucket when the concurrency part refused.
@@ -92,8 +92,8 @@ type Refusal struct {
 
 // RetryAfter is the Retry-After value of the refusal: the Decision's
 // RetryAfter in whole seconds, rounded up. For the concurrency part it is
-// the time until the oldest lease of the key expires: a release frees a
-// slot sooner.
+// the Concurrent's RetryAfter (one second when zero), never more than the
+// time until the oldest lease of the key expires.
 func (f Refusal) RetryAfter() int64 { return ceilSeconds(f.Decision.RetryAfter) }
 
 // Policy is the name of the refusing part's policy, the one that
