@@ -574,10 +574,17 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 			return nil, unavailable(time.Second)
 		case d.Allowed():
 			ic.report(call, rule, DegradedAdmitted, d, err)
+			if scaled, serr := edge.Scale(p.degraded, rule); serr == nil && ic.quotaMetadata {
+				setQuotaMetadata(ctx, scaled, edge.Result{Decision: d})
+			}
 			return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: p.degraded}), nil
 		default:
 			ic.report(call, rule, DegradedRefused, d, err)
-			return nil, ic.refusal(ctx, rule, edge.Result{Decision: d}, true)
+			scaled, serr := edge.Scale(p.degraded, rule) // the quota that refused
+			if serr != nil {
+				scaled = rule
+			}
+			return nil, ic.refusal(ctx, scaled, edge.Result{Decision: d}, true)
 		}
 	default: // outageFunc
 		ferr := p.fn(call, rule, err)
@@ -703,7 +710,8 @@ const (
 // [PolicyMetadata] (every part of the Rule: q, qu, w) and [LimitMetadata]
 // (every part decided: r, and t, the seconds until more than r), in
 // response headers on an admitted call (set before its handler runs) and
-// in trailers on a refusal. Default: refusals carry RetryInfo,
+// in trailers on a refusal; while degraded ([Degrade]) they give the
+// scaled quota that decided. Default: refusals carry RetryInfo,
 // QuotaFailure and the pushback trailer alone.
 func WithQuotaMetadata() Option {
 	return optionFunc(func(c *config) error { c.quotaMetadata = true; return nil })

@@ -46,7 +46,7 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			return
 		}
 		rule := o.rule
-		scaled, serr := scaleRule(d, rule)
+		scaled, serr := edge.Scale(d, rule)
 		first, second := rule.Requests()
 		dec, derr := d.AllowAll(r.Context(), first, second)
 		if serr != nil || derr != nil {
@@ -71,20 +71,4 @@ type outageKey struct{}
 type outageCall struct {
 	m    *middleware
 	rule Rule
-}
-
-// scaleRule is rule with every Spec as d decides it.
-func scaleRule(d *admit.Degraded, rule Rule) (Rule, error) {
-	var err error
-	if rule.First.Spec, err = d.Scale(rule.First.Spec); err != nil {
-		return Rule{}, err
-	}
-	if rule.Second != nil {
-		s := *rule.Second
-		if s.Spec, err = d.Scale(s.Spec); err != nil {
-			return Rule{}, err
-		}
-		rule.Second = &s
-	}
-	return rule, nil
 }

@@ -153,3 +153,21 @@ func CeilSeconds(d time.Duration) int64 {
 	}
 	return int64((d + time.Second - 1) / time.Second)
 }
+
+// Scale returns rule with every bucket's Spec as d decides it while
+// degraded (d.Scale), for the fields of a local decision; an error when d
+// cannot decide a Spec.
+func Scale(d *admit.Degraded, rule Rule) (Rule, error) {
+	var err error
+	if rule.First.Spec, err = d.Scale(rule.First.Spec); err != nil {
+		return Rule{}, err
+	}
+	if rule.Second != nil {
+		s := *rule.Second
+		if s.Spec, err = d.Scale(s.Spec); err != nil {
+			return Rule{}, err
+		}
+		rule.Second = &s
+	}
+	return rule, nil
+}
