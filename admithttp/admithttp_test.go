@@ -2342,3 +2342,26 @@ func TestImportsStdlibAndAdmitOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentOnLocal: a Rule with a concurrency part on a decider that
+// cannot lease (an admit.Local) is the server's error: 500 and RuleError,
+// the handler never run, as the gRPC edge answers it with Internal.
+func TestConcurrentOnLocal(t *testing.T) {
+	local, err := admit.NewLocal(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []admithttp.Outcome
+	mw, err := admithttp.New(local, func(*http.Request) admithttp.Rule {
+		return admithttp.Rule{Concurrent: &admithttp.Concurrent{Policy: "c", Key: "c", Spec: admit.MustConcurrency(1, time.Minute)}}
+	}, refuseAll, admithttp.WithOutcome(func(e admithttp.Event) { outcomes = append(outcomes, e.Outcome) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	rec := httptest.NewRecorder()
+	mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusInternalServerError || ran || fmt.Sprint(outcomes) != fmt.Sprint([]admithttp.Outcome{admithttp.RuleError}) {
+		t.Errorf("%d, handler ran %v, outcomes %v; want 500, not run, [RuleError]", rec.Code, ran, outcomes)
+	}
+}
