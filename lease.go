@@ -175,12 +175,27 @@ type Lease struct {
 	// granted Lease, or one whose Acquire's outcome is unknown.
 	sent bool
 	// deadline is the local monotonic moment (since monoBase) before which
-	// the lease is live on the server; 0 when not granted.
+	// the lease is live on the server; 0 when not granted, released when
+	// a Release has freed it (an Extend's late reply must not revive it).
 	deadline atomic.Int64
 }
 
 // monoBase anchors Lease deadlines on the monotonic clock.
 var monoBase = time.Now()
+
+// released is the deadline of a Lease whose Release freed it: final.
+const released = -1
+
+// setDeadline stores d unless a Release has freed the lease: an Extend
+// that ran on the server before a Release may reply after it.
+func (x *Lease) setDeadline(d int64) {
+	for {
+		old := x.deadline.Load()
+		if old == released || x.deadline.CompareAndSwap(old, d) {
+			return
+		}
+	}
+}
 
 // Granted reports whether the Acquire was granted: the lease is held
 // until released or expired. It is false with every error.
@@ -217,7 +232,7 @@ func (x *Lease) Deadline() time.Time {
 		return time.Time{}
 	}
 	d := x.deadline.Load()
-	if d == 0 {
+	if d <= 0 {
 		return time.Time{}
 	}
 	return monoBase.Add(time.Duration(d))
@@ -248,6 +263,9 @@ const (
 	modeLeaseAcquire = "l"
 	modeLeaseExtend  = "e"
 	modeLeaseRelease = "f"
+	// releasePrefix stands for a zero Concurrency's "limit lease_µs " in
+	// a release, which the script checks but does not use.
+	releasePrefix = "1 1000 "
 )
 
 // Acquire takes one of req's leases and, with first (and second) given,
@@ -448,6 +466,9 @@ func leaseFields(s string, n int) ([7]int64, error) {
 // ErrOutcomeUnknown is released on the server: its place is freed if that
 // Acquire was granted.
 //
+// Once a Release has returned without error, Deadline is zero for good:
+// an Extend that raced it does not move it again.
+//
 // Release with a context that is not done: a deferred Release in a request
 // handler whose context is cancelled should use
 // context.WithoutCancel(ctx), or its place stays taken until the lease
@@ -469,17 +490,19 @@ func (x *Lease) release(ctx context.Context) (bool, error) {
 	}
 	s, err := x.lone(ctx, modeLeaseRelease)
 	if err != nil {
+		if !isNotExecuted(err) {
+			x.setDeadline(0) // the release may have run: no longer sure
+		}
 		return false, err
 	}
+	// Whatever the reply, the lease is not held on the server now.
+	x.deadline.Store(released)
 	f, err := leaseFields(s, 1)
 	if err != nil {
 		return false, err
 	}
 	if f[0] < 0 || f[0] > 2 {
 		return false, badReply("lease: release reply " + strconv.Quote(s))
-	}
-	if f[0] != 0 || x.granted {
-		x.deadline.Store(0)
 	}
 	return f[0] == 1, nil
 }
@@ -517,10 +540,10 @@ func (x *Lease) extend(ctx context.Context) (bool, error) {
 	}
 	switch {
 	case f[0] == 1 && f[1] > 0:
-		x.deadline.Store(int64(sent + time.Duration(f[1])*time.Microsecond))
+		x.setDeadline(int64(sent + time.Duration(f[1])*time.Microsecond))
 		return true, nil
 	case f[0] == 0 && f[1] == 0:
-		x.deadline.Store(0)
+		x.setDeadline(0)
 		return false, nil
 	}
 	return false, badReply("lease: extend reply " + strconv.Quote(s))
@@ -531,7 +554,9 @@ func (x *Lease) extend(ctx context.Context) (bool, error) {
 // process that restarted with the unit of work's id, an operator's tool,
 // a retry on another client. It sends nothing. Its Granted is false and
 // its Deadline zero until an Extend succeeds; req.Spec gives the lease
-// duration an Extend renews to.
+// duration an Extend renews to (a Release needs none). Its Extend and
+// Release refuse, as Acquire does, an empty key, one over MaxKeyLen, and a
+// name that is empty or over MaxLeaseNameLen.
 func (l *Limiter) Lease(req LeaseRequest) *Lease {
 	x := &Lease{Key: req.Key, Name: req.Name, Remaining: [2]int{-1, -1}, l: l, spec: req.Spec, sent: true}
 	return x
@@ -546,8 +571,10 @@ func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 		return "", invalidRequest("nil context")
 	case x.Key == "":
 		return "", invalidRequest("the Lease has an empty Key")
-	case x.spec.IsZero():
-		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has the zero Concurrency")
+	case len(x.Key) > MaxKeyLen:
+		return "", invalidRequest("the Lease's Key is " + strconv.Itoa(len(x.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
+	case x.spec.IsZero() && mode != modeLeaseRelease:
+		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has the zero Concurrency; an Extend needs its lease duration")
 	case x.Name == "" || len(x.Name) > MaxLeaseNameLen:
 		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has a name of " + strconv.Itoa(len(x.Name)) +
 			" bytes; want 1 to MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
@@ -556,7 +583,11 @@ func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 		return "", notSent(err)
 	}
 	keys := [1]string{x.Key}
-	args := [2]string{mode, x.spec.argPrefix + x.Name}
+	prefix := x.spec.argPrefix
+	if prefix == "" {
+		prefix = releasePrefix // a release reads the name alone
+	}
+	args := [2]string{mode, prefix + x.Name}
 	s, err := execScript(ctx, x.l.script, x.l.client, keys[:], args[:]).ToString()
 	if err != nil {
 		if valkey.IsParseErr(err) {

@@ -957,3 +957,31 @@ func TestLeaseBadReply(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseHandleChecks: a handle from Limiter.Lease refuses what Acquire
+// refuses before sending anything, and releases without a Concurrency.
+func TestLeaseHandleChecks(t *testing.T) {
+	srv, c := minitest.Start(t)
+	l := admit.New(c)
+	ctx := context.Background()
+	long := l.Lease(admit.LeaseRequest{Key: strings.Repeat("k", admit.MaxKeyLen+1), Spec: twoAtOnce, Name: "n"})
+	for op, f := range map[string]func(context.Context) (bool, error){"Extend": long.Extend, "Release": long.Release} {
+		if live, err := f(ctx); live || !errors.Is(err, admit.ErrInvalidRequest) || !strings.Contains(err.Error(), "MaxKeyLen") {
+			t.Errorf("%s of a handle on a key over MaxKeyLen: %v, %v; want ErrInvalidRequest naming MaxKeyLen", op, live, err)
+		}
+	}
+	if keys := srv.Keys(); len(keys) != 0 {
+		t.Fatalf("refused handles wrote %v", keys)
+	}
+	x, err := l.Acquire(ctx, admit.LeaseRequest{Key: "c", Spec: twoAtOnce, Name: "job"}, nil, nil)
+	if err != nil || !x.Granted() {
+		t.Fatalf("Acquire: %v, %v", x, err)
+	}
+	h := l.Lease(admit.LeaseRequest{Key: "c", Name: "job"}) // no Concurrency
+	if live, err := h.Release(ctx); !live || err != nil {
+		t.Fatalf("Release of a handle without a Concurrency: %v, %v; want true, nil", live, err)
+	}
+	if live, err := h.Extend(ctx); live || !errors.Is(err, admit.ErrInvalidRequest) {
+		t.Errorf("Extend of a handle without a Concurrency: %v, %v; want ErrInvalidRequest", live, err)
+	}
+}

@@ -23,8 +23,10 @@
 // Each call is decided once, before its handler runs (a stream at its
 // start), with the decider's AllowAll: all or nothing, so a refusal by the
 // second bucket charges neither and names the bucket that is empty. The
-// decider is an [admit.Limiter] on a shared store, or an [admit.Local] for
-// a single process.
+// decider is an [admit.Limiter] on a shared store, or an [admit.Local] or
+// [admit.Degraded] for a single process; [New] refuses a Limiter built
+// without a client, without sending anything. The Rule types are package
+// edge's, shared with admithttp: one Rule means the same at both edges.
 //
 // # Refusals
 //
@@ -34,17 +36,27 @@
 // rounded up to a whole millisecond (never short), and
 // google.rpc.QuotaFailure, with one violation whose subject is the
 // refusing bucket's Policy. A client reads them through status.FromError
-// and Status.Details.
+// and Status.Details. The refusal also sets the trailer
+// [PushbackTrailer] (grpc-retry-pushback-ms, gRPC's retry design A6) to
+// the same delay in milliseconds, so that a grpc-go client whose service
+// config retries RESOURCE_EXHAUSTED waits that long. [WithQuotaMetadata]
+// adds the HTTP draft's quota fields as metadata, on admitted calls too.
+//
+// A call whose context ends (the client went away, or its deadline
+// passed) before its decision comes back is ClientGone, whatever the
+// store's error, with or without [WithTimeout]: never an outage. Only the
+// decision timeout of WithTimeout, firing first, is an outage.
 //
 // # No limit only by choice
 //
-// A call goes unlimited only when classify returns [NoLimit]. Every other
-// Rule is checked: a Rule whose keys are empty, identical, longer than
-// [admit.MaxKeyLen] or on different cluster slots (what a missing, empty or
-// hostile metadata value makes of a key) is refused with
-// codes.InvalidArgument, never served; a Rule the server's code got wrong
-// (the zero Rule, a zero Spec, a Cost above the burst, a bad policy name)
-// with codes.Internal. No metadata a client sends lifts a limit or yields
+// A call goes unlimited only when classify returns the zero Rule, which
+// [NoLimit] is (as admithttp's zero Rule). Every other Rule is checked: a
+// Rule whose keys are empty, identical, longer than [admit.MaxKeyLen] or
+// on different cluster slots (what a missing, empty or hostile metadata
+// value makes of a key) is refused with codes.InvalidArgument, never
+// served; a Rule the server's code got wrong (a zero Spec, a Cost above
+// the burst, a bad policy name, a negative RetryAfter, a concurrency part
+// on a decider that cannot Acquire) with codes.Internal. No metadata a client sends lifts a limit or yields
 // codes.Internal, provided keys are built from it (as admit.KeyPart
 // builds them, or as any string) and not its Spec or Policy.
 //
@@ -65,13 +77,15 @@
 // decision whose outcome is unknown the interceptors release too: the
 // lost Acquire may have taken a slot.
 //
-// A refusal by the slot is codes.ResourceExhausted with a RetryInfo of
-// the time until the key's oldest lease expires, rounded up (an upper
-// bound: a release frees a slot sooner), and a QuotaFailure violation
-// whose subject is the part's Policy. A concurrency part needs a decider
-// that can Acquire, an [admit.Limiter]: on another decider the Rule is
-// refused with codes.Internal. While degraded ([Degrade]) the part is not
-// enforced.
+// A refusal by the concurrency part is codes.ResourceExhausted with a
+// RetryInfo (and pushback) of the Concurrent's RetryAfter, one second when
+// it is zero, but never more than the time until the key's oldest lease
+// expires (a place is surely free then; holders that release at their end
+// free one sooner), and a QuotaFailure violation whose subject is the
+// part's Policy. A concurrency part needs a decider that can Acquire, an
+// [admit.Limiter]: on another decider the Rule is refused with
+// codes.Internal. While degraded ([Degrade]) a Rule with a concurrency
+// part is refused (codes.Unavailable, RetryInfo one second).
 //
 // # Outages
 //
@@ -84,10 +98,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -97,103 +112,24 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// A Bucket is one token bucket a call is charged to, and the name under
-// which a refusal's QuotaFailure names it.
-type Bucket struct {
-	// Policy names the bucket in a refusal's message and QuotaFailure
-	// violation. It must be printable ASCII (0x20 to 0x7E), not empty,
-	// and differ from the other bucket's.
-	Policy string
-	// Key is the bucket's key. The two keys of a Rule must share a hash
-	// tag on Valkey Cluster. Keys must not start with [ShadowPrefix].
-	Key string
-	// Spec is the bucket's rate and burst.
-	Spec admit.Spec
-	// Cost is the tokens this call takes; 0 means 1.
-	Cost int
-}
+// A Bucket is one token bucket a call is charged to: [edge.Bucket], the
+// same type at both edges. Its Policy is the subject of a refusal's
+// QuotaFailure violation.
+type Bucket = edge.Bucket
 
-// Request returns the bucket as an [admit.Request].
-func (b Bucket) Request() admit.Request {
-	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
-}
+// A Concurrent is a concurrency limit: [edge.Concurrent], the same type at
+// both edges. A call holds one of its places (an [admit.Lease]) from its
+// admission until its handler returns or panics; its RetryAfter is the
+// wait a refusal by it says.
+type Concurrent = edge.Concurrent
 
-// edge returns b as the edges' shared Bucket.
-func (b Bucket) edge() edge.Bucket {
-	return edge.Bucket{Policy: b.Policy, Key: b.Key, Spec: b.Spec, Cost: b.Cost}
-}
+// A Rule is what one call is charged: [edge.Rule], the same type at both
+// edges. The zero Rule, which [NoLimit] is, means no limit.
+type Rule = edge.Rule
 
-// A Concurrent is a concurrency limit: a call holds one of its slots (an
-// [admit.Lease]) from its admission until its handler returns or panics,
-// so that at most Spec.Limit() calls of its Key run at once.
-type Concurrent struct {
-	// Policy names the limit in a refusal's message and QuotaFailure
-	// violation. It must be printable ASCII (0x20 to 0x7E), not empty,
-	// and differ from the buckets' policies.
-	Policy string
-	// Key is the lease key (a sorted set of holders); it must not be
-	// empty, must differ from the buckets' keys, and must share their
-	// hash tag on Valkey Cluster, as in "conc:{org:7}" beside
-	// "tpm:{org:7}". Keys must not start with [ShadowPrefix].
-	Key string
-	// Spec is the limit and the lease duration; it must not be the zero
-	// Concurrency. Give a lease longer than the slowest handler: a
-	// handler that outlives its lease loses its slot to another call
-	// (reported to [WithErrorFunc] at release), unless it extends the
-	// lease ([Admission].Lease).
-	Spec admit.Concurrency
-}
-
-// A Rule is what one call is charged: a slot of Concurrent, if not nil,
-// then First, and only when First admits, Second, all or nothing. A nil
-// Second is the one-bucket path. A Rule with a concurrency part may have
-// no bucket: First zero and Second nil is a plain concurrency limit.
-// Return [NoLimit] for a call that has no limit; the zero Rule is an
-// error.
-type Rule struct {
-	// First is checked first: the standard lane's own bucket, or the
-	// premium lane's shared one.
-	First Bucket
-	// Second, if not nil, is checked only when First admits.
-	Second *Bucket
-	// Concurrent, if not nil, is a concurrency limit whose slot the call
-	// holds while its handler runs; it is decided before the buckets, in
-	// the same script run.
-	Concurrent *Concurrent
-
-	noLimit bool
-}
-
-// NoLimit is the Rule of a call that has no limit: its handler runs, with
-// no decision. It is the only way to lift the limit from a call.
-var NoLimit = Rule{noLimit: true}
-
-// IsNoLimit reports whether r is NoLimit.
-func (r Rule) IsNoLimit() bool { return r.noLimit }
-
-// Requests returns the Rule's buckets as the arguments of admit's calls,
-// for example to Refund the unused part of a reservation. A Rule without
-// a bucket (a concurrency limit alone) returns the zero Request and nil:
-// there is nothing to refund.
-func (r Rule) Requests() (first admit.Request, second *admit.Request) {
-	return r.edge().Requests()
-}
-
-// edge returns r as the edges' shared Rule, which shares r's Concurrent.
-func (r Rule) edge() edge.Rule {
-	e := edge.Rule{First: r.First.edge(), Concurrent: (*edge.Concurrent)(r.Concurrent)}
-	if r.Second != nil {
-		s := r.Second.edge()
-		e.Second = &s
-	}
-	return e
-}
-
-// clone returns r with its own copies of Second and Concurrent.
-func (r Rule) clone() Rule {
-	r.Second, r.Concurrent = edge.Copy(r.Second), edge.Copy(r.Concurrent)
-	return r
-}
+// NoLimit is the Rule of a call that has no limit: the zero Rule. Its
+// handler runs, with no decision.
+var NoLimit = Rule{}
 
 // A Call is what classify sees of one call.
 type Call struct {
@@ -279,11 +215,11 @@ func Unavailable(retryAfter time.Duration) OutagePolicy {
 // local decision. A call d cannot decide (a Cost above its scaled burst)
 // ends with codes.Unavailable and a RetryInfo of one second.
 //
-// A Rule's concurrency part is not enforced while degraded (a Degraded
-// holds no leases): d decides the Rule's buckets alone, and a Rule with
-// no bucket runs its handler undecided (OutageServed). A fleet that must
-// not run more calls at once than the limit, even in an outage, uses
-// Unavailable instead.
+// A Rule with a concurrency part is refused while degraded, with
+// codes.Unavailable and a RetryInfo of one second, its handler not run: a
+// Degraded holds no leases, and a limit counted in each process would not
+// bound the fleet. So no more calls of a key run at once than its limit,
+// outage or not.
 func Degrade(d *admit.Degraded) OutagePolicy {
 	return OutagePolicy{kind: outageDegrade, degraded: d}
 }
@@ -375,7 +311,8 @@ type Report struct {
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
 	// part that refused (admit.PartConcurrency when every slot was taken), and
 	// Lease.Holders the calls of the key in flight. For a slot refusal,
-	// Decision carries the slot's RetryAfter with Denied 0: read Lease.
+	// Decision carries the refusal's RetryAfter (the Concurrent's hint, capped
+	// by Lease.RetryAfter) with Denied 0: read Lease.
 	Lease *admit.Lease
 }
 
@@ -390,7 +327,9 @@ type config struct {
 	outcome func(Report)
 	onError func(c *Call, err error)
 	timeout time.Duration
-	shadows []Shadow
+	// quotaMetadata is WithQuotaMetadata's.
+	quotaMetadata bool
+	shadows       []Shadow
 	// shadowNames are the shadows' names, which a new one must not take.
 	shadowNames []string
 }
@@ -456,11 +395,12 @@ type Interceptors struct {
 // either policy (or a Degrade policy its Degraded, an OutageFunc its
 // function), or when an Option is invalid.
 func New(dec admit.Decider, classify func(*Call) Rule, outage Outage, opts ...Option) (*Interceptors, error) {
+	if err := edge.CheckDecider(dec); err != nil {
+		return nil, fmt.Errorf("admitgrpc: New: %w", err)
+	}
 	switch {
-	case dec == nil:
-		return nil, errors.New("admitgrpc: New: nil decider; pass admit.New(client), or an admit.Local for one process")
 	case classify == nil:
-		return nil, errors.New("admitgrpc: New: nil classify; pass a function from the call to its Rule (admitgrpc.NoLimit for no limit)")
+		return nil, errors.New("admitgrpc: New: nil classify; pass a function from the call to its Rule (the zero Rule, admitgrpc.NoLimit, for no limit)")
 	}
 	for _, p := range []struct {
 		name string
@@ -539,7 +479,7 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 	p, _ := peer.FromContext(ctx)
 	call := &Call{Context: ctx, FullMethod: method, Metadata: md, Peer: p, Stream: stream}
 	rule := ic.classify(call)
-	if rule.noLimit {
+	if rule.IsZero() {
 		ic.runShadows(call, rule, admit.Decision{})
 		ic.report(call, rule, Unlimited, admit.Decision{}, nil)
 		return ctx, nil, nil
@@ -549,54 +489,48 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
 		return nil, nil, invalidStatus(code)
 	}
-	var acq edge.Acquirer
-	if rule.Concurrent != nil {
-		var ok bool
-		if acq, ok = ic.dec.(edge.Acquirer); !ok {
-			err := fmt.Errorf("admitgrpc: the Rule has a concurrency part (policy %q), and the decider (%T) cannot Acquire; "+
-				"decide concurrency limits on an *admit.Limiter: %w", rule.Concurrent.Policy, ic.dec, admit.ErrInvalidRequest)
-			ic.runShadows(call, rule, admit.Decision{})
-			ic.report(call, rule, InvalidRule, admit.Decision{}, err)
-			return nil, nil, invalidStatus(codes.Internal)
-		}
-	}
-	res, err := edge.Decide(ctx, ic.dec, acq, rule.edge(), ic.timeout)
+	res, err := edge.Decide(ctx, ic.dec, rule, ic.timeout)
 	var release func()
 	if x := res.Lease; x != nil {
 		// Whatever happens next, the handler returning or panicking
-		// included: a granted slot is freed, and so is one that an
+		// included: a granted lease is freed, and so is one that an
 		// Acquire whose outcome is unknown may have taken. A lease that
 		// was refused, or never sent, sends nothing.
 		release = func() { ic.release(call, x) }
 	}
 	d := res.Decision
-	ic.runShadows(call, rule, d)
-	var lease *admit.Lease // for the reports of a decided call
-	if err == nil {
-		lease = res.Lease
-	}
-	switch {
-	case err == nil && res.Allowed():
-		ic.reportLease(call, rule, Admitted, d, lease, nil)
-		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec, Lease: lease}), release, nil
-	case err == nil:
-		ic.reportLease(call, rule, Refused, d, lease, nil)
-		return nil, release, refusal(rule, d, lease, false)
-	case ctx.Err() != nil:
+	verdict := edge.Judge(ctx, res, err)
+	if verdict == edge.Gone {
 		// The client went away (or its deadline passed): not an outage.
 		ic.report(call, rule, ClientGone, admit.Decision{}, err)
-		return nil, release, status.FromContextError(ctx.Err()).Err()
-	case errors.Is(err, admit.ErrInvalidRequest):
+		cerr := ctx.Err()
+		if cerr == nil {
+			cerr = context.DeadlineExceeded // passed, its timer not yet fired
+		}
+		return nil, release, status.FromContextError(cerr).Err()
+	}
+	ic.runShadows(call, rule, d)
+	switch verdict {
+	case edge.Admit:
+		ic.reportLease(call, rule, Admitted, d, res.Lease, nil)
+		if ic.quotaMetadata {
+			setQuotaMetadata(ctx, rule, res)
+		}
+		return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: ic.dec, Lease: res.Lease}), release, nil
+	case edge.Refuse:
+		ic.reportLease(call, rule, Refused, d, res.Lease, nil)
+		return nil, release, ic.refusal(ctx, rule, res, false)
+	case edge.Invalid:
 		code := codes.Internal
 		if errors.Is(err, admit.ErrCrossSlot) {
 			code = codes.InvalidArgument // keys from client input on different slots
 		}
 		ic.report(call, rule, InvalidRule, admit.Decision{}, err)
 		return nil, release, invalidStatus(code)
-	case errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown):
+	case edge.NotExecuted:
 		ctx, err := ic.outageRun(ctx, call, rule, ic.outage.NotExecuted, err)
 		return ctx, release, err
-	default: // admit.ErrOutcomeUnknown, or a Decider of your own's unclassed error
+	default: // edge.OutcomeUnknown
 		ctx, err := ic.outageRun(ctx, call, rule, ic.outage.OutcomeUnknown, err)
 		return ctx, release, err
 	}
@@ -616,12 +550,6 @@ func (ic *Interceptors) fail(call *Call, err error) {
 	}
 }
 
-// decide runs rule's buckets on dec, all or nothing, within the timeout.
-func (ic *Interceptors) decide(ctx context.Context, dec admit.Decider, rule Rule) (admit.Decision, error) {
-	res, err := edge.Decide(ctx, dec, nil, rule.edge(), ic.timeout)
-	return res.Decision, err
-}
-
 // outageRun answers a call whose decision failed with err, as p says.
 func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p OutagePolicy, err error) (context.Context, error) {
 	switch p.kind {
@@ -632,13 +560,12 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 		ic.report(call, rule, OutageRefused, admit.Decision{}, err)
 		return nil, unavailable(p.retry)
 	case outageDegrade:
-		if !rule.edge().HasBuckets() {
-			// A concurrency limit alone: not enforced while degraded.
-			ic.report(call, rule, OutageServed, admit.Decision{}, err)
-			return ctx, nil
+		if rule.Concurrent != nil {
+			// A Degraded holds no leases: refused, so that no more calls
+			// of a key run at once than its limit, outage or not.
+			ic.report(call, rule, OutageRefused, admit.Decision{}, err)
+			return nil, unavailable(time.Second)
 		}
-		rule = rule.clone()
-		rule.Concurrent = nil // not enforced while degraded
 		first, second := rule.Requests()
 		d, derr := p.degraded.AllowAll(ctx, first, second)
 		switch {
@@ -647,10 +574,17 @@ func (ic *Interceptors) outageRun(ctx context.Context, call *Call, rule Rule, p 
 			return nil, unavailable(time.Second)
 		case d.Allowed():
 			ic.report(call, rule, DegradedAdmitted, d, err)
+			if scaled, serr := edge.Scale(p.degraded, rule); serr == nil && ic.quotaMetadata {
+				setQuotaMetadata(ctx, scaled, edge.Result{Decision: d})
+			}
 			return context.WithValue(ctx, admissionKey{}, Admission{Rule: rule, Decision: d, Decider: p.degraded}), nil
 		default:
 			ic.report(call, rule, DegradedRefused, d, err)
-			return nil, refusal(rule, d, nil, true)
+			scaled, serr := edge.Scale(p.degraded, rule) // the quota that refused
+			if serr != nil {
+				scaled = rule
+			}
+			return nil, ic.refusal(ctx, scaled, edge.Result{Decision: d}, true)
 		}
 	default: // outageFunc
 		ferr := p.fn(call, rule, err)
@@ -673,44 +607,50 @@ func (ic *Interceptors) reportLease(call *Call, rule Rule, o Outcome, d admit.De
 	}
 }
 
-// refusal is the ResourceExhausted status of a refused decision: by the
-// slot when x says so, by a bucket otherwise.
-func refusal(rule Rule, d admit.Decision, x *admit.Lease, degraded bool) error {
-	if x != nil && x.Denied == admit.PartConcurrency && rule.Concurrent != nil {
-		return slotRefusal(rule.Concurrent, x)
-	}
-	b := rule.First
-	if d.Denied == 2 && rule.Second != nil {
-		b = *rule.Second
-	}
+// PushbackTrailer is the trailer of gRPC's retry design (A6) that a
+// refusal sets to its RetryInfo delay in milliseconds: a grpc-go client
+// whose service config retries RESOURCE_EXHAUSTED waits that long before
+// its retry, instead of its own backoff.
+const PushbackTrailer = "grpc-retry-pushback-ms"
+
+// refusal is the ResourceExhausted status of a refused decision, by the
+// concurrency part when res's Lease says so, by a bucket otherwise; it
+// sets the pushback trailer (and with WithQuotaMetadata the quota
+// fields) on ctx's call.
+func (ic *Interceptors) refusal(ctx context.Context, rule Rule, res edge.Result, degraded bool) error {
+	d := res.Decision
 	delay := roundUpMs(d.RetryAfter)
-	msg := fmt.Sprintf("admit: rate limit %q exceeded; retry after %v", b.Policy, delay)
+	md := metadata.Pairs(PushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10))
+	if ic.quotaMetadata {
+		policy, limit := edge.Fields(edge.Quotas(rule, res))
+		md.Append(PolicyMetadata, policy)
+		md.Append(LimitMetadata, limit)
+	}
+	grpc.SetTrailer(ctx, md) //nolint:errcheck // fails only outside a call, where there is nothing to set
+	var policy, desc, msg string
+	if x := res.Lease; x != nil && x.Denied == admit.PartConcurrency && rule.Concurrent != nil {
+		c := rule.Concurrent
+		policy, desc = c.Policy, fmt.Sprintf("%d calls in flight, limit %d", x.Holders, c.Spec.Limit())
+		msg = fmt.Sprintf("admit: concurrency limit %q reached; retry after %v", c.Policy, delay)
+	} else {
+		b := rule.First
+		if d.Denied == 2 && rule.Second != nil {
+			b = *rule.Second
+		}
+		unit := b.Unit
+		if unit == "" {
+			unit = "tokens"
+		}
+		policy = b.Policy
+		desc = fmt.Sprintf("the %q bucket holds %d %s; this call costs %d", b.Policy, d.Remaining[d.Denied-1], unit, b.Tokens())
+		msg = fmt.Sprintf("admit: rate limit %q exceeded; retry after %v", b.Policy, delay)
+	}
 	if degraded {
 		msg += " (degraded: the shared limiter is unavailable)"
 	}
 	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-			Subject:     b.Policy,
-			Description: fmt.Sprintf("the %q bucket holds %d tokens; this call costs %d", b.Policy, d.Remaining[d.Denied-1], b.edge().Tokens()),
-		}}},
-	)
-	if err != nil { // policies are checked ASCII: unreachable
-		return status.Error(codes.ResourceExhausted, msg)
-	}
-	return st.Err()
-}
-
-// slotRefusal is the ResourceExhausted status of a refusal by the slot.
-func slotRefusal(c *Concurrent, x *admit.Lease) error {
-	delay := roundUpMs(x.RetryAfter)
-	msg := fmt.Sprintf("admit: concurrency limit %q reached; retry after %v", c.Policy, delay)
-	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-			Subject:     c.Policy,
-			Description: fmt.Sprintf("%d calls in flight, limit %d", x.Holders, c.Spec.Limit()),
-		}}},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: policy, Description: desc}}},
 	)
 	if err != nil { // policies are checked ASCII: unreachable
 		return status.Error(codes.ResourceExhausted, msg)
@@ -748,7 +688,7 @@ func roundUpMs(d time.Duration) time.Duration {
 // InvalidArgument for keys, which a client's metadata may have made what
 // they are; Internal for the rest, which the server's code chose.
 func checkRule(rule Rule) (codes.Code, error) {
-	f := edge.Check(rule.edge())
+	f := edge.Check(rule)
 	switch {
 	case f == nil:
 		return codes.OK, nil
@@ -756,4 +696,30 @@ func checkRule(rule Rule) (codes.Code, error) {
 		return codes.InvalidArgument, fmt.Errorf("admitgrpc: %w", f)
 	}
 	return codes.Internal, fmt.Errorf("admitgrpc: %w", f)
+}
+
+// The metadata keys of [WithQuotaMetadata]: the values of HTTP's
+// RateLimit-Policy and RateLimit fields (draft-ietf-httpapi-ratelimit-
+// headers-11), as admithttp sends them.
+const (
+	PolicyMetadata = "ratelimit-policy"
+	LimitMetadata  = "ratelimit"
+)
+
+// WithQuotaMetadata sends the quota of every decided call as metadata:
+// [PolicyMetadata] (every part of the Rule: q, qu, w) and [LimitMetadata]
+// (every part decided: r, and t, the seconds until more than r), in
+// response headers on an admitted call (set before its handler runs) and
+// in trailers on a refusal; while degraded ([Degrade]) they give the
+// scaled quota that decided. Default: refusals carry RetryInfo,
+// QuotaFailure and the pushback trailer alone.
+func WithQuotaMetadata() Option {
+	return optionFunc(func(c *config) error { c.quotaMetadata = true; return nil })
+}
+
+// setQuotaMetadata sends the quota fields of an admitted call as header
+// metadata.
+func setQuotaMetadata(ctx context.Context, rule Rule, res edge.Result) {
+	policy, limit := edge.Fields(edge.Quotas(rule, res))
+	grpc.SetHeader(ctx, metadata.Pairs(PolicyMetadata, policy, LimitMetadata, limit)) //nolint:errcheck // fails only outside a call
 }

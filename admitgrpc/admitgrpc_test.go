@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -357,9 +358,9 @@ func TestClientGone(t *testing.T) {
 	}
 }
 
-// TestNoLimitOnlyByChoice: NoLimit runs the handler undecided; the zero
-// Rule and a Rule with an empty key are refused, and a Rule the server got
-// wrong is Internal.
+// TestNoLimitOnlyByChoice: NoLimit, the zero Rule, runs the handler
+// undecided (as admithttp's zero Rule does); a Rule with an empty key is
+// refused, and a Rule the server got wrong is Internal.
 func TestNoLimitOnlyByChoice(t *testing.T) {
 	rules := map[string]admitgrpc.Rule{
 		"nolimit":  admitgrpc.NoLimit,
@@ -379,7 +380,7 @@ func TestNoLimitOnlyByChoice(t *testing.T) {
 	}
 	c := serve(t, ic)
 	want := map[string]codes.Code{
-		"nolimit": codes.OK, "zero": codes.InvalidArgument, "emptykey": codes.InvalidArgument, "samekey": codes.InvalidArgument,
+		"nolimit": codes.OK, "zero": codes.OK, "emptykey": codes.InvalidArgument, "samekey": codes.InvalidArgument,
 		"shadowns": codes.InvalidArgument, "zerospec": codes.Internal, "cost": codes.Internal, "policy": codes.Internal,
 	}
 	for name, code := range want {
@@ -566,7 +567,7 @@ func serveChecker(tb testing.TB, ic *admitgrpc.Interceptors, check func(context.
 // service svc, the interceptors chained after outer (if any), and returns a
 // client connected to it. Both stop with the test.
 func serveHealth(tb testing.TB, ic *admitgrpc.Interceptors, svc healthpb.HealthServer,
-	outerUnary grpc.UnaryServerInterceptor, outerStream grpc.StreamServerInterceptor) healthpb.HealthClient {
+	outerUnary grpc.UnaryServerInterceptor, outerStream grpc.StreamServerInterceptor, dial ...grpc.DialOption) healthpb.HealthClient {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -584,7 +585,7 @@ func serveHealth(tb testing.TB, ic *admitgrpc.Interceptors, svc healthpb.HealthS
 	healthpb.RegisterHealthServer(srv, svc)
 	go srv.Serve(ln) //nolint:errcheck // Serve returns when Stop is called
 	tb.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -619,7 +620,8 @@ var concSpec = admit.MustConcurrency(3, time.Minute)
 
 // TestConcurrentInFlight: 50 concurrent calls on a limit of 3. While the
 // first 3 hold their slots, the 47 others are refused with a RetryInfo of
-// the lease (the frozen clock's oldest lease expires a minute from now)
+// the default hint, 1 s (the frozen clock's oldest lease expires a minute
+// from now)
 // and a QuotaFailure naming the part; the outcome hook reports them
 // refused by the slot. Then 50 callers retry until each is served once
 // (at most 400 attempts each): never more than 3 handlers in flight,
@@ -688,8 +690,8 @@ func TestConcurrentInFlight(t *testing.T) {
 	for _, err := range refusals {
 		code, delay, vs := slotInfo(t, err)
 		want := []string{"in-flight: 3 calls in flight, limit 3"}
-		if code != codes.ResourceExhausted || delay != time.Minute || fmt.Sprint(vs) != fmt.Sprint(want) {
-			t.Fatalf("refusal %v: code %v, RetryInfo %v, violations %q; want ResourceExhausted, 1m0s, %q", err, code, delay, vs, want)
+		if code != codes.ResourceExhausted || delay != time.Second || fmt.Sprint(vs) != fmt.Sprint(want) {
+			t.Fatalf("refusal %v: code %v, RetryInfo %v, violations %q; want ResourceExhausted, 1s (the default hint, under the lease's 1m0s), %q", err, code, delay, vs, want)
 		}
 	}
 	if got := refusedBySlot.Load(); got != callers-n {
@@ -1015,14 +1017,15 @@ func TestConcurrentReleaseError(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `releasing the slot of "c:{o}"`) {
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `releasing the lease of "c:{o}"`) {
 		t.Fatalf("error hook got %v, want one release error", errs)
 	}
 }
 
-// TestConcurrentDegrade: while degraded, a concurrency-only Rule is served
-// (the part is not enforced), and a Rule with a bucket is decided on the
-// Degraded's bucket alone.
+// TestConcurrentDegrade: while degraded, a Rule with a concurrency part,
+// with a bucket or without, is refused with Unavailable and a RetryInfo of
+// 1 s, its handler never run (a Degraded holds no leases); a Rule without
+// one is still decided on the Degraded's bucket.
 func TestConcurrentDegrade(t *testing.T) {
 	srv, c := minitest.Start(t)
 	srv.Close() // every decision fails: not executed
@@ -1032,14 +1035,11 @@ func TestConcurrentDegrade(t *testing.T) {
 	}
 	bucket := admitgrpc.Bucket{Policy: "tpm", Key: "tpm:{o}", Spec: admit.MustSpec(admit.Every(time.Hour), 4)}
 	conc := &admitgrpc.Concurrent{Policy: "c", Key: "c:{o}", Spec: admit.MustConcurrency(1, time.Minute)}
-	var withBucket atomic.Bool
+	var rule atomic.Value
 	var outcomes sync.Map
-	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
-		if withBucket.Load() {
-			return admitgrpc.Rule{First: bucket, Concurrent: conc}
-		}
-		return admitgrpc.Rule{Concurrent: conc}
-	}, admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(deg), OutcomeUnknown: admitgrpc.Degrade(deg)}, admitgrpc.WithTimeout(200*time.Millisecond),
+	var ran atomic.Int64
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule { return rule.Load().(admitgrpc.Rule) },
+		admitgrpc.Outage{NotExecuted: admitgrpc.Degrade(deg), OutcomeUnknown: admitgrpc.Degrade(deg)}, admitgrpc.WithTimeout(200*time.Millisecond),
 		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
 			n, _ := outcomes.LoadOrStore(r.Outcome, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
@@ -1047,13 +1047,21 @@ func TestConcurrentDegrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := serveChecker(t, ic, func(context.Context) error { return nil }, nil, nil)
-	for range 3 {
-		if err := check(context.Background(), client); err != nil {
-			t.Fatalf("concurrency alone, degraded: %v, want served", err)
+	client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+	for _, r := range []admitgrpc.Rule{{Concurrent: conc}, {First: bucket, Concurrent: conc}} {
+		rule.Store(r)
+		for range 3 {
+			err := check(context.Background(), client)
+			st, _ := status.FromError(err)
+			if delay, _ := retryAndQuota(st); st.Code() != codes.Unavailable || delay != time.Second {
+				t.Fatalf("concurrency part (buckets %v), degraded: %v, RetryInfo %v; want Unavailable, 1s", r.HasBuckets(), err, delay)
+			}
 		}
 	}
-	withBucket.Store(true)
+	if ran.Load() != 0 {
+		t.Fatalf("%d handlers ran for a Rule with a concurrency part while degraded; want 0", ran.Load())
+	}
+	rule.Store(admitgrpc.Rule{First: bucket})
 	var ok, refused int
 	for range 4 {
 		switch err := check(context.Background(), client); status.Code(err) {
@@ -1078,9 +1086,9 @@ func TestConcurrentDegrade(t *testing.T) {
 		}
 		return n.(*atomic.Int64).Load()
 	}
-	if count(admitgrpc.OutageServed) != 3 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 {
-		t.Fatalf("outcomes: served %d, degraded-admitted %d, degraded-refused %d; want 3, 2, 2",
-			count(admitgrpc.OutageServed), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused))
+	if count(admitgrpc.OutageRefused) != 6 || count(admitgrpc.DegradedAdmitted) != 2 || count(admitgrpc.DegradedRefused) != 2 || count(admitgrpc.OutageServed) != 0 {
+		t.Fatalf("outcomes: outage-refused %d, degraded-admitted %d, degraded-refused %d, served %d; want 6, 2, 2, 0",
+			count(admitgrpc.OutageRefused), count(admitgrpc.DegradedAdmitted), count(admitgrpc.DegradedRefused), count(admitgrpc.OutageServed))
 	}
 }
 
@@ -1504,4 +1512,250 @@ func restartServer(t *testing.T, port string) *exec.Cmd {
 	}
 	t.Fatalf("%s did not listen on %s again", filepath.Base(testserver.Binary()), port)
 	return nil
+}
+
+// TestGoneVersusOutageStorePaused: with the store paused (SIGSTOP) and a
+// client deadline of 300 ms, every one of 100 calls is ClientGone, with
+// and without a decision timeout (one longer than the client's deadline):
+// a caller whose deadline passed is never an outage, and its handler never
+// runs, even when valkey-go fails its call with another call's context
+// error first (edge.Decide tries again). A decision timeout well before
+// the deadline is an outage.
+func TestGoneVersusOutageStorePaused(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	spec := admit.MustSpec(admit.Every(time.Millisecond), 1000)
+	for _, tc := range []struct {
+		name     string
+		opts     []admitgrpc.Option
+		deadline time.Duration
+		outcome  admitgrpc.Outcome
+	}{
+		{"no timeout", nil, 300 * time.Millisecond, admitgrpc.ClientGone},
+		{"timeout 1s", []admitgrpc.Option{admitgrpc.WithTimeout(time.Second)}, 300 * time.Millisecond, admitgrpc.ClientGone},
+		// The decision timeout well before the client's deadline, which a
+		// loaded machine must not reach first.
+		{"timeout 50ms", []admitgrpc.Option{admitgrpc.WithTimeout(50 * time.Millisecond)}, 10 * time.Second, admitgrpc.OutageServed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var outcomes sync.Map
+			var ran, classified atomic.Int64
+			ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
+				classified.Add(1)
+				return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "p", Key: "gone:{o}", Spec: spec}}
+			}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Serve()}, append(tc.opts,
+				admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+					n, _ := outcomes.LoadOrStore(r.Outcome, new(atomic.Int64))
+					if r.Outcome != tc.outcome {
+						dl, _ := r.Call.Context.Deadline()
+						t.Logf("%v: %v (ctx %v, deadline in %v)", r.Outcome, r.Err, r.Call.Context.Err(), time.Until(dl))
+					}
+					n.(*atomic.Int64).Add(1)
+				}))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := serveChecker(t, ic, func(context.Context) error { ran.Add(1); return nil }, nil, nil)
+			if err := check(context.Background(), client); err != nil { // the store's connection is up
+				t.Fatal(err)
+			}
+			outcomes.Clear()
+			ran.Store(0)
+			classified.Store(0)
+			resume := testserver.Pause(t, srv)
+			const calls = 100
+			var wg sync.WaitGroup
+			for range calls {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
+					defer cancel()
+					check(ctx, client) //nolint:errcheck // the outcome hook counts
+				})
+			}
+			wg.Wait()
+			// Every call that reached the interceptor is decided (its
+			// context ended) before the store resumes.
+			total := func() (n int64) {
+				outcomes.Range(func(_, v any) bool { n += v.(*atomic.Int64).Load(); return true })
+				return n
+			}
+			for deadline := time.Now().Add(5 * time.Second); total() < classified.Load() && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			resume()
+			counts := map[string]int64{}
+			var wrong int64
+			outcomes.Range(func(k, v any) bool {
+				n := v.(*atomic.Int64).Load()
+				counts[k.(admitgrpc.Outcome).String()] = n
+				if k != tc.outcome {
+					wrong += n
+				}
+				return true
+			})
+			// A call whose deadline passed before the server read it never
+			// reaches the interceptor: count those that did.
+			n := classified.Load()
+			t.Logf("%d calls, %d reached the interceptor, store paused: outcomes %v, handlers run %d, not %v: %d", calls, n, counts, ran.Load(), tc.outcome, wrong)
+			if wrong != 0 || counts[tc.outcome.String()] != n || n < calls/2 {
+				t.Errorf("%d of %d calls decided not %v (%v); want 0, and at least %d decided", wrong, n, tc.outcome, counts, calls/2)
+			}
+			if tc.outcome == admitgrpc.ClientGone && ran.Load() != 0 {
+				t.Errorf("%d handlers ran for callers whose deadline had passed; want 0", ran.Load())
+			}
+		})
+	}
+}
+
+// retryExhausted is a service config whose retry policy retries
+// RESOURCE_EXHAUSTED once, with a backoff of 10 ms: what a pushback
+// replaces.
+const retryExhausted = `{"methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}], "retryPolicy": {
+	"maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1,
+	"retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]}`
+
+// TestPushbackRetried: a refusal's grpc-retry-pushback-ms trailer is its
+// RetryInfo delay in milliseconds; a real grpc-go client whose service
+// config retries RESOURCE_EXHAUSTED waits that pushback (instead of its
+// 10 ms backoff) and its retry is admitted: two attempts, refused then
+// admitted. The measured wait is logged, not asserted.
+func TestPushbackRetried(t *testing.T) {
+	local, err := admit.NewLocal(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := admit.MustSpec(admit.Every(250*time.Millisecond), 1)
+	var mu sync.Mutex
+	var attempts []time.Time
+	var outcomes []admitgrpc.Outcome
+	var refusedWait time.Duration // the last refusal's RetryAfter
+	ic, err := admitgrpc.New(local, func(*admitgrpc.Call) admitgrpc.Rule {
+		return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "p", Key: "k", Spec: spec}}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe},
+		admitgrpc.WithOutcomeFunc(func(r admitgrpc.Report) {
+			mu.Lock()
+			outcomes = append(outcomes, r.Outcome)
+			if r.Outcome == admitgrpc.Refused {
+				refusedWait = r.Decision.RetryAfter
+			}
+			mu.Unlock()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamp := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		mu.Unlock()
+		return h(ctx, req)
+	}
+	svc := health.NewServer()
+	plain := serveHealth(t, ic, svc, stamp, nil)
+	retrying := serveHealth(t, ic, svc, stamp, nil, grpc.WithDefaultServiceConfig(retryExhausted))
+
+	if err := check(context.Background(), plain); err != nil {
+		t.Fatal(err)
+	}
+	var trailer metadata.MD
+	_, err = plain.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+	st, _ := status.FromError(err)
+	delay, _ := retryAndQuota(st)
+	if got := trailer.Get(admitgrpc.PushbackTrailer); st.Code() != codes.ResourceExhausted || delay <= 0 ||
+		fmt.Sprint(got) != fmt.Sprint([]string{strconv.FormatInt(delay.Milliseconds(), 10)}) {
+		t.Fatalf("refusal %v, trailer %s %q; want ResourceExhausted and the RetryInfo delay %v in ms", err, admitgrpc.PushbackTrailer, got, delay)
+	}
+
+	mu.Lock()
+	attempts, outcomes = nil, nil
+	mu.Unlock()
+	_, err = retrying.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || len(attempts) != 2 || fmt.Sprint(outcomes) != fmt.Sprint([]admitgrpc.Outcome{admitgrpc.Refused, admitgrpc.Admitted}) {
+		t.Fatalf("retrying client: %v after %d attempts, outcomes %v; want OK after 2 (refused, admitted)", err, len(attempts), outcomes)
+	}
+	pushback := (refusedWait + time.Millisecond - 1).Truncate(time.Millisecond)
+	t.Logf("plain client: pushback %v ms, RetryInfo %v; retrying client: pushback %v, its retry came %v after its refused attempt",
+		trailer.Get(admitgrpc.PushbackTrailer), delay, pushback, attempts[1].Sub(attempts[0]))
+}
+
+// TestQuotaMetadata: with WithQuotaMetadata an admitted call carries the
+// quota fields in its headers and a refusal in its trailers, with t the
+// time to the next token, whatever the cost: a cost of 6 on a bucket of 10
+// refilling 1/s, on a frozen clock.
+func TestQuotaMetadata(t *testing.T) {
+	spec := admit.MustSpec(admit.Every(time.Second), 10)
+	for _, with := range []bool{false, true} {
+		var opts []admitgrpc.Option
+		if with {
+			opts = append(opts, admitgrpc.WithQuotaMetadata())
+		}
+		ic, err := admitgrpc.New(mustLocal(t, minitest.NewClock()), func(*admitgrpc.Call) admitgrpc.Rule {
+			return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "tpm", Key: "k", Spec: spec, Cost: 6, Unit: "llm-tokens"}}
+		}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := serve(t, ic)
+		var header, trailer metadata.MD
+		if _, err := c.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		st, _ := status.FromError(err)
+		delay, vs := retryAndQuota(st)
+		policy := `"tpm";q=10;qu="llm-tokens";w=10`
+		want := []string{policy, `"tpm";r=4;t=1`, policy, `"tpm";r=4;t=1`}
+		if !with {
+			want = []string{"", "", "", ""}
+		}
+		got := []string{strings.Join(header.Get(admitgrpc.PolicyMetadata), ","), strings.Join(header.Get(admitgrpc.LimitMetadata), ","),
+			strings.Join(trailer.Get(admitgrpc.PolicyMetadata), ","), strings.Join(trailer.Get(admitgrpc.LimitMetadata), ",")}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("WithQuotaMetadata %v: header and trailer fields %q; want %q", with, got, want)
+		}
+		if st.Code() != codes.ResourceExhausted || delay != 2*time.Second || len(vs) != 1 ||
+			vs[0].GetDescription() != `the "tpm" bucket holds 4 llm-tokens; this call costs 6` ||
+			fmt.Sprint(trailer.Get(admitgrpc.PushbackTrailer)) != "[2000]" {
+			t.Errorf("refusal %v, RetryInfo %v, violations %v, pushback %q; want ResourceExhausted, 2s, 4 of 6 llm-tokens, 2000",
+				err, delay, vs, trailer.Get(admitgrpc.PushbackTrailer))
+		}
+	}
+}
+
+// TestConcurrentRetryAfterHint: a refusal by the concurrency part says
+// the Concurrent's RetryAfter, in RetryInfo and the pushback trailer, but
+// never more than the time until the oldest lease expires (30 s on the
+// frozen clock); 1 s when it is zero.
+func TestConcurrentRetryAfterHint(t *testing.T) {
+	_, c := minitest.Start(t)
+	conc := admitgrpc.Concurrent{Policy: "one", Key: "hint:{o}", Spec: admit.MustConcurrency(1, 30*time.Second)}
+	x, err := admit.New(c).Acquire(context.Background(), admit.LeaseRequest{Key: conc.Key, Spec: conc.Spec}, nil, nil)
+	if err != nil || !x.Granted() {
+		t.Fatalf("Acquire: %v, %v", x, err)
+	}
+	var hint atomic.Int64
+	ic, err := admitgrpc.New(admit.New(c), func(*admitgrpc.Call) admitgrpc.Rule {
+		cc := conc
+		cc.RetryAfter = time.Duration(hint.Load())
+		return admitgrpc.Rule{Concurrent: &cc}
+	}, admitgrpc.Outage{NotExecuted: failServe, OutcomeUnknown: failServe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serve(t, ic)
+	for _, tc := range []struct {
+		hint, want time.Duration
+		pushback   string
+	}{{0, time.Second, "1000"}, {2500 * time.Millisecond, 2500 * time.Millisecond, "2500"}, {time.Hour, 30 * time.Second, "30000"}} {
+		hint.Store(int64(tc.hint))
+		var trailer metadata.MD
+		_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		code, delay, vs := slotInfo(t, err)
+		if code != codes.ResourceExhausted || delay != tc.want || fmt.Sprint(trailer.Get(admitgrpc.PushbackTrailer)) != "["+tc.pushback+"]" ||
+			fmt.Sprint(vs) != "[one: 1 calls in flight, limit 1]" {
+			t.Errorf("hint %v: %v, RetryInfo %v, pushback %q, violations %q; want ResourceExhausted, %v, %s", tc.hint, code, delay,
+				trailer.Get(admitgrpc.PushbackTrailer), vs, tc.want, tc.pushback)
+		}
+	}
 }

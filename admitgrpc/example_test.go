@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -13,6 +14,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -117,7 +119,9 @@ func ExampleConcurrent() {
 			org = admit.KeyPart(v[0])
 		}
 		return admitgrpc.Rule{
-			Concurrent: &admitgrpc.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight},
+			// RetryAfter: about how long a handler holds its place, the
+			// wait a refusal says (at most until the oldest lease expires).
+			Concurrent: &admitgrpc.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight, RetryAfter: 2 * time.Second},
 			First:      admitgrpc.Bucket{Policy: "per-minute", Key: "rpm:{org:" + org + "}", Spec: perMinute},
 		}
 	}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Unavailable(time.Second)})
@@ -172,9 +176,72 @@ func ExampleConcurrent() {
 	go func() { <-started }()
 	fmt.Println(call()) // a slot is free again
 	// Output:
-	// ResourceExhausted admit: concurrency limit "inflight" reached; retry after 30s
-	// retry in 30s
+	// ResourceExhausted admit: concurrency limit "inflight" reached; retry after 2s
+	// retry in 2s
 	// violated "inflight": 2 calls in flight, limit 2
 	// <nil> <nil>
 	// <nil>
+}
+
+// A client that honours a refusal's RetryInfo: it waits the delay the
+// server gave before trying again (a grpc-go service config that retries
+// RESOURCE_EXHAUSTED does the same from the grpc-retry-pushback-ms
+// trailer). Here the wait moves the server's frozen clock instead of
+// sleeping, so that the example prints the same on every run.
+func Example_retryInfoClient() {
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	sleep := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() } // time.Sleep(d) in a real client
+	lim, err := admit.NewLocal(100, admit.WithLocalClock(clock))
+	if err != nil {
+		log.Fatal(err)
+	}
+	spec := admit.MustSpec(admit.Every(2*time.Second), 1)
+	ic, err := admitgrpc.New(lim, func(*admitgrpc.Call) admitgrpc.Rule {
+		return admitgrpc.Rule{First: admitgrpc.Bucket{Policy: "per-caller", Key: "rl:caller", Spec: spec}}
+	}, admitgrpc.Outage{NotExecuted: admitgrpc.Serve(), OutcomeUnknown: admitgrpc.Serve()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ic.Unary()))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go srv.Serve(ln) //nolint:errcheck // returns at Stop
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+
+	// call tries at most 3 times, waiting each refusal's RetryInfo delay.
+	call := func(ctx context.Context) error {
+		for attempt := 1; ; attempt++ {
+			_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+			st := status.Convert(err)
+			if st.Code() != codes.ResourceExhausted || attempt == 3 {
+				return err
+			}
+			delay := time.Second // a backoff of your own when the server gives none
+			for _, d := range st.Details() {
+				if ri, ok := d.(*errdetails.RetryInfo); ok {
+					delay = ri.GetRetryDelay().AsDuration()
+				}
+			}
+			fmt.Printf("attempt %d: %v; waiting %v\n", attempt, st.Code(), delay)
+			sleep(delay)
+		}
+	}
+	for i := 1; i <= 2; i++ {
+		fmt.Printf("call %d: %v\n", i, call(context.Background()))
+	}
+	// Output:
+	// call 1: <nil>
+	// attempt 1: ResourceExhausted; waiting 2s
+	// call 2: <nil>
 }

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -69,9 +69,9 @@ func WithShadow(s Shadow) Option {
 // runShadows decides and reports every shadow rule for c.
 func (ic *Interceptors) runShadows(c *Call, enforced Rule, d admit.Decision) {
 	for _, s := range ic.shadows {
-		rule := s.Rule(c, enforced.clone()).clone()
+		rule := s.Rule(c, enforced.Clone()).Clone()
 		rule.Concurrent = nil // buckets only: a shadow takes no slot
-		if rule.noLimit || (rule.First.Key == "" && rule.Second == nil && rule.First.Spec.IsZero()) {
+		if rule.IsZero() || (rule.First.Key == "" && rule.Second == nil && rule.First.Spec.IsZero()) {
 			continue
 		}
 		_, invalid := checkRule(rule) // as given, before the prefix
@@ -85,7 +85,9 @@ func (ic *Interceptors) runShadows(c *Call, enforced Rule, d admit.Decision) {
 		if invalid != nil {
 			rep.Err = invalid
 		} else {
-			rep.Decision, rep.Err = ic.decide(c.Context, ic.dec, rule)
+			var res edge.Result
+			res, rep.Err = edge.Decide(c.Context, ic.dec, rule, ic.timeout)
+			rep.Decision = res.Decision
 		}
 		s.Report(rep)
 	}

@@ -1,5 +1,5 @@
-// Package admithttp puts an [admit.Limiter] in front of any net/http
-// handler: premium reservation for an HTTP service, with the IETF RateLimit
+// Package admithttp puts an [admit.Limiter] (or any [admit.Decider]) in
+// front of any net/http handler: premium reservation for an HTTP service, with the IETF RateLimit
 // header fields for both buckets of an ordered decision, an outage policy
 // the caller chooses, shadow rules that try a candidate Spec on production
 // traffic without enforcing it, and a per-request outcome hook.
@@ -54,10 +54,12 @@
 // Interval, rounded up; at least 1). RateLimit lists every bucket the
 // decision evaluated (the second is not evaluated when the first refuses):
 // r is the tokens the bucket holds after the call (Decision.Remaining), and
-// t the effective window, the seconds until the bucket holds more than r.
-// For the refusing bucket t is its RetryAfter rounded up, which is also
-// the Retry-After value: Retry-After is never earlier than the t of the
-// policy it names as violated. For a bucket that did not refuse, t is its
+// t the effective window, the seconds until the bucket holds more than r:
+// until its next token, whatever the cost. For the refusing bucket t is
+// exact: its RetryAfter (until it holds the whole cost, the Retry-After
+// value) less one Interval for each further token the cost needs, rounded
+// up; Retry-After is never earlier than the t of the policy it names as
+// violated. For a bucket that did not refuse, t is its
 // Interval rounded up: a Decision gives the tokens left but not how much of
 // the next one has accrued, so t is the longest the next token can take
 // (exact for a bucket that was full before the call, when the server's
@@ -66,6 +68,7 @@
 // is not a request, set Bucket.Unit, the draft's qu parameter, so that
 // clients do not read q and r as requests. Refusals always carry the
 // fields; admitted responses carry them with [WithHeaders].
+// [WithXRateLimit] adds X-RateLimit-Limit, -Remaining and -Reset.
 //
 // # Concurrency
 //
@@ -85,11 +88,12 @@
 // RateLimit-Policy lists the part first, with q the limit and
 // qu="concurrent-requests", and no w (it has no window); RateLimit gives r,
 // the slots left after the decision, and t: for a refusal by the slot, the
-// time until the oldest lease of the key expires, which Retry-After
-// repeats; otherwise the lease duration, by which this request's slot is
-// free at the latest. A release frees a slot sooner: t is an upper bound.
-// A refusal by the slot is a 429 whose violated-policies names the part.
-// While degraded ([Degrade]) the part is not enforced.
+// Concurrent's RetryAfter (one second when zero: about how long a handler
+// holds its place), but never more than the time until the oldest lease of
+// the key expires, which Retry-After repeats; otherwise the lease
+// duration, by which this request's slot is free at the latest. A refusal
+// by the slot is a 429 whose violated-policies names the part. While
+// degraded ([Degrade]) a Rule with a concurrency part is refused (503).
 //
 // # Outages
 //
@@ -97,11 +101,12 @@
 // [admit.ErrOutcomeUnknown]; [Outage] says what to do in each case, and
 // [New] refuses to build a middleware without it. [WithDecisionTimeout]
 // bounds how long a decision may take; its expiry is an error of its class
-// like any other, and so is the expiry of a deadline that a server above
-// set on the request's context. A request whose own context is canceled
-// before the decision (its client went away) is not an outage: no Outage
+// like any other. A request whose own context ended before the decision
+// came back, whatever the store's error (its client went away, or a
+// deadline a server above set on it passed), is not an outage: no Outage
 // handler runs, and the middleware writes only the status
-// [StatusClientClosedRequest]. See [Outage] for the trade-off.
+// [StatusClientClosedRequest]; admitgrpc applies the same rule
+// ([edge.Judge]). See [Outage] for the trade-off.
 //
 // # Shadow rules
 //
@@ -125,113 +130,24 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
-// A Bucket is one token bucket a request is charged to, and the name under
-// which the response's header fields describe it.
-type Bucket struct {
-	// Policy names the bucket in RateLimit-Policy, RateLimit and the
-	// problem body's violated-policies. It must be printable ASCII
-	// (0x20 to 0x7E), not empty, and differ from the other bucket's.
-	Policy string
-	// Key is the bucket's hash key in Valkey; it must not be empty. The
-	// two keys of a Rule must share a hash tag on Valkey Cluster, as in
-	// "rl:{api}:standard" and "rl:{api}:shared". Build the part that
-	// comes from the request with [admit.KeyPart]. Keys must not start
-	// with [ShadowPrefix].
-	Key string
-	// Spec is the bucket's rate and burst; it must not be the zero Spec.
-	Spec admit.Spec
-	// Cost is the tokens this request takes; 0 means 1. A Cost above the
-	// Spec's burst can never be admitted: the middleware answers 500, as
-	// for any invalid Rule, so bound it before the middleware (with a 400
-	// or 413 of your own).
-	Cost int
-	// Unit, when set, is the draft's qu parameter of the bucket's policy:
-	// what q and r count. The draft's registry has "requests" (the
-	// default, when Unit is empty), "content-bytes" and
-	// "concurrent-requests". A bucket that counts something else (tokens
-	// of a language model, say) should name it here rather than let
-	// clients read its quota as requests. It must be printable ASCII.
-	Unit string
-}
+// A Bucket is one token bucket a request is charged to: [edge.Bucket],
+// the same type at both edges. Its Policy names it in RateLimit-Policy,
+// RateLimit and the problem body's violated-policies; its Unit is the
+// draft's qu parameter.
+type Bucket = edge.Bucket
 
-// Request returns the bucket as an [admit.Request].
-func (b Bucket) Request() admit.Request {
-	return admit.Request{Key: b.Key, Spec: b.Spec, Cost: b.Cost}
-}
+// A Concurrent is a concurrency limit: [edge.Concurrent], the same type at
+// both edges. Its Policy names it with qu="concurrent-requests"; its
+// RetryAfter is the wait a refusal by it says (see Concurrency in the
+// package documentation).
+type Concurrent = edge.Concurrent
 
-// A Concurrent is a concurrency limit: a request holds one of its slots
-// (an [admit.Lease]) from its admission until its handler returns or
-// panics, so that at most Spec.Limit() requests of its Key run at once.
-type Concurrent struct {
-	// Policy names the limit in RateLimit-Policy, RateLimit and the
-	// problem body's violated-policies, with qu="concurrent-requests".
-	// It must be printable ASCII (0x20 to 0x7E), not empty, and differ
-	// from the buckets' policies.
-	Policy string
-	// Key is the lease key in Valkey (a sorted set of holders); it must
-	// not be empty, must differ from the buckets' keys, and must share
-	// their hash tag on Valkey Cluster, as in "conc:{org:7}" beside
-	// "tpm:{org:7}". Build the part that comes from the request with
-	// [admit.KeyPart]. Keys must not start with [ShadowPrefix].
-	Key string
-	// Spec is the limit and the lease duration; it must not be the zero
-	// Concurrency. Give a lease longer than the slowest handler: a
-	// handler that outlives its lease loses its slot to another request
-	// (the middleware reports it to [WithErrorFunc] when it releases),
-	// unless it extends the lease ([Admission].Lease).
-	Spec admit.Concurrency
-}
-
-// A Rule is what one request is charged: a slot of Concurrent, if not nil,
-// then First, and only when First admits, Second, in one atomic,
-// all-or-nothing decision ([admit.Limiter.AllowAll], or
-// [admit.Limiter.Acquire] with a concurrency part): when any part refuses,
-// nothing is taken. A nil Second is the one-bucket path.
-//
-// The zero Rule, Rule{}, imposes no limit: the handler runs and no header
-// is added. It is the only Rule that does: any other Rule needs a Policy, a
-// Key and a Spec in First, and in Second when Second is not nil, or it is
-// invalid and answered 500. A Rule with a concurrency part may have no
-// bucket: First zero and Second nil is a plain concurrency limit.
-type Rule struct {
-	// First is checked first: the standard lane's own bucket, or the
-	// premium lane's shared one.
-	First Bucket
-	// Second, if not nil, is checked only when First admits: the shared
-	// bucket of the standard lane.
-	Second *Bucket
-	// Concurrent, if not nil, is a concurrency limit whose slot the
-	// request holds while its handler runs; it is decided before the
-	// buckets, in the same script run.
-	Concurrent *Concurrent
-}
-
-// IsZero reports whether r is the zero Rule, which imposes no limit:
-// every field of First is zero and Second and Concurrent are nil.
-func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil && r.Concurrent == nil }
-
-// Requests returns the Rule's buckets as the arguments of admit's calls,
-// for example to [admit.Limiter.Refund] the unused part of a reservation.
-// A Rule without a bucket (a concurrency limit alone) returns the zero
-// Request and nil: there is nothing to refund.
-func (r Rule) Requests() (first admit.Request, second *admit.Request) {
-	return r.edge().Requests()
-}
-
-// edge returns r as the edges' shared Rule, which shares its pointers.
-func (r Rule) edge() edge.Rule {
-	return edge.Rule{First: edge.Bucket(r.First), Second: (*edge.Bucket)(r.Second), Concurrent: (*edge.Concurrent)(r.Concurrent)}
-}
-
-// clone returns r with its own copies of Second and Concurrent, so that a
-// callee may change them freely.
-func (r Rule) clone() Rule {
-	r.Second, r.Concurrent = edge.Copy(r.Second), edge.Copy(r.Concurrent)
-	return r
-}
+// A Rule is what one request is charged: [edge.Rule], the same type at
+// both edges. The zero Rule, Rule{}, means no limit.
+type Rule = edge.Rule
 
 // An Admission is what the middleware decided for an admitted request,
 // given to the handler through the request's context ([FromContext]).
@@ -280,8 +196,8 @@ func Serve(w http.ResponseWriter, r *http.Request, next http.Handler, _ error) {
 // a body, for a request whose client went away before its decision
 // ([ClientGone]): the client reads nothing, and access logs show 499, as
 // nginx logs a client that closed its request. A server above that cancels
-// the context of a request whose client is still there gets this status
-// rather than an empty 200.
+// the context of a request whose client is still there, or sets a
+// deadline on it that passes, gets this status rather than an empty 200.
 const StatusClientClosedRequest = 499
 
 // OutageRetryAfter is the Retry-After that [Refuse] sends: long enough
@@ -340,8 +256,9 @@ var outageRetryAfter = formatSeconds(ceilSeconds(OutageRetryAfter))
 // (admit.ErrInvalidRequest: an empty Key, a Cost above the burst, keys in
 // different cluster slots, a bad policy name) is answered 500, whatever
 // Outage says, since serving would lift the limit for every request the
-// faulty Rule covers; and a request whose own context was canceled before
-// the decision (its client went away) gets only the status
+// faulty Rule covers; and a request whose own context ended before the
+// decision came back (its client went away, or a deadline set above
+// passed), whatever the store's error, gets only the status
 // [StatusClientClosedRequest] ([ClientGone]).
 type Outage struct {
 	// NotExecuted answers a request whose decision failed with
@@ -365,9 +282,23 @@ type config struct {
 	onError func(*http.Request, error)
 	outcome func(Event)
 	refusal func(http.ResponseWriter, *http.Request, Refusal)
-	shadows []Shadow
+	// xRateLimit is WithXRateLimit's.
+	xRateLimit bool
+	shadows    []Shadow
 	// shadowNames are the shadows' names, which a new one must not take.
 	shadowNames []string
+}
+
+// WithXRateLimit adds X-RateLimit-Limit, X-RateLimit-Remaining and
+// X-RateLimit-Reset, the fields that users of httprate, ulule/limiter and
+// GitHub's API read, beside the IETF ones, to refusals and admitted
+// responses alike. They describe one part of the Rule: the one that
+// refused, or else the one with the fewest tokens left (the first of
+// equals): Limit its quota (q), Remaining what it holds (r), Reset the
+// Unix time, in whole seconds rounded up, by which it holds more (now + t;
+// now for a full bucket). Default: off.
+func WithXRateLimit() Option {
+	return optionFunc(func(c *config) error { c.xRateLimit = true; return nil })
 }
 
 // WithHeaders adds RateLimit-Policy and RateLimit to admitted responses
@@ -411,22 +342,21 @@ func WithErrorFunc(f func(r *http.Request, err error)) Option {
 }
 
 // New returns a middleware that charges each request the Rule classify
-// returns, on lim, and answers as the package documentation describes.
-// classify runs on every request, on the request's goroutine; it must not
-// read the request body without restoring it.
+// returns, on dec, and answers as the package documentation describes. dec
+// is an [admit.Limiter] on a shared store (the only decider of a Rule with
+// a concurrency part), or an [admit.Local] or [admit.Degraded] for one
+// process. classify runs on every request, on the request's goroutine; it
+// must not read the request body without restoring it.
 //
-// New returns an error when lim is nil or has no client (the zero
-// admit.Limiter, or admit.New(nil)), when classify is nil, when outage
-// lacks either handler, or when an Option is invalid. It sends nothing to
-// the store: it tells a Limiter without a client by one Peek on a context
-// that is already done, which admit refuses before sending (an observer
-// set with admit.WithObserver sees that Peek, not executed).
-func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, opts ...Option) (func(http.Handler) http.Handler, error) {
+// New returns an error when dec is nil or a Limiter without a client (the
+// zero admit.Limiter, or admit.New(nil)), when classify is nil, when
+// outage lacks either handler, or when an Option is invalid. It sends
+// nothing to the store.
+func New(dec admit.Decider, classify func(*http.Request) Rule, outage Outage, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if err := edge.CheckDecider(dec); err != nil {
+		return nil, fmt.Errorf("admithttp: New: %w", err)
+	}
 	switch {
-	case lim == nil:
-		return nil, errors.New("admithttp: New: nil *admit.Limiter; pass admit.New(client)")
-	case !hasClient(lim):
-		return nil, errors.New("admithttp: New: the admit.Limiter has no client; build it with admit.New(client) and a non-nil valkey.Client")
 	case classify == nil:
 		return nil, errors.New("admithttp: New: nil classify; pass a function from the request to its Rule (the zero Rule for no limit)")
 	case outage.NotExecuted == nil || outage.OutcomeUnknown == nil:
@@ -434,7 +364,7 @@ func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, o
 			"(admithttp.Serve, admithttp.Refuse, admithttp.Degrade or your own function): choose what a store outage does, " +
 			"since either default would fail open or closed without your say")
 	}
-	m := &middleware{lim: lim, classify: classify, outage: outage}
+	m := &middleware{dec: dec, classify: classify, outage: outage}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -448,21 +378,8 @@ func New(lim *admit.Limiter, classify func(*http.Request) Rule, outage Outage, o
 	}, nil
 }
 
-// hasClient reports whether lim was built with a client. admit tells it
-// only through a call: a Peek of a valid request on a context that is
-// already done is refused before anything is sent, as an invalid request
-// when the Limiter has no client and as not executed otherwise.
-func hasClient(lim *admit.Limiter) bool {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_, err := lim.Peek(ctx, admit.Request{Key: "admithttp:new", Spec: probeSpec}, nil)
-	return !errors.Is(err, admit.ErrInvalidRequest)
-}
-
-var probeSpec = admit.MustSpec(1, 1)
-
 type middleware struct {
-	lim      *admit.Limiter
+	dec      admit.Decider
 	classify func(*http.Request) Rule
 	outage   Outage
 	config
@@ -481,32 +398,31 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.invalid(w, r, rule, err)
 		return
 	}
-	res, err := m.decide(r, rule)
+	res, err := edge.Decide(r.Context(), m.dec, rule, m.timeout)
 	if res.Lease != nil {
 		// Whatever happens next, the handler returning or panicking
-		// included: a granted slot is freed, and so is one that an
+		// included: a granted lease is freed, and so is one that an
 		// Acquire whose outcome is unknown may have taken. A lease that
 		// was refused, or never sent, sends nothing.
 		defer m.release(r, res.Lease)
 	}
-	if err != nil && !errors.Is(err, admit.ErrInvalidRequest) && errors.Is(r.Context().Err(), context.Canceled) {
-		// The request's own context was canceled, as net/http does when
-		// the client goes away: nobody reads an answer, and the store is
-		// not known to be failing. (A deadline on the request's context,
-		// set by a server above, is a time bound like
-		// WithDecisionTimeout's: an outage.)
+	verdict := edge.Judge(r.Context(), res, err)
+	if verdict == edge.Gone {
+		// The request's context ended (its client went away, or a
+		// deadline set above passed): nobody reads an answer, and the
+		// store is not known to be failing.
 		m.emit(r, ClientGone, rule, edge.Result{}, err)
 		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
 	m.runShadows(r, rule, res)
-	switch {
-	case errors.Is(err, admit.ErrInvalidRequest):
+	switch verdict {
+	case edge.Invalid:
 		m.invalid(w, r, rule, err)
-	case err != nil:
+	case edge.NotExecuted, edge.OutcomeUnknown:
 		m.report(r, err)
 		handler := m.outage.NotExecuted
-		if errors.Is(err, admit.ErrOutcomeUnknown) { // every error is in one of the two classes
+		if verdict == edge.OutcomeUnknown {
 			handler = m.outage.OutcomeUnknown
 		}
 		r = r.WithContext(context.WithValue(r.Context(), outageKey{}, &outageCall{m: m, rule: rule})) // for Degrade
@@ -521,14 +437,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			outcome = OutageServed
 		}
 		m.emit(r, outcome, rule, edge.Result{}, err)
-	case !res.Allowed():
+	case edge.Refuse:
 		m.emit(r, Refused, rule, res, nil)
 		m.refuse(w, r, rule, res)
 	default:
 		m.emit(r, Admitted, rule, res, nil)
-		if m.headers {
-			setFields(w.Header(), rule, res)
-		}
+		m.setFields(w.Header(), rule, res, false)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), admissionKey{}, Admission{Rule: rule, Decision: res.Decision, Lease: res.Lease})))
 	}
 }
@@ -552,12 +466,6 @@ func (h *ranHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(w, r)
 }
 
-// decide runs rule on the limiter, all or nothing, within the decision
-// timeout if one is set (see [edge.Decide]).
-func (m *middleware) decide(r *http.Request, rule Rule) (edge.Result, error) {
-	return edge.Decide(r.Context(), m.lim, m.lim, rule.edge(), m.timeout)
-}
-
 func (m *middleware) report(r *http.Request, err error) {
 	if m.onError != nil {
 		m.onError(r, err)
@@ -575,7 +483,7 @@ func (m *middleware) invalid(w http.ResponseWriter, r *http.Request, rule Rule, 
 // refuse (see [edge.Check]), before anything is sent; admit checks the
 // rest (that the keys share a cluster slot).
 func checkRule(rule Rule) error {
-	if f := edge.Check(rule.edge()); f != nil {
+	if f := edge.Check(rule); f != nil {
 		return fmt.Errorf("admithttp: %w", f)
 	}
 	return nil

@@ -327,7 +327,7 @@ func TestNewRefuses(t *testing.T) {
 	rule := func(*http.Request, admithttp.Rule) admithttp.Rule { return admithttp.Rule{} }
 	for _, tc := range []struct {
 		name     string
-		lim      *admit.Limiter
+		lim      admit.Decider
 		classify func(*http.Request) admithttp.Rule
 		outage   admithttp.Outage
 		opts     []admithttp.Option
@@ -336,7 +336,9 @@ func TestNewRefuses(t *testing.T) {
 		{"no-outage", lim, classify, admithttp.Outage{}, nil, "Outage needs both NotExecuted and OutcomeUnknown"},
 		{"no-not-executed", lim, classify, admithttp.Outage{OutcomeUnknown: admithttp.Refuse}, nil, "Outage needs both"},
 		{"no-outcome-unknown", lim, classify, admithttp.Outage{NotExecuted: admithttp.Serve}, nil, "Outage needs both"},
-		{"no-limiter", nil, classify, refuseAll, nil, "nil *admit.Limiter"},
+		{"no-decider", nil, classify, refuseAll, nil, "nil decider"},
+		{"nil-limiter", (*admit.Limiter)(nil), classify, refuseAll, nil, "has no client"},
+		{"limiter-without-client", admit.New(nil), classify, refuseAll, nil, "has no client"},
 		{"no-classify", lim, nil, refuseAll, nil, "nil classify"},
 		{"nil-error-func", lim, classify, refuseAll, []admithttp.Option{admithttp.WithErrorFunc(nil)}, "WithErrorFunc(nil)"},
 		{"shadow-no-name", lim, classify, refuseAll, []admithttp.Option{admithttp.WithShadow(admithttp.Shadow{Rule: rule, Report: report})}, "empty Name"},
@@ -743,7 +745,6 @@ func TestConcurrentAtMostN(t *testing.T) {
 func atMostN(t *testing.T, c valkey.Client, rule admithttp.Rule, frozenClock bool) {
 	const clients = 50
 	n := int64(rule.Concurrent.Spec.Limit())
-	lease := int64(rule.Concurrent.Spec.Lease() / time.Second)
 	bucket := rule.First.Spec
 	var (
 		flight     inFlight
@@ -811,9 +812,11 @@ func atMostN(t *testing.T, c valkey.Client, rule admithttp.Rule, frozenClock boo
 					a.err = errors.Join(a.err, fmt.Errorf("problem %s (%v), want violated-policies [conc]", body, err))
 				}
 				got, _ := strings.CutPrefix(hdr.Get(admithttp.LimitField), `"conc";r=0;t=`)
-				if tt, err := strconv.ParseInt(got, 10, 64); err != nil || tt < 1 || tt > lease || (frozenClock && tt != lease) {
-					a.err = errors.Join(a.err, fmt.Errorf("RateLimit %q, want %q with t up to the lease, %d: the slot refused, no bucket evaluated",
-						hdr.Get(admithttp.LimitField), `"conc";r=0;t=`, lease))
+				// t and Retry-After: the default hint, 1 s, below every
+				// lease's time left here.
+				if tt, err := strconv.ParseInt(got, 10, 64); err != nil || tt != 1 || hdr.Get("Retry-After") != "1" {
+					a.err = errors.Join(a.err, fmt.Errorf("RateLimit %q, Retry-After %q; want %q and 1: the slot refused, no bucket evaluated",
+						hdr.Get(admithttp.LimitField), hdr.Get("Retry-After"), `"conc";r=0;t=1`))
 				}
 			}
 			answers <- a
@@ -999,9 +1002,23 @@ func TestConcurrentSlotRefusalTakesNothing(t *testing.T) {
 	if p := problemOf(t, rec); fmt.Sprint(p["violated-policies"]) != "[conc]" || !strings.Contains(fmt.Sprint(p["detail"]), "allows 1 requests in flight at once") {
 		t.Errorf("problem %v", p)
 	}
-	if ra := rec.Header().Get("Retry-After"); ra != "30" {
-		t.Errorf("Retry-After %q, want 30: the other lease expires in 30 s on the frozen clock", ra)
+	if ra, rl := rec.Header().Get("Retry-After"), rec.Header().Get(admithttp.LimitField); ra != "1" || rl != `"conc";r=0;t=1` {
+		t.Errorf("Retry-After %q, RateLimit %q; want 1 and t=1: the default hint, although the other lease expires in 30 s", ra, rl)
 	}
+	// The Rule's hint, capped by the oldest lease's time left (30 s on
+	// the frozen clock).
+	for _, tc := range []struct {
+		hint time.Duration
+		want string
+	}{{2500 * time.Millisecond, "3"}, {time.Hour, "30"}} {
+		rule.Concurrent.RetryAfter = tc.hint
+		rec := send(h, "", "")
+		if ra, rl := rec.Header().Get("Retry-After"), rec.Header().Get(admithttp.LimitField); rec.Code != http.StatusTooManyRequests || ra != tc.want || rl != `"conc";r=0;t=`+tc.want {
+			t.Errorf("hint %v: %d, Retry-After %q, RateLimit %q; want 429, %s and t=%s", tc.hint, rec.Code, ra, rl, tc.want, tc.want)
+		}
+	}
+	rule.Concurrent.RetryAfter = 0
+	events = events[:1] // the hints' refusals are checked above
 	for _, k := range []string{rule.First.Key, second.Key} {
 		if got := hashOf(t, c, k); fmt.Sprint(got) != fmt.Sprint(before[k]) {
 			t.Errorf("%s: %v after the slot's refusal, was %v", k, got, before[k])
@@ -1141,7 +1158,7 @@ func TestConcurrentReleaseReported(t *testing.T) {
 		during func(srv interface{ Close() }, setTime func(time.Time))
 		want   string
 	}{
-		{"store down", func(srv interface{ Close() }, _ func(time.Time)) { srv.Close() }, "releasing the slot"},
+		{"store down", func(srv interface{ Close() }, _ func(time.Time)) { srv.Close() }, "releasing the lease"},
 		{"lease expired", func(_ interface{ Close() }, setTime func(time.Time)) { setTime(minitest.Epoch.Add(31 * time.Second)) }, "had expired"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1166,10 +1183,10 @@ func TestConcurrentReleaseReported(t *testing.T) {
 	}
 }
 
-// TestConcurrentDegrade: while the store is down, Degrade decides the
-// buckets locally and does not enforce the concurrency part (admit's
-// Degraded holds no leases): a Rule of slots alone is served, and the
-// fields describe the buckets only.
+// TestConcurrentDegrade: while the store is down, Degrade refuses every
+// request whose Rule has a concurrency part (admit's Degraded holds no
+// leases), with a bucket or without, as Refuse does (503, Retry-After 5)
+// and runs none; a Rule without one is still decided locally.
 func TestConcurrentDegrade(t *testing.T) {
 	srv, c := minitest.Start(t)
 	g, err := admit.NewDegraded(0.5, 64)
@@ -1177,35 +1194,34 @@ func TestConcurrentDegrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	one := admit.MustConcurrency(1, 30*time.Second)
-	withBucket := concRule("degrade:", one, standardSpec) // burst 6, 3 when scaled
+	withBucket := concRule("degrade:", one, standardSpec)
 	alone := admithttp.Rule{Concurrent: withBucket.Concurrent}
-	var flight inFlight
+	bucketOnly := admithttp.Rule{First: withBucket.First}
+	var ran int
 	rule := withBucket
 	h := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule { return rule },
 		admithttp.Outage{NotExecuted: admithttp.Degrade(g), OutcomeUnknown: admithttp.Degrade(g)}, admithttp.WithHeaders())(
-		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { flight.enter(); flight.leave() }))
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran++ }))
 	srv.Close()
+	for _, r := range []admithttp.Rule{withBucket, alone} {
+		rule = r
+		for i := range 3 {
+			rec := send(h, "", "")
+			if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "5" || rec.Header().Get(admithttp.PolicyField) != "" {
+				t.Errorf("degraded, concurrency part (buckets %v), request %d: %d %v; want 503, Retry-After 5, no fields", r.HasBuckets(), i, rec.Code, rec.Header())
+			}
+		}
+	}
+	if ran != 0 {
+		t.Errorf("%d handlers ran for a Rule with a concurrency part while degraded; want 0", ran)
+	}
+	rule = bucketOnly // burst 6, 3 when scaled: still decided locally
 	codes := map[int]int{}
-	for i := range 5 {
-		rec := send(h, "", "")
-		codes[rec.Code]++
-		violated := ""
-		if rec.Code == http.StatusTooManyRequests {
-			violated = "tpm"
-		}
-		if err := checkFields(rec.Header(), violated); err != nil {
-			t.Errorf("request %d: %v", i, err)
-		}
-		if p := rec.Header().Get(admithttp.PolicyField); strings.Contains(p, "conc") {
-			t.Errorf("request %d: RateLimit-Policy %q lists the concurrency part, which is not enforced while degraded", i, p)
-		}
+	for range 5 {
+		codes[send(h, "", "").Code]++
 	}
 	if codes[200] != 3 || codes[429] != 2 {
-		t.Errorf("degraded, with a bucket of 3: %v; want 3 served, 2 refused", codes)
-	}
-	rule = alone
-	if rec := send(h, "", ""); rec.Code != http.StatusOK || rec.Header().Get(admithttp.PolicyField) != "" {
-		t.Errorf("degraded, slots alone: %d %v; want served without fields", rec.Code, rec.Header())
+		t.Errorf("degraded, a bucket of 3 without a concurrency part: %v; want 3 served, 2 refused", codes)
 	}
 }
 
@@ -1332,7 +1348,7 @@ func TestConcurrentOutage(t *testing.T) {
 					t.Fatalf("request %d: %d with no error reported", i, rec.Code)
 				}
 				if errors.Is(errs[0], admit.ErrOutcomeUnknown) {
-					if rec.Code != http.StatusServiceUnavailable || len(errs) != 2 || !strings.Contains(errs[1].Error(), "releasing the slot") {
+					if rec.Code != http.StatusServiceUnavailable || len(errs) != 2 || !strings.Contains(errs[1].Error(), "releasing the lease") {
 						t.Errorf("request %d, outcome unknown: %d, errors %v; want 503 and the failed release reported", i, rec.Code, errs)
 					}
 					continue
@@ -2206,21 +2222,30 @@ func (s *propState) checkFields(m *model.Server, rule admithttp.Rule, out model.
 			continue
 		}
 		tWant := -1
-		switch {
-		case int(out.Denied) == i+1:
-			tWant = int((out.RetryAfter + time.Second - 1) / time.Second)
-			violated = b.Policy
-		case r < burst:
-			tWant = int((iv + time.Second - 1) / time.Second)
-			// never shorter than the real wait for the next token
+		if r < burst {
+			// The model's wait for the bucket's next token.
 			st, ok := m.Buckets[b.Key]
 			tk, ts := model.Refill(m.Now, b.Spec, model.State{Tokens: st.Tokens, TS: st.TS}, ok)
 			if int(tk) != r {
 				return fmt.Errorf("model: bucket %q holds %d, Remaining %d", b.Key, tk, r)
 			}
-			if next := time.Duration(ts+iv.Microseconds()-m.Now) * time.Microsecond; time.Duration(tWant)*time.Second < next {
-				return fmt.Errorf("%q: t=%d is shorter than the next token's %v", b.Policy, tWant, next)
+			next := time.Duration(ts+iv.Microseconds()-m.Now) * time.Microsecond
+			if int(out.Denied) == i+1 {
+				// Refused: t is exactly the next token's wait, whatever
+				// the cost (draft -11's effective window), while
+				// Retry-After is the wait for the whole cost.
+				tWant = int((next + time.Second - 1) / time.Second)
+				violated = b.Policy
+			} else {
+				// Not refused: the Interval, never shorter than the
+				// next token's wait.
+				tWant = int((iv + time.Second - 1) / time.Second)
+				if time.Duration(tWant)*time.Second < next {
+					return fmt.Errorf("%q: t=%d is shorter than the next token's %v", b.Policy, tWant, next)
+				}
 			}
+		} else if int(out.Denied) == i+1 {
+			return fmt.Errorf("model: full bucket %q refused", b.Key)
 		}
 		limit = append(limit, fmtLimit(b.Policy, r, tWant))
 	}
@@ -2283,12 +2308,13 @@ func (s *propState) checkState(m *model.Server, first admit.Request, second *adm
 }
 
 // TestImportsStdlibAndAdmitOnly: the package adds nothing to an importer's
-// module graph. Its files, and those of internal/edge, which it shares
-// with admitgrpc, import the standard library (no dot in the first path
-// element), admit itself and internal/edge, nothing else.
+// module graph. Its files, and those of edge, which it shares with
+// admitgrpc, import the standard library (no dot in the first path
+// element), admit itself, edge and admit's internal packages, nothing else.
 func TestImportsStdlibAndAdmitOnly(t *testing.T) {
-	allowed := map[string]bool{"github.com/admitkit/admit": true, "github.com/admitkit/admit/internal/edge": true}
-	for _, dir := range []string{".", "../internal/edge"} {
+	allowed := map[string]bool{"github.com/admitkit/admit": true, "github.com/admitkit/admit/edge": true,
+		"github.com/admitkit/admit/internal/deciderhook": true}
+	for _, dir := range []string{".", "../edge"} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -2314,5 +2340,28 @@ func TestImportsStdlibAndAdmitOnly(t *testing.T) {
 		if files == 0 {
 			t.Fatalf("checked no file in %s", dir)
 		}
+	}
+}
+
+// TestConcurrentOnLocal: a Rule with a concurrency part on a decider that
+// cannot lease (an admit.Local) is the server's error: 500 and RuleError,
+// the handler never run, as the gRPC edge answers it with Internal.
+func TestConcurrentOnLocal(t *testing.T) {
+	local, err := admit.NewLocal(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []admithttp.Outcome
+	mw, err := admithttp.New(local, func(*http.Request) admithttp.Rule {
+		return admithttp.Rule{Concurrent: &admithttp.Concurrent{Policy: "c", Key: "c", Spec: admit.MustConcurrency(1, time.Minute)}}
+	}, refuseAll, admithttp.WithOutcome(func(e admithttp.Event) { outcomes = append(outcomes, e.Outcome) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	rec := httptest.NewRecorder()
+	mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusInternalServerError || ran || fmt.Sprint(outcomes) != fmt.Sprint([]admithttp.Outcome{admithttp.RuleError}) {
+		t.Errorf("%d, handler ran %v, outcomes %v; want 500, not run, [RuleError]", rec.Code, ran, outcomes)
 	}
 }

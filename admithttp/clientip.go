@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/admitkit/admit"
 )
 
 // A ClientIP finds the address of the client that sent a request, for a
@@ -18,8 +20,10 @@ import (
 // the header's addresses are read from the last (the one the nearest proxy
 // added) toward the first, skipping trusted proxies; the first address that
 // is not a trusted proxy is the client. When every address is trusted, the
-// first is the client. A value that is not an address (garbage, "unknown",
-// an obfuscated Forwarded node) stops the walk: the trusted proxy that
+// first is the client. An address may carry a port, as some load
+// balancers send it ("198.51.100.9:1234", "[2001:db8::1]:443"). A value
+// that is not an address (garbage, "unknown", an obfuscated Forwarded
+// node, a port out of range) stops the walk: the trusted proxy that
 // passed it on is the client, so forged values share that proxy's bucket
 // instead of escaping the limit.
 //
@@ -157,10 +161,21 @@ func forParam(elem string) string {
 	return ""
 }
 
-// parseNode parses one node of a header: an address, for Forwarded
-// optionally with a port, IPv6 in brackets.
+// parseNode parses one node of a header: an address, optionally with a
+// port as some load balancers send it ("198.51.100.9:1234",
+// "[2001:db8::1]:443"); for Forwarded also a bracketed IPv6 address
+// without a port, and an obfuscated port ("[2001:db8::1]:_p1").
 func parseNode(s string, forwarded bool) (netip.Addr, bool) {
-	if forwarded && (strings.HasPrefix(s, "[") || strings.Count(s, ":") == 1) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	if !forwarded {
+		return netip.Addr{}, false
+	}
+	if strings.HasPrefix(s, "[") || strings.Count(s, ":") == 1 {
 		if host, _, err := net.SplitHostPort(s); err == nil {
 			s = host
 		} else {
@@ -184,4 +199,22 @@ func parseHost(s string) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return a.Unmap().WithZone(""), true
+}
+
+// PerClientIP returns a classify function for [New] that charges every
+// request to one bucket of spec per client address, as ip finds it, under
+// the key keyPrefix + ip.Key(r), named policy in refusals:
+//
+//	limit, err := admithttp.New(lim, admithttp.PerClientIP(ip, "per-ip", "rl:ip:", spec), outage)
+//
+// A nil ip means the peer's address (NewClientIP with no trusted proxy).
+// A bad policy, keyPrefix or spec is found on the first request, which is
+// answered 500, as any invalid Rule.
+func PerClientIP(ip *ClientIP, policy, keyPrefix string, spec admit.Spec) func(*http.Request) Rule {
+	if ip == nil {
+		ip = &ClientIP{}
+	}
+	return func(r *http.Request) Rule {
+		return Rule{First: Bucket{Policy: policy, Key: keyPrefix + ip.Key(r), Spec: spec}}
+	}
 }

@@ -1,11 +1,14 @@
 package admithttp_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
 )
 
@@ -43,6 +46,18 @@ func TestClientIPKey(t *testing.T) {
 		{"forwarded-no-for", "Forwarded", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{`proto=http`}, "10.0.0.1"},
 		{"xff-ignored-when-forwarded-trusted", "Forwarded", []string{"10.0.0.0/8"}, "10.0.0.1:1234", nil, "10.0.0.1"},
 		{"unix-socket", "", nil, "@", nil, "unknown"},
+		// Entries with a port, as some load balancers send them.
+		{"xff-ipv4-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"198.51.100.9:1234"}, "198.51.100.9"},
+		{"xff-ipv6-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"[2001:db8::1]:443"}, "2001:db8::/64"},
+		{"xff-ports-past-proxies", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"6.6.6.6:1, 198.51.100.9:1234, 10.0.0.7:80"}, "198.51.100.9"},
+		{"forwarded-ipv6-port", "Forwarded", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{`for="[2001:db8::1]:443"`}, "2001:db8::/64"},
+		{"forwarded-ipv4-port-unquoted", "Forwarded", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{`for=198.51.100.9:1234`}, "198.51.100.9"},
+		// Garbage with a port is still garbage: the proxy that passed it.
+		{"xff-port-out-of-range", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"198.51.100.9:99999"}, "10.0.0.1"},
+		{"xff-name-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"evil.example:80"}, "10.0.0.1"},
+		{"xff-bare-ipv6-bracketed-no-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"[2001:db8::1]"}, "10.0.0.1"},
+		{"xff-ipv6-unbracketed-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"2001:db8::1:443:x"}, "10.0.0.1"},
+		{"xff-empty-port", "X-Forwarded-For", []string{"10.0.0.0/8"}, "10.0.0.1:1234", []string{"198.51.100.9:"}, "10.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := admithttp.NewClientIP(tc.header, tc.trusted...)
@@ -100,5 +115,54 @@ func TestClientIPMappedProxy(t *testing.T) {
 	r.Header.Set("X-Forwarded-For", "198.51.100.4")
 	if got := c.Key(r); got != "198.51.100.4" {
 		t.Errorf("Key = %q", got)
+	}
+}
+
+// TestPerClientIP: one line gives each client, as the ClientIP finds it
+// (behind a trusted proxy, with a port in X-Forwarded-For), a bucket of
+// its own; a nil ClientIP keys on the peer.
+func TestPerClientIP(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	local, err := admit.NewLocal(100, admit.WithLocalClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := admithttp.NewClientIP("X-Forwarded-For", "10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := admit.MustSpec(admit.Every(time.Second), 2)
+	for _, tc := range []struct {
+		name string
+		ip   *admithttp.ClientIP
+		reqs [][2]string // remote address, X-Forwarded-For
+		want []int
+	}{
+		{"behind-proxy", ip, [][2]string{{"10.0.0.1:1", "198.51.100.9:1234"}, {"10.0.0.2:1", "198.51.100.9:999"}, {"10.0.0.1:1", "198.51.100.9"},
+			{"10.0.0.1:1", "198.51.100.10:1234"}}, []int{200, 200, 429, 200}},
+		{"peer", nil, [][2]string{{"203.0.113.5:1", "1.1.1.1"}, {"203.0.113.5:2", "2.2.2.2"}, {"203.0.113.5:3", "3.3.3.3"},
+			{"203.0.113.6:1", ""}}, []int{200, 200, 429, 200}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := admithttp.New(local, admithttp.PerClientIP(tc.ip, "per-ip", "rl:"+tc.name+":", spec), refuseAll)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			var got []int
+			for _, rq := range tc.reqs {
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				r.RemoteAddr = rq[0]
+				if rq[1] != "" {
+					r.Header.Set("X-Forwarded-For", rq[1])
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, r)
+				got = append(got, rec.Code)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("codes %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
 // Degrade returns an OutageHandler that decides the request's Rule in this
@@ -21,15 +21,12 @@ import (
 // store, nor back. A request served this way has no [Admission] in its
 // context: there is no store charge to settle.
 //
-// A Rule's concurrency part is not enforced while degraded: an
-// [admit.Degraded] holds no leases, and a limit of in-flight requests
-// counted in each process would bound a fleet only as loosely as the
-// number of processes is known. Its buckets are decided locally as above,
-// so the rate at which requests start stays bounded; a Rule with a
-// concurrency part and no bucket is served. The fields then describe the
-// buckets only. Choose [Refuse] (or a function of your own) instead where
-// running more requests at once than the limit could harm what it
-// protects.
+// A Rule with a concurrency part is refused while degraded, as [Refuse]
+// refuses it (503, Retry-After of OutageRetryAfter): an [admit.Degraded]
+// holds no leases, and a limit of requests in flight counted in each
+// process would not bound the fleet. So the bound holds in an outage too:
+// no more requests of a key run at once than its limit (none start).
+// Rules without a concurrency part are decided locally as above.
 //
 // Degrade panics if d is nil. Called outside the middleware, or when d
 // cannot decide the Rule (a Cost above a scaled burst), it answers as
@@ -44,13 +41,12 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			Refuse(w, r, next, err)
 			return
 		}
-		if !o.rule.edge().HasBuckets() {
-			next.ServeHTTP(w, r) // a concurrency limit alone: not enforced while degraded
+		if o.rule.Concurrent != nil {
+			Refuse(w, r, next, err) // a Degraded holds no leases
 			return
 		}
 		rule := o.rule
-		rule.Concurrent = nil // not enforced while degraded
-		scaled, serr := scaleRule(d, rule)
+		scaled, serr := edge.Scale(d, rule)
 		first, second := rule.Requests()
 		dec, derr := d.AllowAll(r.Context(), first, second)
 		if serr != nil || derr != nil {
@@ -62,9 +58,7 @@ func Degrade(d *admit.Degraded) OutageHandler {
 			o.m.refuse(w, r, scaled, res)
 			return
 		}
-		if o.m.headers {
-			setFields(w.Header(), scaled, res)
-		}
+		o.m.setFields(w.Header(), scaled, res, false)
 		next.ServeHTTP(w, r)
 	}
 }
@@ -77,20 +71,4 @@ type outageKey struct{}
 type outageCall struct {
 	m    *middleware
 	rule Rule
-}
-
-// scaleRule is rule with every Spec as d decides it.
-func scaleRule(d *admit.Degraded, rule Rule) (Rule, error) {
-	var err error
-	if rule.First.Spec, err = d.Scale(rule.First.Spec); err != nil {
-		return Rule{}, err
-	}
-	if rule.Second != nil {
-		s := *rule.Second
-		if s.Spec, err = d.Scale(s.Spec); err != nil {
-			return Rule{}, err
-		}
-		rule.Second = &s
-	}
-	return rule, nil
 }

@@ -213,7 +213,10 @@ func ExampleConcurrent() {
 	limit, err := admithttp.New(admit.New(client), func(r *http.Request) admithttp.Rule {
 		org := admit.KeyPart(r.Header.Get("X-Org"))
 		return admithttp.Rule{
-			Concurrent: &admithttp.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight},
+			// RetryAfter: about how long a handler holds its place, what
+			// a refusal tells the client to wait (at most until the
+			// oldest lease expires).
+			Concurrent: &admithttp.Concurrent{Policy: "inflight", Key: "conc:{org:" + org + "}", Spec: inflight, RetryAfter: 2 * time.Second},
 			First:      admithttp.Bucket{Policy: "per-minute", Key: "rpm:{org:" + org + "}", Spec: perMinute},
 		}
 	}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Refuse})
@@ -246,7 +249,7 @@ func ExampleConcurrent() {
 	fmt.Println(send().Code) // a slot is free again
 	// Output:
 	// 429 "inflight";q=2;qu="concurrent-requests", "per-minute";q=60;w=60
-	// RateLimit: "inflight";r=0;t=30 Retry-After: 30
+	// RateLimit: "inflight";r=0;t=2 Retry-After: 2
 	// 200 200
 	// 200
 }

@@ -5,16 +5,15 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
-// The names of draft-ietf-httpapi-ratelimit-headers-11, in one place: the
-// fields, and the parameters of each. A revision that renames a parameter
-// is an edit here.
+// The names of draft-ietf-httpapi-ratelimit-headers-11: the fields, and
+// the parameters of each, which edge.Fields writes (a revision that
+// renames a parameter is an edit there, and here for the tests).
 const (
 	policyField = "RateLimit-Policy" // the quota policies of the Rule
 	limitField  = "RateLimit"        // the state of the buckets decided
@@ -25,7 +24,6 @@ const (
 	remainingParam = "r"  // RateLimit: the quota left (Decision.Remaining)
 	resetParam     = "t"  // RateLimit: the effective window, seconds until more than r
 
-	concurrentUnit = "concurrent-requests" // the qu of a concurrency part (Rule.Concurrent)
 )
 
 // QuotaExceeded is the problem type of a 429 body: the quota-exceeded type
@@ -77,9 +75,9 @@ type Refusal struct {
 	// Rule is the Rule the request was decided on.
 	Rule Rule
 	// Decision is the refusing Decision: Denied names the bucket,
-	// RetryAfter and Remaining say how long and how much. With a
-	// concurrency part it holds the Lease's RetryAfter and Remaining, and
-	// Denied is 0 when the slot refused.
+	// RetryAfter and Remaining say how long and how much. When the
+	// concurrency part refused, Denied is 0, RetryAfter the wait the
+	// refusal says (see [Refusal.RetryAfter]) and Remaining the Lease's.
 	Decision admit.Decision
 	// Violated is the bucket that refused: Rule.First or *Rule.Second; the
 	// zero Bucket when the concurrency part refused.
@@ -94,8 +92,8 @@ type Refusal struct {
 
 // RetryAfter is the Retry-After value of the refusal: the Decision's
 // RetryAfter in whole seconds, rounded up. For the concurrency part it is
-// the time until the oldest lease of the key expires: a release frees a
-// slot sooner.
+// the Concurrent's RetryAfter (one second when zero), never more than the
+// time until the oldest lease of the key expires.
 func (f Refusal) RetryAfter() int64 { return ceilSeconds(f.Decision.RetryAfter) }
 
 // Policy is the name of the refusing part's policy, the one that
@@ -139,7 +137,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 			left = max(ref.Decision.Remaining[i], 0)
 		}
 		detail = "policy " + strconv.Quote(ref.Violated.Policy) + " holds " + strconv.Itoa(left) +
-			" of the " + strconv.Itoa(edge.Bucket(ref.Violated).Tokens()) + " this request needs; retry after " +
+			" of the " + strconv.Itoa(ref.Violated.Tokens()) + " this request needs; retry after " +
 			formatSeconds(ref.RetryAfter()) + " s"
 	}
 	writeProblem(w, http.StatusTooManyRequests, mustJSON(problem{
@@ -163,7 +161,7 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rule Rule, r
 		ref.Violated = rule.First
 	}
 	h := w.Header()
-	setFields(h, rule, res)
+	m.setFields(h, rule, res, true)
 	h.Set("Retry-After", formatSeconds(ref.RetryAfter()))
 	if m.refusal == nil {
 		TooManyRequests(w, r, ref)
@@ -192,103 +190,63 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // setFields sets RateLimit-Policy for every part of rule and RateLimit
-// for every part the decision evaluated: the concurrency part first, as
-// it is decided first, then the buckets.
-func setFields(h http.Header, rule Rule, res edge.Result) {
-	var policy, limit strings.Builder
-	sep := func(b *strings.Builder) {
-		if b.Len() > 0 {
-			b.WriteString(", ")
-		}
+// for every part the decision evaluated (see [edge.Fields]), on refusals
+// and with WithHeaders; and with WithXRateLimit the X-RateLimit fields.
+func (m *middleware) setFields(h http.Header, rule Rule, res edge.Result, refused bool) {
+	if !refused && !m.headers && !m.xRateLimit {
+		return
 	}
-	if c := rule.Concurrent; c != nil && res.Lease != nil {
-		n := c.Spec.Limit()
-		writeString(&policy, c.Policy)
-		writeParam(&policy, quotaParam, int64(n))
-		policy.WriteString(";" + unitParam + "=")
-		writeString(&policy, concurrentUnit)
+	qs := edge.Quotas(rule, res)
+	if refused || m.headers {
+		policy, limit := edge.Fields(qs)
+		h.Set(policyField, policy)
+		h.Set(limitField, limit)
+	}
+	if m.xRateLimit {
+		setXRateLimit(h, qs, time.Now())
+	}
+}
 
-		// r is the slots left after the call; t the seconds until more
-		// are free: for a refusal, until the oldest lease expires (the
-		// Retry-After); else within one lease duration, when this
-		// request's own lease ends at the latest. No slot taken, no t.
-		r := max(n-res.Lease.Holders, 0)
-		writeString(&limit, c.Policy)
-		writeParam(&limit, remainingParam, int64(r))
+// setXRateLimit sets X-RateLimit-Limit, -Remaining and -Reset of the part
+// of qs that refused, or else of the evaluated one with the fewest left.
+func setXRateLimit(h http.Header, qs []edge.Quota, now time.Time) {
+	var pick *edge.Quota
+	for i := range qs {
+		q := &qs[i]
 		switch {
-		case res.Lease.Denied == admit.PartConcurrency:
-			writeParam(&limit, resetParam, ceilSeconds(res.Lease.RetryAfter))
-		case r < n:
-			writeParam(&limit, resetParam, ceilSeconds(c.Spec.Lease()))
+		case !q.Evaluated:
+			continue
+		case q.Refused:
+			pick = q
+		case pick == nil || (!pick.Refused && q.Remaining < pick.Remaining):
+			pick = q
 		}
 	}
-	for i, b := range rule.edge().Buckets() {
-		sep(&policy)
-		burst := b.Spec.Burst()
-		writeString(&policy, b.Policy)
-		writeParam(&policy, quotaParam, int64(burst))
-		if b.Unit != "" {
-			policy.WriteString(";" + unitParam + "=")
-			writeString(&policy, b.Unit)
-		}
-		writeParam(&policy, windowParam, max(ceilSeconds(time.Duration(burst)*b.Spec.Interval()), 1))
-
-		r := res.Decision.Remaining[i]
-		if r < 0 {
-			continue // not evaluated: an earlier part refused
-		}
-		sep(&limit)
-		writeString(&limit, b.Policy)
-		writeParam(&limit, remainingParam, int64(r))
-		if t, ok := effectiveWindow(b, r, int(res.Decision.Denied) == i+1, res.Decision.RetryAfter); ok {
-			writeParam(&limit, resetParam, t)
-		}
+	if pick == nil {
+		return
 	}
-	h.Set(policyField, policy.String())
-	h.Set(limitField, limit.String())
-}
-
-// effectiveWindow is the draft's t for a bucket holding r tokens after the
-// decision: the seconds until it holds more than r, rounded up. For the
-// refusing bucket, that is its RetryAfter. For another, the next token
-// comes within one Interval, the bound the Decision allows; a full bucket
-// gains nothing more, and has no t (ok false).
-func effectiveWindow(b edge.Bucket, r int, refused bool, retryAfter time.Duration) (t int64, ok bool) {
-	switch {
-	case refused:
-		return ceilSeconds(retryAfter), true
-	case r >= b.Spec.Burst():
-		return 0, false
+	reset := now.Unix()
+	if pick.HasReset {
+		reset = ceilSeconds(time.Duration(now.UnixNano()) + pick.Reset)
 	}
-	return ceilSeconds(b.Spec.Interval()), true
-}
-
-func writeParam(b *strings.Builder, name string, v int64) {
-	b.WriteByte(';')
-	b.WriteString(name)
-	b.WriteByte('=')
-	b.WriteString(strconv.FormatInt(v, 10))
-}
-
-// writeString writes s as a Structured Field String (RFC 9651, section
-// 4.1.6); s is printable ASCII (checkRule).
-func writeString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
+	h.Set("X-RateLimit-Limit", strconv.Itoa(pick.Limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(pick.Remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 }
 
 // ceilSeconds is d in whole seconds, rounded up: never short.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
+func ceilSeconds(d time.Duration) int64 { return edge.CeilSeconds(d) }
 
 func formatSeconds(n int64) string { return strconv.FormatInt(n, 10) }
+
+// SetFields sets RateLimit-Policy and RateLimit on h for a's Rule as the
+// handler now knows it: after a Refund of the unused part of a
+// reservation, say, pass the Admission with Decision.Remaining raised by
+// what was refunded (capped at each bucket's burst), before the handler
+// writes its status, so that the response reports what its client may
+// still use rather than what the reservation left.
+func (a Admission) SetFields(h http.Header) {
+	policy, limit := edge.Fields(edge.Quotas(a.Rule, edge.Result{Decision: a.Decision, Lease: a.Lease}))
+	h.Set(policyField, policy)
+	h.Set(limitField, limit)
+}

@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -439,6 +440,62 @@ func TestSFParser(t *testing.T) {
 	} {
 		if items, err := parseSFList(bad); err == nil {
 			t.Errorf("%q parsed as %v; want an error", bad, items)
+		}
+	}
+}
+
+// TestXRateLimit: WithXRateLimit sets X-RateLimit-Limit, -Remaining and
+// -Reset on admitted responses and refusals, of the refusing part or else
+// the one with the fewest tokens left; without it, none. A cost of 6 on a
+// bucket of 10 refilling 1/s, on a frozen clock: Reset is the Unix time of
+// the next token, 1 s on.
+func TestXRateLimit(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tpm := admit.MustSpec(admit.Every(time.Second), 10)
+	wide := admit.MustSpec(admit.Every(time.Second), 100)
+	for _, with := range []bool{false, true} {
+		local, err := admit.NewLocal(100, admit.WithLocalClock(func() time.Time { return now }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []admithttp.Option{}
+		if with {
+			opts = append(opts, admithttp.WithXRateLimit())
+		}
+		mw, err := admithttp.New(local, func(*http.Request) admithttp.Rule {
+			return admithttp.Rule{First: admithttp.Bucket{Policy: "tpm", Key: "tpm", Spec: tpm, Cost: 6},
+				Second: &admithttp.Bucket{Policy: "wide", Key: "wide", Spec: wide}}
+		}, refuseAll, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		for i, want := range []struct {
+			code             int
+			limit, remaining string
+		}{{200, "10", "4"}, {429, "10", "4"}} {
+			// Reset is now + 1 s in Unix seconds, rounded up: never early.
+			ceil := func(t time.Time) int64 { return (t.Add(time.Second).UnixNano() + 1e9 - 1) / 1e9 }
+			before := ceil(time.Now())
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+			after := ceil(time.Now())
+			got := rec.Header()
+			if rec.Code != want.code {
+				t.Fatalf("request %d: %d, want %d", i, rec.Code, want.code)
+			}
+			if !with {
+				if v := got.Get("X-RateLimit-Limit") + got.Get("X-RateLimit-Remaining") + got.Get("X-RateLimit-Reset"); v != "" {
+					t.Errorf("request %d without WithXRateLimit: X-RateLimit fields %q; want none", i, v)
+				}
+				continue
+			}
+			reset, err := strconv.ParseInt(got.Get("X-RateLimit-Reset"), 10, 64)
+			if got.Get("X-RateLimit-Limit") != want.limit || got.Get("X-RateLimit-Remaining") != want.remaining ||
+				err != nil || reset < before || reset > after {
+				t.Errorf("request %d: X-RateLimit %s/%s reset %s; want %s/%s reset %d to %d",
+					i, got.Get("X-RateLimit-Limit"), got.Get("X-RateLimit-Remaining"), got.Get("X-RateLimit-Reset"), want.limit, want.remaining, before, after)
+			}
 		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"strconv"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
 // An Outcome is what the middleware did with one request.
@@ -26,8 +26,9 @@ const (
 	// OutageRefused: the decision failed and the Outage handler answered
 	// without running the handler ([Refuse] does).
 	OutageRefused
-	// ClientGone: the request's own context was canceled before the
-	// decision (its client went away); no Outage handler ran, and only
+	// ClientGone: the request's own context ended (its client went away,
+	// or a deadline set above passed) before the decision came back,
+	// whatever the store's error; no Outage handler ran, and only
 	// the status StatusClientClosedRequest was written. Tokens may have
 	// been taken if the command was in flight (Event.Err says which
 	// class).

@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
 	"github.com/admitkit/admit/internal/minitest"
+	"github.com/admitkit/admit/internal/testserver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/valkey-io/valkey-go"
 )
@@ -228,20 +230,20 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 	}
 }
 
-// TestParentDeadlineIsAnOutage: a deadline that a server above set on the
-// request's context is a time bound, not a client gone: the Outage handler
-// of the error's class answers.
-func TestParentDeadlineIsAnOutage(t *testing.T) {
+// TestParentDeadlineIsClientGone: a deadline that a server above set on
+// the request's context ends the request as a client that went away does
+// (edge.IsGone: one rule at both edges): 499, no Outage handler.
+func TestParentDeadlineIsClientGone(t *testing.T) {
 	_, mini := minitest.Start(t)
 	var log eventLog
 	h := mustNew(t, admit.New(stallingClient{mini}), lanes("t:"), refuseAll, admithttp.WithOutcome(log.record))(&recordingHandler{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	rec := sendCtx(ctx, h, "premium", "")
-	if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
-		t.Errorf("status %d, Retry-After %q; want 503 from Refuse", rec.Code, rec.Header().Get("Retry-After"))
+	if rec.Code != admithttp.StatusClientClosedRequest || rec.Header().Get("Retry-After") != "" {
+		t.Errorf("status %d, Retry-After %q; want 499 and no Outage handler", rec.Code, rec.Header().Get("Retry-After"))
 	}
-	if diff := cmp.Diff([]string{"outage-refused"}, log.take()); diff != "" {
+	if diff := cmp.Diff([]string{"client-gone"}, log.take()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
@@ -382,5 +384,89 @@ func TestOutcomeHookAllocatesNothingUnset(t *testing.T) {
 	t.Logf("a failed decision: %v allocations without the hook, %v with one", unset, set)
 	if unset >= set {
 		t.Errorf("a failed decision allocates %v without the hook and %v with it; the unset hook should cost nothing", unset, set)
+	}
+}
+
+// TestGoneVersusOutageStorePaused: with the store paused (SIGSTOP) and
+// clients that give up after 300 ms, every one of 100 requests that
+// reached the middleware is ClientGone, with and without a decision
+// timeout (one longer than the clients' patience), and no handler runs:
+// a request whose client went away is never an outage (edge.Judge, as at
+// the gRPC edge). A decision timeout well before it is an outage.
+func TestGoneVersusOutageStorePaused(t *testing.T) {
+	srv := testserver.Own(t)
+	c := testserver.NewClient(t, srv)
+	spec := admit.MustSpec(admit.Every(time.Millisecond), 1000)
+	for _, tc := range []struct {
+		name     string
+		opts     []admithttp.Option
+		patience time.Duration
+		outcome  admithttp.Outcome
+	}{
+		{"no timeout", nil, 300 * time.Millisecond, admithttp.ClientGone},
+		{"timeout 1s", []admithttp.Option{admithttp.WithDecisionTimeout(time.Second)}, 300 * time.Millisecond, admithttp.ClientGone},
+		{"timeout 50ms", []admithttp.Option{admithttp.WithDecisionTimeout(50 * time.Millisecond)}, 10 * time.Second, admithttp.OutageServed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			counts := map[admithttp.Outcome]int{}
+			var ran, classified atomic.Int64
+			mw := mustNew(t, admit.New(c), func(*http.Request) admithttp.Rule {
+				classified.Add(1)
+				return admithttp.Rule{First: admithttp.Bucket{Policy: "p", Key: "gone:{o}", Spec: spec}}
+			}, admithttp.Outage{NotExecuted: admithttp.Serve, OutcomeUnknown: admithttp.Serve}, append(tc.opts,
+				admithttp.WithOutcome(func(e admithttp.Event) { mu.Lock(); counts[e.Outcome]++; mu.Unlock() }))...)
+			hs := httptest.NewServer(mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })))
+			defer hs.Close()
+			client := &http.Client{Timeout: tc.patience, Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
+			if resp, err := client.Get(hs.URL); err != nil || resp.StatusCode != 200 { // the store's connection is up
+				t.Fatal(resp, err)
+			}
+			mu.Lock()
+			clear(counts)
+			mu.Unlock()
+			ran.Store(0)
+			classified.Store(0)
+			resume := testserver.Pause(t, srv)
+			const calls = 100
+			var wg sync.WaitGroup
+			for range calls {
+				wg.Go(func() {
+					if resp, err := client.Get(hs.URL); err == nil {
+						resp.Body.Close()
+					}
+				})
+			}
+			wg.Wait()
+			total := func() (n int) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, v := range counts {
+					n += v
+				}
+				return n
+			}
+			// Every request that reached the middleware is decided (its
+			// context ended) before the store resumes.
+			for deadline := time.Now().Add(5 * time.Second); int64(total()) < classified.Load() && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			resume()
+			mu.Lock()
+			defer mu.Unlock()
+			n, wrong := int(classified.Load()), 0
+			for o, v := range counts {
+				if o != tc.outcome {
+					wrong += v
+				}
+			}
+			t.Logf("%d requests, %d reached the middleware, store paused: outcomes %v, handlers run %d, not %v: %d", calls, n, counts, ran.Load(), tc.outcome, wrong)
+			if wrong != 0 || counts[tc.outcome] != n || n < calls/2 {
+				t.Errorf("%d of %d requests decided not %v (%v); want 0, and at least %d decided", wrong, n, tc.outcome, counts, calls/2)
+			}
+			if tc.outcome == admithttp.ClientGone && ran.Load() != 0 {
+				t.Errorf("%d handlers ran for clients that had gone; want 0", ran.Load())
+			}
+		})
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on: a Shadow named
@@ -95,8 +95,8 @@ func WithShadow(s Shadow) Option {
 // runShadows decides and reports every shadow rule for r.
 func (m *middleware) runShadows(r *http.Request, enforced Rule, res edge.Result) {
 	for _, s := range m.shadows {
-		rule := s.Rule(r, enforced.clone())
-		rule = rule.clone()
+		rule := s.Rule(r, enforced.Clone())
+		rule = rule.Clone()
 		rule.Concurrent = nil // buckets only
 		if rule.IsZero() {
 			continue
@@ -110,7 +110,7 @@ func (m *middleware) runShadows(r *http.Request, enforced Rule, res edge.Result)
 		rep := ShadowReport{Name: s.Name, Request: r, Rule: rule, Enforced: res.Decision, EnforcedLease: res.Lease}
 		if rep.Err = checkShadowRule(rule); rep.Err == nil {
 			var res edge.Result
-			res, rep.Err = m.decide(r, rule)
+			res, rep.Err = edge.Decide(r.Context(), m.dec, rule, m.timeout)
 			rep.Decision = res.Decision
 		}
 		s.Report(rep)
@@ -129,7 +129,7 @@ func checkShadowRule(rule Rule) error {
 // shadowless returns rule with ShadowPrefix taken off its keys, for
 // checkRule.
 func shadowless(rule Rule) Rule {
-	rule = rule.clone()
+	rule = rule.Clone()
 	for _, b := range []*Bucket{&rule.First, rule.Second} {
 		if b != nil {
 			b.Key = strings.TrimPrefix(b.Key, ShadowPrefix)

@@ -155,11 +155,11 @@ func (g *gateway) count(r admithttp.ShadowReport) {
 
 // complete calls the model for an admitted request, refunds what the
 // answer did not use of the reservation to the buckets it was taken from,
-// and says so.
+// reports the buckets' fields after that refund, and says so.
 func (g *gateway) complete(w http.ResponseWriter, r *http.Request) {
 	req := r.Context().Value(chatKey{}).(chatRequest)
 	ans := g.model(req)
-	fmt.Fprintf(w, "used %d (prompt %d + answer %d)", ans.used(), ans.promptTokens, ans.answerTokens)
+	refund := 0
 	// No Admission: served on an outage, nothing reserved, nothing to give back.
 	if a, ok := admithttp.FromContext(r.Context()); ok && ans.used() < req.estimate() {
 		first, second := a.Rule.Requests()
@@ -170,9 +170,21 @@ func (g *gateway) complete(w http.ResponseWriter, r *http.Request) {
 		}
 		// ErrOutcomeUnknown: the refund may have happened; never repeat it.
 		if g.lim.Refund(r.Context(), first, second) == nil {
-			g.refunded.Add(int64(first.Cost * n))
-			fmt.Fprintf(w, ", %d unused refunded", first.Cost)
+			refund = first.Cost
+			g.refunded.Add(int64(refund * n))
+			// The fields were set before the handler ran: say what the
+			// buckets hold after the refund, before the status is written.
+			for i, b := range a.Rule.Buckets() {
+				if a.Decision.Remaining[i] >= 0 {
+					a.Decision.Remaining[i] = min(a.Decision.Remaining[i]+refund, b.Spec.Burst())
+				}
+			}
+			a.SetFields(w.Header())
 		}
+	}
+	fmt.Fprintf(w, "used %d (prompt %d + answer %d)", ans.used(), ans.promptTokens, ans.answerTokens)
+	if refund > 0 {
+		fmt.Fprintf(w, ", %d unused refunded", refund)
 	}
 	fmt.Fprintln(w)
 }

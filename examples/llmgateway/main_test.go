@@ -60,6 +60,7 @@ func TestIntegrationRun(t *testing.T) {
 	}
 	elapsed := serverMicros(t, c) - t0
 	checkStory(t, out.String(), sum)
+	checkFieldsAfterRefund(t, out.String())
 
 	for _, b := range []struct {
 		key          string
@@ -285,5 +286,27 @@ func TestConcurrentPerOrganisation(t *testing.T) {
 		if n, err := c.Do(context.Background(), c.B().Zcard().Key(g.inflightKey+admit.KeyPart(org)).Build()).AsInt64(); err != nil || n != 0 {
 			t.Errorf("%s: %d slots taken after every answer (%v)", org, n, err)
 		}
+	}
+}
+
+// checkFieldsAfterRefund: s1 reserved 2,500 tokens of the standard lane's
+// 6,000 and refunded 500, so its 200's RateLimit says the lane holds at
+// least 4,000 (3,500 plus the refund, plus what refilled meanwhile), not
+// the 3,500 the reservation left.
+func checkFieldsAfterRefund(t *testing.T, out string) {
+	t.Helper()
+	_, after, ok := strings.Cut(out, "s1 ")
+	if !ok {
+		t.Fatalf("no s1 in the run's output:\n%s", out)
+	}
+	_, limit, ok := strings.Cut(after, "RateLimit: ")
+	if !ok {
+		t.Fatalf("s1 has no RateLimit field:\n%s", after)
+	}
+	limit, _, _ = strings.Cut(limit, "\n")
+	_, r, _ := strings.Cut(limit, `"standard";r=`)
+	r, _, _ = strings.Cut(r, ";")
+	if n, err := strconv.Atoi(r); err != nil || n < 4000 || n > laneSpec.Burst() {
+		t.Errorf("s1's RateLimit %q: the standard lane's r is %q; want at least 4000, after the refund of 500", limit, r)
 	}
 }

@@ -1,12 +1,12 @@
 // Package edge is what the HTTP and gRPC edges (admithttp, admitgrpc)
-// share, with neither transport in it: the shape of a Rule, its checks,
-// the one all-or-nothing call that decides it, and the release of its
-// concurrency slot. Each edge keeps its exported types, documented in its
-// own words, and converts them to these to decide.
+// share, with neither transport in it: the Rule a request or call is
+// charged, its checks, the one all-or-nothing call that decides it, the
+// reading of that call's outcome, and the release of its concurrency
+// lease. admithttp and admitgrpc alias its types (admithttp.Rule is
+// edge.Rule), so that one Rule means the same at both edges.
 package edge
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,24 +14,37 @@ import (
 	"time"
 
 	"github.com/admitkit/admit"
+	"github.com/admitkit/admit/internal/deciderhook"
 )
 
 // ShadowPrefix starts every key a shadow rule decides on. Enforced keys
-// must not start with it. Each edge exports the same value as its own
-// ShadowPrefix; their tests that an enforced key under it is refused hold
-// the two equal.
+// must not start with it.
 const ShadowPrefix = "admit-shadow:"
 
-// A Bucket is one token bucket of a Rule: Policy names it in refusals;
-// Key, Spec and Cost (0 meaning 1) make its [admit.Request]; Unit is what
-// it counts, for the HTTP header fields (empty for requests, and always on
-// the gRPC edge). admithttp.Bucket has the same fields, so that it
-// converts to a Bucket.
+// A Bucket is one token bucket a request (or call) is charged to, and the
+// name under which a refusal names it.
 type Bucket struct {
-	Policy, Key string
-	Spec        admit.Spec
-	Cost        int
-	Unit        string
+	// Policy names the bucket in refusals (HTTP's RateLimit fields and
+	// problem body, gRPC's QuotaFailure). It must be printable ASCII
+	// (0x20 to 0x7E), not empty, and differ from the Rule's other parts'.
+	Policy string
+	// Key is the bucket's key; it must not be empty, nor over
+	// admit.MaxKeyLen, nor start with [ShadowPrefix]. The keys of a Rule
+	// must share a hash tag on Valkey Cluster, as in "rl:{api}:standard"
+	// and "rl:{api}:shared". Build the part that comes from the client
+	// with [admit.KeyPart].
+	Key string
+	// Spec is the bucket's rate and burst; it must not be the zero Spec.
+	Spec admit.Spec
+	// Cost is the tokens the request takes; 0 means 1. A Cost above the
+	// Spec's burst could never be admitted: the Rule is refused as the
+	// server's error, so bound it before the edge.
+	Cost int
+	// Unit, when set, is what the bucket counts, printable ASCII: the
+	// HTTP draft's qu parameter ("requests" when empty,
+	// "content-bytes", or your own, such as "llm-tokens"). gRPC names it
+	// in the QuotaFailure's description.
+	Unit string
 }
 
 // Request returns the bucket as an [admit.Request].
@@ -40,24 +53,58 @@ func (b Bucket) Request() admit.Request {
 }
 
 // Tokens is what the bucket's request takes: its Cost, or 1 for a Cost
-// of 0 (Check refuses a negative one).
+// of 0.
 func (b Bucket) Tokens() int { return max(b.Cost, 1) }
 
-// A Concurrent is a concurrency limit: Policy names it in refusals, Key is
-// its lease key, Spec its limit and lease duration. Both edges' Concurrent
-// types have the same fields, so that they convert to one.
+// DefaultConcurrencyRetryAfter is the wait a concurrency refusal tells
+// the client when the Concurrent's RetryAfter is zero.
+const DefaultConcurrencyRetryAfter = time.Second
+
+// A Concurrent is a concurrency limit: a request holds one of its places
+// (an [admit.Lease]) from its admission until its handler returns or
+// panics, so that at most Spec.Limit() requests of its Key run at once.
 type Concurrent struct {
-	Policy, Key string
-	Spec        admit.Concurrency
+	// Policy names the limit in refusals. It must be printable ASCII
+	// (0x20 to 0x7E), not empty, and differ from the buckets' policies.
+	Policy string
+	// Key is the lease key (a sorted set of holders); it must not be
+	// empty, must differ from the buckets' keys, and must share their
+	// hash tag on Valkey Cluster, as in "conc:{org:7}" beside
+	// "tpm:{org:7}".
+	Key string
+	// Spec is the limit and the lease duration; it must not be the zero
+	// Concurrency. Give a lease longer than the slowest handler.
+	Spec admit.Concurrency
+	// RetryAfter is the wait a refusal by this limit tells the client:
+	// about how long a handler holds its place. Holders release at
+	// their end, long before their leases expire, so the refusal says
+	// the smaller of RetryAfter and the time until the key's oldest
+	// lease expires (after which a place is surely free). Zero means
+	// DefaultConcurrencyRetryAfter (one second); it must not be
+	// negative.
+	RetryAfter time.Duration
 }
 
-// A Rule is what one request is charged: a slot of Concurrent, if not nil,
-// then First, and only when First admits, Second, all or nothing.
+// A Rule is what one request is charged: a place of Concurrent, if not
+// nil, then First, and only when First admits, Second, all or nothing. A
+// nil Second is the one-bucket path; a Rule with a concurrency part may
+// have no bucket (First zero and Second nil). The zero Rule means no
+// limit: the handler runs undecided, at both edges.
 type Rule struct {
-	First      Bucket
-	Second     *Bucket
+	// First is checked first: the standard lane's own bucket, or the
+	// premium lane's shared one.
+	First Bucket
+	// Second, if not nil, is checked only when First admits: the shared
+	// bucket of the standard lane.
+	Second *Bucket
+	// Concurrent, if not nil, is a concurrency limit whose place the
+	// request holds while its handler runs; it is decided before the
+	// buckets, in the same script run.
 	Concurrent *Concurrent
 }
+
+// IsZero reports whether r is the zero Rule: no limit.
+func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil && r.Concurrent == nil }
 
 // HasBuckets reports whether r names a bucket: any Rule but one with a
 // concurrency part and neither First nor Second.
@@ -76,8 +123,9 @@ func (r Rule) Buckets() []Bucket {
 	return []Bucket{r.First, *r.Second}
 }
 
-// Requests returns the Rule's buckets as the arguments of admit's calls;
-// a Rule without a bucket returns the zero Request and nil.
+// Requests returns the Rule's buckets as the arguments of admit's calls,
+// for example to Refund the unused part of a reservation; a Rule without
+// a bucket returns the zero Request and nil: there is nothing to refund.
 func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	if !r.HasBuckets() {
 		return admit.Request{}, nil
@@ -90,15 +138,32 @@ func (r Rule) Requests() (first admit.Request, second *admit.Request) {
 	return first, second
 }
 
-// Copy returns a pointer to a copy of *p, or nil for nil: what a Rule's
-// clone makes of its Second and Concurrent, so that a callee may change
-// them freely.
-func Copy[T any](p *T) *T {
+// Clone returns r with its own copies of Second and Concurrent, so that a
+// callee may change them freely.
+func (r Rule) Clone() Rule {
+	r.Second, r.Concurrent = clonePtr(r.Second), clonePtr(r.Concurrent)
+	return r
+}
+
+func clonePtr[T any](p *T) *T {
 	if p == nil {
 		return nil
 	}
 	c := *p
 	return &c
+}
+
+// CheckDecider returns an error, naming what to pass instead, for a
+// decider that can decide nothing: nil, or an *admit.Limiter built
+// without a client. It sends nothing.
+func CheckDecider(dec admit.Decider) error {
+	if dec == nil {
+		return errors.New("nil decider; pass admit.New(client), or an admit.Local for one process")
+	}
+	if deciderhook.Check != nil {
+		return deciderhook.Check(dec)
+	}
+	return nil
 }
 
 // A Fault is what makes a Rule invalid. It wraps [admit.ErrInvalidRequest]
@@ -171,8 +236,11 @@ func Check(rule Rule) *Fault {
 
 // checkConcurrent refuses a concurrency part's Spec or policy name.
 func checkConcurrent(c Concurrent, bs []Bucket) error {
-	if c.Spec.IsZero() {
+	switch {
+	case c.Spec.IsZero():
 		return errors.New("zero Spec; give it admit.NewConcurrency's or admit.MustConcurrency's")
+	case c.RetryAfter < 0:
+		return fmt.Errorf("a negative RetryAfter (%v); give about how long a handler holds its place, or 0 for one second", c.RetryAfter)
 	}
 	if err := checkName("policy name", c.Policy, true); err != nil {
 		return err
@@ -257,93 +325,6 @@ func checkName(what, s string, required bool) error {
 		if c := s[i]; c < 0x20 || c > 0x7e {
 			return fmt.Errorf("%s %q has byte %#x at %d; use printable ASCII only", what, s, c, i)
 		}
-	}
-	return nil
-}
-
-// An Acquirer decides concurrency limits: *admit.Limiter.
-type Acquirer interface {
-	Acquire(ctx context.Context, slot admit.LeaseRequest, first, second *admit.Request) (*admit.Lease, error)
-}
-
-// A Result is one decided Rule: the Decision, whose Remaining is what each
-// bucket holds after the call, and with a concurrency part the Lease.
-type Result struct {
-	Decision admit.Decision
-	// Lease is nil without a concurrency part.
-	Lease *admit.Lease
-}
-
-// Allowed reports whether the decision admitted the request.
-func (res Result) Allowed() bool {
-	if res.Lease != nil {
-		return res.Lease.Granted()
-	}
-	return res.Decision.Allowed()
-}
-
-// Denied is the part that refused: 0 when admitted.
-func (res Result) Denied() admit.Part {
-	if res.Lease != nil {
-		return res.Lease.Denied
-	}
-	return admit.Part(res.Decision.Denied)
-}
-
-// Decide decides rule, all or nothing, within timeout when it is above
-// zero: on dec's AllowAll for buckets alone, on acq's Acquire with a
-// concurrency part. With a concurrency part the Lease is never nil, error
-// or not, and the Decision of a decided Acquire is the Lease's decision of
-// the buckets (Allowed when granted), or, for a refusal by the slot, the
-// slot's RetryAfter with the buckets' Remaining. acq may be nil only when
-// rule has no concurrency part.
-func Decide(ctx context.Context, dec admit.Decider, acq Acquirer, rule Rule, timeout time.Duration) (Result, error) {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	first, second := rule.Requests()
-	c := rule.Concurrent
-	if c == nil {
-		d, err := dec.AllowAll(ctx, first, second)
-		return Result{Decision: d}, err
-	}
-	var fp *admit.Request
-	if rule.HasBuckets() {
-		fp = &first
-	}
-	x, err := acq.Acquire(ctx, admit.LeaseRequest{Key: c.Key, Spec: c.Spec}, fp, second)
-	switch {
-	case err != nil:
-		return Result{Lease: x}, err
-	case x.Denied == admit.PartConcurrency:
-		return Result{Decision: admit.Decision{RetryAfter: x.RetryAfter, Remaining: x.Remaining}, Lease: x}, nil
-	}
-	return Result{Decision: x.Decision(), Lease: x}, nil
-}
-
-// releaseTimeout bounds a release when the edge has no decision timeout.
-const releaseTimeout = time.Second
-
-// Release frees the slot of x, on a context that outlives ctx's
-// cancellation (a client that went away must not keep the slot), bounded
-// by timeout, or releaseTimeout when it is zero. It returns the release's
-// failure, or for a granted lease found expired, an error that says the
-// handler outlived it and the limit stopped counting it for a while.
-func Release(ctx context.Context, x *admit.Lease, timeout time.Duration) error {
-	if timeout <= 0 {
-		timeout = releaseTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	live, err := x.Release(ctx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("releasing the slot of %q: %w", x.Key, err)
-	case x.Granted() && !live:
-		return fmt.Errorf("the lease on %q had expired when the handler returned: the handler ran longer than the lease (%v), "+
-			"and the concurrency limit stopped counting it; give a longer lease, or extend it from the handler (Admission.Lease)", x.Key, x.TTL)
 	}
 	return nil
 }

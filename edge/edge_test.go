@@ -3,12 +3,13 @@ package edge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/admitkit/admit"
-	"github.com/admitkit/admit/internal/edge"
+	"github.com/admitkit/admit/edge"
 	"github.com/admitkit/admit/internal/minitest"
 )
 
@@ -120,26 +121,34 @@ func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	bucket := edge.Bucket{Policy: "b", Key: "{o}:b", Spec: admit.MustSpec(admit.Every(time.Hour), 3)}
 
-	res, err := edge.Decide(ctx, lim, nil, edge.Rule{First: bucket}, time.Second)
+	res, err := edge.Decide(ctx, lim, edge.Rule{First: bucket}, time.Second)
 	if err != nil || !res.Allowed() || res.Lease != nil || res.Decision.Remaining[0] != 2 {
 		t.Fatalf("buckets alone: %+v, %v; want admitted, no lease, 2 left", res, err)
 	}
 
 	rule := edge.Rule{First: bucket, Concurrent: &edge.Concurrent{Policy: "c", Key: "{o}:c", Spec: admit.MustConcurrency(1, time.Minute)}}
-	held, err := edge.Decide(ctx, lim, lim, rule, 0)
+	held, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || !held.Allowed() || held.Lease == nil || held.Denied() != 0 || held.Decision.Remaining[0] != 1 {
 		t.Fatalf("first slot: %+v, %v; want granted, 1 left", held, err)
 	}
-	refused, err := edge.Decide(ctx, lim, lim, rule, 0)
+	refused, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || refused.Allowed() || refused.Denied() != admit.PartConcurrency ||
-		refused.Decision.RetryAfter != time.Minute || refused.Decision.Remaining != [2]int{-1, -1} {
-		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after 1m, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+		refused.Decision.RetryAfter != edge.DefaultConcurrencyRetryAfter || refused.Decision.Remaining != [2]int{-1, -1} {
+		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after the default 1s, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+	}
+	hinted := rule.Clone()
+	for _, tc := range []struct{ hint, want time.Duration }{{250 * time.Millisecond, 250 * time.Millisecond}, {time.Hour, time.Minute}} {
+		hinted.Concurrent.RetryAfter = tc.hint
+		res, err := edge.Decide(ctx, lim, hinted, 0)
+		if err != nil || res.Denied() != admit.PartConcurrency || res.Decision.RetryAfter != tc.want {
+			t.Fatalf("hint %v: %v, retry after %v; want refused, retry after %v (the hint, capped by the oldest lease's 1m left)", tc.hint, err, res.Decision.RetryAfter, tc.want)
+		}
 	}
 
 	if err := edge.Release(ctx, held.Lease, 0); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	again, err := edge.Decide(ctx, lim, lim, rule, 0)
+	again, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || !again.Allowed() || again.Decision.Remaining[0] != 0 {
 		t.Fatalf("after the release: %+v, %v; want granted, the bucket's last token taken", again, err)
 	}
@@ -148,3 +157,81 @@ func TestDecide(t *testing.T) {
 		t.Fatalf("release of an expired lease: %v; want the handler said to have outlived it", err)
 	}
 }
+
+// TestCheckDecider: nil and a Limiter without a client are refused, saying
+// what to pass, with nothing sent (the hook package admit sets); a Limiter
+// with a client, a Local and a Degraded are accepted.
+func TestCheckDecider(t *testing.T) {
+	srv, c := minitest.Start(t)
+	local, err := admit.NewLocal(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deg, err := admit.NewDegraded(0.5, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := srv.CommandCount()
+	for _, tc := range []struct {
+		name string
+		dec  admit.Decider
+		want string
+	}{
+		{"nil", nil, "nil decider"},
+		{"no client", admit.New(nil), "has no client"},
+		{"nil Limiter", (*admit.Limiter)(nil), "has no client"},
+		{"Limiter", admit.New(c), ""},
+		{"Local", local, ""},
+		{"Degraded", deg, ""},
+	} {
+		err := edge.CheckDecider(tc.dec)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v; want %q", tc.name, err, tc.want)
+		}
+	}
+	if n := srv.CommandCount() - before; n != 0 {
+		t.Errorf("CheckDecider sent %d commands; want none", n)
+	}
+}
+
+// TestJudge: a decision's verdict; a failed one is Gone when the caller's
+// context ended or its deadline passed (whatever the error), and an
+// outage of its class otherwise; an invalid Rule is Invalid even then.
+func TestJudge(t *testing.T) {
+	live := context.Background()
+	ended, cancel := context.WithCancel(live)
+	cancel()
+	passed := passedDeadline{live} // its timer has not fired yet
+	notExec := fmt.Errorf("store down: %w", admit.ErrNotExecuted)
+	unknown := fmt.Errorf("lost: %w", admit.ErrOutcomeUnknown)
+	invalid := fmt.Errorf("bad: %w", admit.ErrInvalidRequest)
+	other := errors.New("a Decider of your own's")
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want edge.Verdict
+	}{
+		{"not executed", live, notExec, edge.NotExecuted},
+		{"outcome unknown", live, unknown, edge.OutcomeUnknown},
+		{"unclassed", live, other, edge.OutcomeUnknown},
+		{"invalid", live, invalid, edge.Invalid},
+		{"ended, not executed", ended, notExec, edge.Gone},
+		{"ended, outcome unknown", ended, unknown, edge.Gone},
+		{"deadline passed, timer not fired", passed, unknown, edge.Gone},
+		{"ended, invalid", ended, invalid, edge.Invalid},
+	} {
+		if got := edge.Judge(tc.ctx, edge.Result{}, tc.err); got != tc.want {
+			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+		}
+	}
+	if edge.Judge(ended, edge.Result{Decision: admit.Decision{}}, nil) != edge.Refuse {
+		t.Error("a decided refusal whose caller then left: not Refuse")
+	}
+}
+
+// passedDeadline is a context whose deadline has passed although its Err
+// is still nil: a timer that has not fired yet, as admit may see it.
+type passedDeadline struct{ context.Context }
+
+func (passedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
