@@ -1328,3 +1328,41 @@ func TestMetricsLabelSetsFixed(t *testing.T) {
 		t.Errorf("%d cache misses, want 120 (60 channels, 60 unknown)", got)
 	}
 }
+
+// TestRefusalInsideLifetimeKeepsErrorDelay: by default (no
+// DelayUntilToken) a denial whose RetryAfter falls inside the message's
+// life (the standard share refills a token every 3 s; the message has
+// 5 s) is an expected nack marked SameDelayAsError: the bus redelivers
+// it after its error delay (1 s), as before nack suppression, not after
+// the limiter's RetryAfter. With DelayUntilToken it carries the
+// RetryAfter instead.
+func TestRefusalInsideLifetimeKeepsErrorDelay(t *testing.T) {
+	for _, delayToken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DelayUntilToken=%v", delayToken), func(t *testing.T) {
+			var opts []envOption
+			if delayToken {
+				opts = append(opts, withDelayUntilToken())
+			}
+			e := newEnv(t, nil, opts...)
+			e.seed(t, "42", false)
+			for i := range 10 { // the share's burst
+				if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted {
+					t.Fatalf("message %d: %+v, %v", i, p, err)
+				}
+			}
+			p, err := e.process(t, limits.LaneStandard, chat("42"))
+			var nack *bus.ExpectedNack
+			if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || p.Admitted || !p.Decided {
+				t.Fatalf("the 11th message: %+v, %v; want a limited nack", p, err)
+			}
+			life := e.worker.cfg.Lifetime
+			if nack.RetryAfter <= 0 || nack.RetryAfter >= life {
+				t.Fatalf("RetryAfter %v, want inside the lifetime %v (the case under test)", nack.RetryAfter, life)
+			}
+			if nack.SameDelayAsError == delayToken {
+				t.Errorf("nack %+v: SameDelayAsError %v, want %v (redelivered after the %s)", nack, nack.SameDelayAsError, !delayToken,
+					map[bool]string{false: "bus's error delay", true: "limiter's RetryAfter"}[delayToken])
+			}
+		})
+	}
+}
