@@ -220,6 +220,10 @@ type Pause struct {
 	lastKnownGood          bool
 	elapsed                func() time.Duration
 	now                    func() time.Time
+	// timer and draw are the reconciler's clock and its jitter's random
+	// source (realTimer and rand.Float64; a test's own in the tests).
+	timer func(time.Duration) (<-chan time.Time, func() bool)
+	draw  func() float64
 
 	snap atomic.Pointer[snapshot]
 
@@ -286,6 +290,8 @@ func New(c valkey.Client, cfg Config) *Pause {
 		events:        cfg.Events,
 		lastKnownGood: cfg.LastKnownGood,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
+		timer:      realTimer,
+		draw:       rand.Float64,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		ctx:        ctx, cancel: cancel,
@@ -690,23 +696,31 @@ func (p *Pause) onEvent(msg string) {
 
 func (p *Pause) reconcileLoop() {
 	defer p.wg.Done()
-	t := time.NewTimer(p.jittered())
-	defer t.Stop()
 	for {
+		fired, stop := p.timer(p.jittered())
 		select {
 		case <-p.ctx.Done():
+			stop()
 			return
-		case <-t.C:
+		case <-fired:
 		case <-p.kick:
-			t.Stop()
+			stop()
 		}
 		p.reconcile(p.ctx) // failures are counted and exposed; Check fails closed once too old
-		t.Reset(p.jittered())
 	}
 }
 
+// jittered is the wait before the next reconcile: ReconcileEvery, moved
+// by up to ±jitter of it, uniformly (draw is in [0, 1)).
 func (p *Pause) jittered() time.Duration {
-	return time.Duration(float64(p.every) * (1 - jitter + 2*jitter*rand.Float64()))
+	return time.Duration(float64(p.every) * (1 - jitter + 2*jitter*p.draw()))
+}
+
+// realTimer is the reconciler's timer: a channel that fires after d, and
+// its stop.
+func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // jitter is the reconcile interval's spread either side of ReconcileEvery.
