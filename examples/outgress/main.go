@@ -18,7 +18,8 @@
 //
 //	go run . worker -name A -metrics 127.0.0.1:9101   # one replica, until interrupted
 //	go run . publish -rate 300 -for 1m                # the demo's traffic for it
-//	go run . mgmt pause|resume|status                 # a management request, answered by one replica
+//	go run . mgmt -version N pause|resume             # a management request against the version seen, answered by one replica
+//	go run . mgmt status                              # the state in Valkey and its version
 //	go run . canary -baseline URL -canary URL         # the rollout's gates over two replicas' /metrics
 package main
 

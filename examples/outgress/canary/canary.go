@@ -41,8 +41,12 @@
 //     Bounds.LatencyConfidence (0.99 by default), after its observations
 //     are moved down by Bounds.LatencyTolerance buckets (0 by default), and
 //     says "no data" when either side has fewer than
-//     Bounds.LatencyMinSamples observations. The p95 and p99 are printed
-//     beside it.
+//     Bounds.LatencyMinSamples observations. The p95 and p99 are gated
+//     too, each by a one-sided binomial test (TailTest): the canary fails
+//     when its share of observations above the bucket holding the
+//     baseline's p95 (p99) is significantly more than 5% (1%) at the same
+//     confidence, after the same tolerance; the p99 judges nothing with
+//     fewer than 100 baseline observations.
 //   - connection churn: newly dialled connections per sampled Helix request;
 //     Bounds.RateSlack again.
 //   - pause: the canary's propagation of pause changes (p99, from
@@ -476,6 +480,8 @@ const (
 	GateCmdPremium  = "commands/warm msg, premium"
 	GateCmdServer   = "script runs: workers = server"
 	GateLatency     = "pre-HTTP latency, rank test"
+	GateP95         = "pre-HTTP p95, tail test"
+	GateP99         = "pre-HTTP p99, tail test"
 	GateChurn       = "new conns per sampled request"
 	GatePropagation = "pause propagation p99"
 	GatePauseAge    = "pause snapshot age, max"
@@ -608,6 +614,10 @@ func Evaluate(w *Window, b Bounds) *Report {
 	}
 
 	add(latencyGate(base, can, b))
+	bb, bc := histogram(base, metricStage, "stage", "pre_http")
+	cb, cc := histogram(can, metricStage, "stage", "pre_http")
+	add(tailGate(GateP95, 0.95, bb, bc, cb, cc, b))
+	add(tailGate(GateP99, 0.99, bb, bc, cb, cc, b))
 	add(rate(GateChurn, func(r *Replica) float64 { return r.delta(metricConns, "reused", "false") },
 		func(r *Replica) float64 { return r.delta(metricConns) }))
 

@@ -3,6 +3,7 @@ package canary
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,7 +141,8 @@ func window(t *testing.T, base, can counts, canPreHTTP, canTail, canPropag float
 }
 
 // TestEvaluateEachGateFails: a healthy canary passes every gate; each
-// fault below fails exactly its gate and the verdict.
+// fault below fails exactly its gates (its own, and for a latency fault
+// the tail gates its quantiles move) and the verdict.
 func TestEvaluateEachGateFails(t *testing.T) {
 	rep := Evaluate(window(t, healthy(), healthy(), 0.002, 0, 0.001, 2000), Bounds{})
 	if !rep.Pass {
@@ -150,6 +152,7 @@ func TestEvaluateEachGateFails(t *testing.T) {
 	}
 	for _, c := range []struct {
 		gate    string
+		also    []string // other gates the fault fails
 		fault   func(counts)
 		preHTTP float64
 		tail    float64
@@ -169,9 +172,9 @@ func TestEvaluateEachGateFails(t *testing.T) {
 		}},
 		{gate: GateCmdStandard, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="standard"}`] = 1200 }}, // a round trip added
 		{gate: GateCmdPremium, fault: func(c counts) { c[`outgress_warm_valkey_calls_total{lane="premium"}`] = 400 }},
-		{gate: GateCmdServer, server: 2500}, // the server ran 500 scripts the workers do not count
-		{gate: GateLatency, preHTTP: 0.5},   // every message 3 buckets slower
-		{gate: GateLatency, tail: 0.5},      // 2% of them 3 buckets slower: the p99 moves, the p95 does not
+		{gate: GateCmdServer, server: 2500},                                 // the server ran 500 scripts the workers do not count
+		{gate: GateLatency, also: []string{GateP95, GateP99}, preHTTP: 0.5}, // every message 3 buckets slower
+		{gate: GateLatency, also: []string{GateP99}, tail: 0.5},             // 2% of them 3 buckets slower: the p99 moves, the p95 does not
 		{gate: GateChurn, fault: func(c counts) {
 			c[`outgress_helix_sampled_connections_total{reused="false"}`] = 300
 			c[`outgress_helix_sampled_connections_total{reused="true"}`] = 700
@@ -201,7 +204,7 @@ func TestEvaluateEachGateFails(t *testing.T) {
 				t.Fatalf("verdict pass, want FAIL:\n%s", b.String())
 			}
 			for _, g := range rep.Gates {
-				want := g.Name != c.gate
+				want := g.Name != c.gate && !slices.Contains(c.also, g.Name)
 				if g.Pass != want {
 					t.Errorf("gate %q pass %v, want %v:\n%s", g.Name, g.Pass, want, b.String())
 				}
@@ -252,6 +255,8 @@ func TestEvaluateSampleCounts(t *testing.T) {
 		GateCmdStandard: 600, GateCmdPremium: 200, // warm messages
 		GateCmdServer:   2000, // both replicas' script runs
 		GateLatency:     1000, // pre_http observations
+		GateP95:         1000,
+		GateP99:         1000,
 		GateChurn:       1000, // sampled requests
 		GatePropagation: 1,    // pause changes
 		GatePauseAge:    10,   // age readings

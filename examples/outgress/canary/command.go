@@ -26,6 +26,8 @@ func Command(args []string) int {
 	can := fs.String("canary", "", "the canary replica's metrics `URLs`, comma-separated: a roll, in that order")
 	deploy := fs.String("deploy", "", "a shell `command` that puts the new version on one replica, run before each step's window "+
 		"with OUTGRESS_ROLL_REPLICA (its metrics URL) and OUTGRESS_ROLL_STEP (1, 2, ...) set; required for more than one canary")
+	rollback := fs.String("rollback", "", "a shell `command` that puts one replica back on the old version, run when its gate fails "+
+		"(or its -deploy fails), with the same variables as -deploy; without it a failing replica is left as it is")
 	window := fs.Duration("window", time.Minute, "how long to observe both")
 	othersFlag := fs.String("others", "", "the metrics `URLs`, comma-separated, of the fleet's other replicas on the -valkey server (their script runs are the server's too)")
 	addr := fs.String("valkey", "", "the Valkey `host:port` both replicas use, to check the workers' script runs against its INFO commandstats (optional)")
@@ -35,9 +37,9 @@ func Command(args []string) int {
 	minSamples := fs.Int("latency-min-samples", 30, "the fewest pre-HTTP observations a side the latency gate judges (fewer: no data)")
 	err := fs.Parse(args)
 	canaries := strings.Split(*can, ",")
-	if err != nil || *base == "" || *can == "" || slices.Contains(canaries, "") || len(canaries) > 1 && *deploy == "" ||
+	if err != nil || *base == "" || *can == "" || slices.Contains(canaries, "") || len(canaries) > 1 && *deploy == "" || *rollback != "" && *deploy == "" ||
 		*confidence <= 0 || *confidence >= 1 || *tolerance < 0 || *minSamples < 2 {
-		return fs.Usage("outgress canary -baseline URL -canary URL[,URL...] [-deploy CMD] [-window 1m] [-valkey host:port]")
+		return fs.Usage("outgress canary -baseline URL -canary URL[,URL...] [-deploy CMD [-rollback CMD]] [-window 1m] [-valkey host:port]")
 	}
 	ctx, stop := fs.Context()
 	defer stop()
@@ -51,37 +53,26 @@ func Command(args []string) int {
 		srv = ValkeyScriptRuns(c)
 	}
 	bounds := Bounds{InFlight: *inFlight, LatencyConfidence: *confidence, LatencyTolerance: *tolerance, LatencyMinSamples: *minSamples}
-	steps := make([]Step, len(canaries))
-	for i, url := range canaries {
-		steps[i] = Step{Replica: url, Run: func(ctx context.Context) (*Report, error) {
-			if *deploy != "" {
-				cmd := exec.CommandContext(ctx, "sh", "-c", *deploy)
-				cmd.Env = append(os.Environ(), "OUTGRESS_ROLL_REPLICA="+url, "OUTGRESS_ROLL_STEP="+strconv.Itoa(i+1))
-				cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-				if err := cmd.Run(); err != nil {
-					return nil, fmt.Errorf("-deploy: %w", err)
-				}
+	steps := ShellSteps(canaries, *deploy, *rollback, os.Stderr, func(ctx context.Context, url string) (*Report, error) {
+		var others []string // every replica on the server but the two judged
+		for _, o := range append(slices.Clone(canaries), strings.Split(*othersFlag, ",")...) {
+			if o != url && o != "" {
+				others = append(others, o)
 			}
-			var others []string // every replica on the server but the two judged
-			for _, o := range append(slices.Clone(canaries), strings.Split(*othersFlag, ",")...) {
-				if o != url && o != "" {
-					others = append(others, o)
-				}
-			}
-			wa, err := Begin(ctx, *base, url, srv, others...)
-			if err != nil {
-				return nil, err
-			}
-			w, err := wa.Until(ctx, *window, time.Second, nil, 0)
-			if err != nil {
-				return nil, err
-			}
-			rep := Evaluate(w, bounds)
-			fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, url)
-			rep.Print(os.Stdout)
-			return rep, nil
-		}}
-	}
+		}
+		wa, err := Begin(ctx, *base, url, srv, others...)
+		if err != nil {
+			return nil, err
+		}
+		w, err := wa.Until(ctx, *window, time.Second, nil, 0)
+		if err != nil {
+			return nil, err
+		}
+		rep := Evaluate(w, bounds)
+		fmt.Printf("Canary gates over %v (baseline %s, canary %s)\n", w.Duration.Round(time.Millisecond), *base, url)
+		rep.Print(os.Stdout)
+		return rep, nil
+	})
 	var out io.Writer
 	if len(steps) > 1 {
 		out = os.Stdout
@@ -94,6 +85,39 @@ func Command(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// ShellSteps are a roll's steps over the replicas named by their metrics
+// URLs: each runs the shell command deploy (none when "") and then judge;
+// a step whose gate fails (or whose deploy fails) runs the shell command
+// rollback, when not "". Both commands run under sh -c with
+// OUTGRESS_ROLL_REPLICA (the URL) and OUTGRESS_ROLL_STEP (1, 2, ...) set,
+// their output to log.
+func ShellSteps(replicas []string, deploy, rollback string, log io.Writer, judge func(ctx context.Context, replica string) (*Report, error)) []Step {
+	steps := make([]Step, len(replicas))
+	for i, url := range replicas {
+		shell := func(ctx context.Context, flag, command string) error {
+			cmd := exec.CommandContext(ctx, "sh", "-c", command)
+			cmd.Env = append(os.Environ(), "OUTGRESS_ROLL_REPLICA="+url, "OUTGRESS_ROLL_STEP="+strconv.Itoa(i+1))
+			cmd.Stdout, cmd.Stderr = log, log
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s for replica %s: %w", flag, url, err)
+			}
+			return nil
+		}
+		steps[i] = Step{Replica: url, Run: func(ctx context.Context) (*Report, error) {
+			if deploy != "" {
+				if err := shell(ctx, "-deploy", deploy); err != nil {
+					return nil, err
+				}
+			}
+			return judge(ctx, url)
+		}}
+		if rollback != "" {
+			steps[i].Rollback = func(ctx context.Context) error { return shell(ctx, "-rollback", rollback) }
+		}
+	}
+	return steps
 }
 
 // ValkeyScriptRuns counts script runs from INFO commandstats of c's server.

@@ -2,6 +2,7 @@ package canary
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -121,8 +122,8 @@ func TestLatencyGate(t *testing.T) {
 		// 29 canary observations, all three buckets slower: the test
 		// would fail it, but under 30 a side it judges nothing.
 		g, rep, out := gate(t, latencyWindow(t, map[float64]int{0.002: 100}, map[float64]int{0.5: 29}), Bounds{})
-		if !g.Pass || g.NoData == "" || !rep.Pass || len(rep.NoData) != 1 || rep.NoData[0] != GateLatency {
-			t.Errorf("29 canary observations: %+v, report no data %q; want no data for %q alone", g, rep.NoData, GateLatency)
+		if want := []string{GateLatency, GateP95, GateP99}; !g.Pass || g.NoData == "" || !rep.Pass || !slices.Equal(rep.NoData, want) {
+			t.Errorf("29 canary observations: %+v, report no data %q; want no data for %q alone", g, rep.NoData, want)
 		}
 		for _, s := range []string{"no data (n 100 baseline, 29 canary: under 30 a side)", "no data for " + GateLatency} {
 			if !strings.Contains(out, s) {

@@ -3,6 +3,9 @@ package canary
 import (
 	"context"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -60,5 +63,38 @@ func TestRoll(t *testing.T) {
 	res, calls, _, err = roll("B", boom)
 	if !errors.Is(err, boom) || res.Failed != "B" || !slices.Equal(res.Left, []string{"C"}) || len(calls) != 3 || calls[2] != (call{"B", "rollback"}) {
 		t.Errorf("step 2 errs: %+v, %v, calls %v; want the error, B failed and rolled back, C left", res, err, calls)
+	}
+}
+
+// TestShellStepsRollBackFailingReplica: `canary -deploy CMD -rollback CMD`
+// over three replicas whose second fails its gate. The shell commands
+// (which append to a log what they did, to which replica, at which step)
+// deploy the first two, roll the second back, and never touch the third.
+// A roll without the failure deploys all three and rolls nothing back.
+func TestShellStepsRollBackFailingReplica(t *testing.T) {
+	roll := func(fail string) (lines []string, res *RollResult, err error) {
+		log := filepath.Join(t.TempDir(), "log")
+		deploy := `echo "deploy $OUTGRESS_ROLL_REPLICA $OUTGRESS_ROLL_STEP" >> ` + log
+		rollback := `echo "rollback $OUTGRESS_ROLL_REPLICA $OUTGRESS_ROLL_STEP" >> ` + log
+		steps := ShellSteps([]string{"http://a/metrics", "http://b/metrics", "http://c/metrics"}, deploy, rollback, io.Discard,
+			func(_ context.Context, replica string) (*Report, error) {
+				return &Report{Pass: replica != fail}, nil
+			})
+		res, err = Roll(context.Background(), steps, nil)
+		b, rerr := os.ReadFile(log)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		return strings.Split(strings.TrimSpace(string(b)), "\n"), res, err
+	}
+	lines, res, err := roll("http://b/metrics")
+	want := []string{"deploy http://a/metrics 1", "deploy http://b/metrics 2", "rollback http://b/metrics 2"}
+	if err != nil || !slices.Equal(lines, want) || !res.RolledBack || res.Failed != "http://b/metrics" || !slices.Equal(res.Left, []string{"http://c/metrics"}) {
+		t.Errorf("b's gate fails: commands ran %q, result %+v, %v; want %q, b rolled back, c left", lines, res, err, want)
+	}
+	lines, res, err = roll("")
+	want = []string{"deploy http://a/metrics 1", "deploy http://b/metrics 2", "deploy http://c/metrics 3"}
+	if err != nil || !slices.Equal(lines, want) || !res.Complete() || res.RolledBack {
+		t.Errorf("every gate passes: commands ran %q, result %+v, %v; want %q", lines, res, err, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,13 +16,23 @@ type Command struct {
 	*flag.FlagSet
 	// Fleet are the fleet's flags, for a command made by NewFleetCommand.
 	Fleet Flags
-	name  string
+	// Out and Err are where the command writes its output and its
+	// failures: os.Stdout and os.Stderr unless a test sets them (SetOutput).
+	Out, Err io.Writer
+	name     string
+}
+
+// SetOutput sends the command's output to out and its failures and
+// usage (the flag set's too) to errOut.
+func (c *Command) SetOutput(out, errOut io.Writer) {
+	c.Out, c.Err = out, errOut
+	c.FlagSet.SetOutput(errOut)
 }
 
 // NewCommand returns the subcommand name's flag set (errors returned, not
 // exiting).
 func NewCommand(name string) Command {
-	return Command{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), name: name}
+	return Command{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), Out: os.Stdout, Err: os.Stderr, name: name}
 }
 
 // NewFleetCommand is NewCommand with the fleet's flags (AddFlags) defined:
@@ -44,14 +55,14 @@ func (c Command) ParseEnv(args []string, needValkey bool) (valkeyAddr, natsURL s
 // Fail writes err to stderr, prefixed with the subcommand ("outgress
 // publish: ..."), and returns code, the exit code.
 func (c Command) Fail(code int, err error) int {
-	fmt.Fprintf(os.Stderr, "outgress %s: %v\n", c.name, err)
+	fmt.Fprintf(c.Err, "outgress %s: %v\n", c.name, err)
 	return code
 }
 
 // Usage writes the subcommand's usage line to stderr and returns 2, the
 // exit code of bad usage.
 func (c Command) Usage(line string) int {
-	fmt.Fprintln(os.Stderr, "usage: "+line)
+	fmt.Fprintln(c.Err, "usage: "+line)
 	return 2
 }
 

@@ -524,6 +524,12 @@ func (m *Metrics) RegisterPause(replica string, p *pause.Pause) error {
 			}
 			return 0
 		}),
+		gauge("outgress_pause_until_seconds", "When the timed pause the replica acts on ends on its own, Unix seconds; 0 when no timed pause is in force (running, an open pause, or past its end).", func() float64 {
+			if s, ok := snap(); ok && s.Paused && !s.Until.IsZero() {
+				return float64(s.Until.UnixMilli()) / 1000
+			}
+			return 0
+		}),
 		gauge("outgress_pause_version", "Version of the pause state the replica acts on.", func() float64 {
 			s, _ := snap()
 			return float64(s.Version)

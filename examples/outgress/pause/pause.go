@@ -220,6 +220,10 @@ type Pause struct {
 	lastKnownGood          bool
 	elapsed                func() time.Duration
 	now                    func() time.Time
+	// timer and draw are the reconciler's clock and its jitter's random
+	// source (realTimer and rand.Float64; a test's own in the tests).
+	timer func(time.Duration) (<-chan time.Time, func() bool)
+	draw  func() float64
 
 	snap atomic.Pointer[snapshot]
 
@@ -286,6 +290,8 @@ func New(c valkey.Client, cfg Config) *Pause {
 		events:        cfg.Events,
 		lastKnownGood: cfg.LastKnownGood,
 		every:         cfg.ReconcileEvery, maxAge: cfg.MaxAge, timeout: cfg.Timeout, elapsed: cfg.Elapsed, now: cfg.Now,
+		timer:      realTimer,
+		draw:       rand.Float64,
 		subscribed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 		ctx:        ctx, cancel: cancel,
@@ -325,35 +331,117 @@ func (p *Pause) Start(ctx context.Context) error {
 	return nil
 }
 
-// setScript is SetPaused's compare-and-swap: KEYS flag, version, changed,
-// until; ARGV the expected version, "1" (pause) or "0" (resume), the
-// writer's wall time in Unix ms, and a timed pause's duration in ms (0:
-// none). It reads before it writes, so an edit against another version
-// writes nothing. A timed pause ends on the server's clock: its flag and
-// its end expire at the end (PXAT), so a lookup, a reconcile and a replica
-// that starts later all read it as ended, with no write. It returns {1,
-// new version, the end in Unix ms or 0} when it wrote, {0, the version
-// held, 1 if paused} when it did not.
-var setScript = valkey.NewLuaScript(`
-local held = tonumber(redis.call('GET', KEYS[2]) or '0')
-if not held then return redis.error_reply('pause version is not a counter') end
-if held ~= tonumber(ARGV[1]) then return {0, held, redis.call('EXISTS', KEYS[1])} end
-local v = redis.call('INCR', KEYS[2]) -- first: refused under OOM before anything is written
-local ends = 0
-redis.call('DEL', KEYS[4])
-if ARGV[2] == '1' and tonumber(ARGV[4]) > 0 then
-  local t = redis.call('TIME')
-  ends = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[4])
-  redis.call('SET', KEYS[1], '1', 'PXAT', ends)
-  redis.call('SET', KEYS[4], ends, 'PXAT', ends)
-elseif ARGV[2] == '1' then
-  redis.call('SET', KEYS[1], '1')
-else
-  redis.call('DEL', KEYS[1])
-end
-redis.call('SET', KEYS[3], ARGV[3])
-return {1, v, ends}
-`)
+// SetPaused's write is the plan's native transaction: on one dedicated
+// connection, WATCH the version key and read the state (MGET of the flag
+// and the version, and TIME for a timed pause), then, if Valkey holds the
+// edit's expected version, MULTI, INCR the version, SET or DEL the flag,
+// DEL the old end (and SET the new one), SET the change's time, EXEC. The
+// WATCH makes the version check hold until EXEC: a write of the version
+// between the read and EXEC aborts the transaction (EXEC answers nil), and
+// nothing is written. INCR comes first so that a server refusing writes
+// (OOM) refuses it while queueing, and EXEC then discards the whole
+// transaction (EXECABORT). A timed pause ends on the server's clock: its
+// flag and its end expire at the end (PXAT, from the TIME read under the
+// WATCH), so a lookup, a reconcile and a replica that starts later all
+// read it as ended, with no write.
+
+// writeResult is what the transaction did: written, the new version and
+// the end (Unix ms, 0 for none); not written, the version Valkey holds
+// and whether it is paused.
+type writeResult struct {
+	written      bool
+	version, end int64
+	heldPaused   bool
+}
+
+func (p *Pause) write(ctx context.Context, paused bool, ms, expected int64) (res writeResult, err error) {
+	err = p.c.Dedicated(func(d valkey.DedicatedClient) error {
+		b := d.B()
+		read := valkey.Commands{b.Watch().Key(p.versionKey).Build(), b.Mget().Key(p.flagKey, p.versionKey).Build()}
+		if ms > 0 {
+			read = append(read, b.Time().Build())
+		}
+		replies := d.DoMulti(ctx, read...)
+		for _, r := range replies {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		held, heldPaused, err := storedVersion(replies[1])
+		if err != nil {
+			return err
+		}
+		if held != expected {
+			res = writeResult{version: held, heldPaused: heldPaused}
+			return d.Do(ctx, b.Unwatch().Build()).Error()
+		}
+		tx := valkey.Commands{b.Multi().Build(), b.Incr().Key(p.versionKey).Build(), b.Del().Key(p.untilKey).Build()}
+		switch {
+		case paused && ms > 0:
+			now, err := replies[2].AsIntSlice() // seconds, microseconds
+			if err != nil || len(now) != 2 {
+				return fmt.Errorf("outgress: TIME: %v %v", now, err)
+			}
+			res.end = now[0]*1000 + now[1]/1000 + ms
+			at := strconv.FormatInt(res.end, 10)
+			tx = append(tx, b.Set().Key(p.flagKey).Value("1").Pxat(time.UnixMilli(res.end)).Build(), b.Set().Key(p.untilKey).Value(at).Pxat(time.UnixMilli(res.end)).Build())
+		case paused:
+			tx = append(tx, b.Set().Key(p.flagKey).Value("1").Build())
+		default:
+			tx = append(tx, b.Del().Key(p.flagKey).Build())
+		}
+		tx = append(tx, b.Set().Key(p.changedKey).Value(strconv.FormatInt(p.now().UnixMilli(), 10)).Build(), b.Exec().Build())
+		out := d.DoMulti(ctx, tx...)
+		exec := out[len(out)-1]
+		if valkey.IsValkeyNil(exec.Error()) || exec.Error() == nil && isNilArray(exec) {
+			// The WATCH fired: another writer changed the version after
+			// the read. Nothing was written; report what it holds now.
+			vals := d.Do(ctx, b.Mget().Key(p.flagKey, p.versionKey).Build())
+			if res.version, res.heldPaused, err = storedVersion(vals); err != nil {
+				return err
+			}
+			return nil
+		}
+		for _, r := range out { // a refused command (OOM) fails its queueing and EXEC (EXECABORT)
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		results, err := exec.ToArray()
+		if err != nil {
+			return err
+		}
+		if res.version, err = results[0].AsInt64(); err != nil {
+			return fmt.Errorf("outgress: pause version not incremented: %w", err)
+		}
+		res.written = true
+		return nil
+	})
+	return res, err
+}
+
+func isNilArray(r valkey.ValkeyResult) bool {
+	a, err := r.ToArray()
+	return err == nil && a == nil
+}
+
+// storedVersion parses an MGET of the flag and the version.
+func storedVersion(r valkey.ValkeyResult) (version int64, paused bool, err error) {
+	vals, err := r.ToArray()
+	if err != nil {
+		return 0, false, err
+	}
+	if len(vals) != 2 {
+		return 0, false, fmt.Errorf("outgress: pause read: MGET returned %d values, want 2", len(vals))
+	}
+	if !vals[1].IsNil() {
+		s, _ := vals[1].ToString()
+		if version, err = strconv.ParseInt(s, 10, 64); err != nil || version < 0 {
+			return 0, false, fmt.Errorf("outgress: pause version %q is not a counter", s)
+		}
+	}
+	return version, !vals[0].IsNil(), nil
+}
 
 // FlagKey is the key of the stored pause flag ("1" when paused).
 func (p *Pause) FlagKey() string { return p.flagKey }
@@ -463,22 +551,23 @@ func (p *Pause) Stats() Stats {
 
 // SetPaused stores the new state and a new version, if Valkey still holds
 // version expected (the version the caller's view was read at: Snapshot,
-// Stored, or a status request; 0 before the first write), in one script
-// run; then it updates this replica and publishes the event. It returns the
+// Stored, or a status request; 0 before the first write), in one
+// WATCH/MULTI/EXEC transaction (see write); then it updates this replica
+// and publishes the event. It returns the
 // new version. An edit against any other version writes nothing and
 // returns an error wrapping ErrVersionConflict that names both versions:
 // of two writers racing from one view, one wins and the other fails loudly.
 //
 // If the write fails, nothing is applied or published. If ctx ends with the
-// script in flight, it may or may not have run: SetPaused reports the
+// EXEC in flight, it may or may not have run: SetPaused reports the
 // error, applies and publishes nothing, and reconciliation converges every
 // replica on whatever Valkey holds. If only the publish fails, the error
 // wraps ErrNotPublished, and the version is returned.
 //
 // This replica's own reconcile may read the write back between the
-// script and the rest of SetPaused (a loaded machine delays the caller): a
+// EXEC and the rest of SetPaused (a loaded machine delays the caller): a
 // snapshot of the version written, in the state written, confirmed after
-// the script was sent, is this write, and SetPaused goes on to publish it.
+// the transaction was sent, is this write, and SetPaused goes on to publish it.
 // Otherwise, if the version written is not newer than the one this replica
 // holds, Valkey has lost the version key (or a later write overtook this
 // one): no replica would apply it. SetPaused then applies and publishes
@@ -500,42 +589,51 @@ func (p *Pause) SetPaused(ctx context.Context, paused bool, expected int64) (int
 // write and no event. It is ended once, by the clock: a late event of its
 // version cannot revive it, and an operator who ends it sooner makes an
 // edit of its own (SetPaused(false) against its version). d is rounded up
-// to the millisecond.
+// to the millisecond. A d longer than MaxPauseFor is refused with an
+// error wrapping ErrPauseTooLong, writing nothing.
 func (p *Pause) PauseFor(ctx context.Context, d time.Duration, expected int64) (int64, error) {
-	if d <= 0 {
-		return 0, fmt.Errorf("outgress: PauseFor(%v): the duration must be positive; use SetPaused for a pause without an end", d)
+	if err := CheckPauseFor(d); err != nil {
+		return 0, err
 	}
 	return p.set(ctx, true, int64((d+time.Millisecond-1)/time.Millisecond), expected)
 }
 
-func (p *Pause) set(ctx context.Context, paused bool, ms, expected int64) (int64, error) {
-	flag := "0"
-	if paused {
-		flag = "1"
+// MaxPauseFor is the longest timed pause PauseFor accepts: a pause meant
+// to last longer is an open pause (SetPaused), ended by an edit, so that
+// nobody is surprised by a fleet that resumes on its own days later.
+const MaxPauseFor = 24 * time.Hour
+
+// ErrPauseTooLong is returned (wrapped) by PauseFor and CheckPauseFor for a
+// duration past MaxPauseFor.
+var ErrPauseTooLong = errors.New("outgress: timed pause longer than the maximum")
+
+// CheckPauseFor returns nil if d is a timed pause's duration PauseFor
+// accepts (positive, at most MaxPauseFor), otherwise an error saying why.
+func CheckPauseFor(d time.Duration) error {
+	switch {
+	case d <= 0:
+		return fmt.Errorf("outgress: PauseFor(%v): the duration must be positive; use SetPaused for a pause without an end", d)
+	case d > MaxPauseFor:
+		return fmt.Errorf("%w: PauseFor(%v) is past the %v limit; pause without an end (SetPaused) and resume by an edit instead", ErrPauseTooLong, d, MaxPauseFor)
 	}
+	return nil
+}
+
+func (p *Pause) set(ctx context.Context, paused bool, ms, expected int64) (int64, error) {
 	sent := p.elapsed()
-	reply, err := setScript.Exec(ctx, p.c, []string{p.flagKey, p.versionKey, p.changedKey, p.untilKey},
-		[]string{strconv.FormatInt(expected, 10), flag, strconv.FormatInt(p.now().UnixMilli(), 10), strconv.FormatInt(ms, 10)}).ToArray()
+	res, err := p.write(ctx, paused, ms, expected)
 	if err != nil {
 		return 0, fmt.Errorf("outgress: pause not changed: %w", err)
 	}
-	if len(reply) != 3 {
-		return 0, fmt.Errorf("outgress: pause script: want 3 replies, got %d", len(reply))
-	}
-	written, _ := reply[0].AsInt64()
-	version, err := reply[1].AsInt64()
-	if err != nil {
-		return 0, fmt.Errorf("outgress: pause version not incremented: %w", err)
-	}
-	if written != 1 {
+	version, ends := res.version, res.end
+	if !res.written {
 		state := "resumed"
-		if n, _ := reply[2].AsInt64(); n == 1 {
+		if res.heldPaused {
 			state = "paused"
 		}
 		return 0, fmt.Errorf("%w: this edit was made against version %d, Valkey holds version %d (%s); nothing written: "+
 			"read the state again (mgmt status) and repeat the edit against version %d if it still stands", ErrVersionConflict, expected, version, state, version)
 	}
-	ends, _ := reply[2].AsInt64()
 	b := p.c.B()
 	if held, ok := p.confirm(paused, ends, version, &sent); !ok {
 		// Either another writer's change overtook this one (Valkey's
@@ -598,23 +696,31 @@ func (p *Pause) onEvent(msg string) {
 
 func (p *Pause) reconcileLoop() {
 	defer p.wg.Done()
-	t := time.NewTimer(p.jittered())
-	defer t.Stop()
 	for {
+		fired, stop := p.timer(p.jittered())
 		select {
 		case <-p.ctx.Done():
+			stop()
 			return
-		case <-t.C:
+		case <-fired:
 		case <-p.kick:
-			t.Stop()
+			stop()
 		}
 		p.reconcile(p.ctx) // failures are counted and exposed; Check fails closed once too old
-		t.Reset(p.jittered())
 	}
 }
 
+// jittered is the wait before the next reconcile: ReconcileEvery, moved
+// by up to ±jitter of it, uniformly (draw is in [0, 1)).
 func (p *Pause) jittered() time.Duration {
-	return time.Duration(float64(p.every) * (1 - jitter + 2*jitter*rand.Float64()))
+	return time.Duration(float64(p.every) * (1 - jitter + 2*jitter*p.draw()))
+}
+
+// realTimer is the reconciler's timer: a channel that fires after d, and
+// its stop.
+func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // jitter is the reconcile interval's spread either side of ReconcileEvery.

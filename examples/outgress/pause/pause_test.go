@@ -662,20 +662,19 @@ func TestPausePropagationMeasured(t *testing.T) {
 	}
 }
 
-// afterExec runs a hook after each script call (SetPaused's write) has
-// its reply, before it is returned.
+// afterExec runs a hook after each SetPaused write (its transaction, on
+// a dedicated connection) has its reply, before SetPaused goes on.
 type afterExec struct {
 	valkey.Client
 	hook func()
 }
 
-func (c *afterExec) Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult {
-	script := testenv.IsCommand(cmd, "EVALSHA") || testenv.IsCommand(cmd, "EVAL") // before Do, which recycles cmd
-	res := c.Client.Do(ctx, cmd)
-	if c.hook != nil && script && res.Error() == nil {
+func (c *afterExec) Dedicated(fn func(valkey.DedicatedClient) error) error {
+	err := c.Client.Dedicated(fn)
+	if c.hook != nil && err == nil {
 		c.hook()
 	}
-	return res
+	return err
 }
 
 // TestPauseWriteReadBackByOwnReconcile: the writer's own reconcile runs

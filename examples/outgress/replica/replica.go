@@ -51,6 +51,9 @@ type Config struct {
 	Pause pause.Config
 	// OnError receives the errors the bus reports. Default: none.
 	OnError func(subject string, err error)
+	// beforeConsume, in tests, runs once the pause state is loaded and
+	// the management requests are served, before the lanes are consumed.
+	beforeConsume func()
 }
 
 // Replica is one running replica of `outgress worker`: its Valkey
@@ -145,6 +148,9 @@ func Start(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	}
 	w := worker.New(admit.New(r.client, admit.WithObserver(r.metrics.ObserveLimiter)), r.pause,
 		channels.New(r.client, channels.Config{Prefix: cfg.Prefix}), r.helix, r.metrics, wcfg)
+	if cfg.beforeConsume != nil {
+		cfg.beforeConsume()
+	}
 	for lane := range limits.NumLanes {
 		if err := r.bus.Consume(ctx, busCfg.Subjects[lane], fleetenv.LaneWorkers[lane], w.Handler(lane)); err != nil {
 			return nil, err
@@ -190,20 +196,39 @@ func (r *Replica) Close() {
 	}
 }
 
+// commandFlags are `outgress worker`'s flags.
+type commandFlags struct {
+	name, metricsAddr, off, helixURL, bot *string
+	delayToken, retryUnknown              *bool
+	grace                                 *time.Duration
+}
+
+// defineFlags defines `outgress worker`'s flags on fs. The two departures
+// from the plan's behaviour (-delay-until-token, -retry-unknown) are off
+// unless given.
+func defineFlags(fs fleetenv.Command) commandFlags {
+	host, _ := os.Hostname()
+	return commandFlags{
+		name:        fs.String("name", host, "the replica's `name` (metrics, management replies)"),
+		metricsAddr: fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics"),
+		off:         fs.String("off", "none", "rollout `steps` switched off (as go run . -off)"),
+		delayToken: fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime "+
+			"(default: the error delay; a refusal past its lifetime is dropped at once either way)"),
+		retryUnknown: fs.Bool("retry-unknown", false, "decide under each message's id and repeat an outcome-unknown decision once "+
+			"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)"),
+		helixURL: fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)"),
+		bot:      fs.String("bot", "", "the bot's Helix user `id`"),
+		grace: fs.Duration("kill-grace", 30*time.Second, "the deployment's kill grace `period` (SIGTERM to SIGKILL); "+
+			"refused if a message's lifetime and the last flush do not fit in it"),
+	}
+}
+
 // Command is `outgress worker`: one replica, until interrupted.
 func Command(args []string) int {
 	fs := fleetenv.NewFleetCommand("worker")
 	ff := fs.Fleet
-	host, _ := os.Hostname()
-	name := fs.String("name", host, "the replica's `name` (metrics, management replies)")
-	metricsAddr := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics")
-	off := fs.String("off", "none", "rollout `steps` switched off (as go run . -off)")
-	delayToken := fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime (default: the error delay)")
-	retryUnknown := fs.Bool("retry-unknown", false, "decide under each message's id and repeat an outcome-unknown decision once "+
-		"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)")
-	helixURL := fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)")
-	bot := fs.String("bot", "", "the bot's Helix user `id`")
-	grace := fs.Duration("kill-grace", 30*time.Second, "the deployment's kill grace `period` (SIGTERM to SIGKILL); refused if a message's lifetime and the last flush do not fit in it")
+	f := defineFlags(fs)
+	name, metricsAddr, off, delayToken, retryUnknown, helixURL, bot, grace := f.name, f.metricsAddr, f.off, f.delayToken, f.retryUnknown, f.helixURL, f.bot, f.grace
 	valkeyAddr, natsURL, err := fs.ParseEnv(args, true)
 	steps, perr := worker.ParseSteps(*off)
 	if err == nil {

@@ -911,13 +911,15 @@ func TestValkeyDownIsRealError(t *testing.T) {
 	}
 }
 
-// TestNackSuppressionKeepsRedeliveryTiming: by default (no
-// DelayUntilToken) a denied message comes back after the bus's error
-// delay, whether the nack-suppression step is on (an expected nack, not
-// reported) or off (a plain error, reported): the step changes what is
-// reported, not when the message is redelivered. The share refills in an
-// hour, past the message's life: it is not dropped early either.
-func TestNackSuppressionKeepsRedeliveryTiming(t *testing.T) {
+// TestRefusalPastLifetime: by default (no DelayUntilToken) a message
+// denied by a share that refills in an hour, past the message's life, is
+// dropped at once with the nack-suppression step on (the plan's "drop
+// work immediately when the computed delay is beyond the message's
+// remaining lifetime": one delivery, dropped no_time_limited, nothing
+// reported), and with the step off keeps the shape it replaced: a plain
+// error, reported, redelivered after the bus's error delay, again and
+// again.
+func TestRefusalPastLifetime(t *testing.T) {
 	srv := testenv.Shared(t)
 	for _, off := range []Steps{0, StepNackSuppression} {
 		t.Run("off="+off.String(), func(t *testing.T) {
@@ -941,18 +943,20 @@ func TestNackSuppressionKeepsRedeliveryTiming(t *testing.T) {
 			if _, err := b.Publish(testenv.Ctx(t), subject, []byte(chat("42"))); err != nil {
 				t.Fatal(err)
 			}
+			if off == 0 {
+				if !testenv.WaitFor(func() bool { return b.Stats().Dropped[bus.DropNoTimeLimited] == 1 }) {
+					t.Fatalf("%d deliveries, stats %+v; want the denied message dropped at once (no_time_limited)", deliveries.Load(), b.Stats())
+				}
+				if st := b.Stats(); deliveries.Load() != 1 || reports.Load() != 0 || st.Nacked != [bus.NumNackReasons]int64{} || st.Errors != 0 {
+					t.Errorf("step on: %d deliveries, %d reports, stats %+v; want one delivery, dropped, nothing reported or nacked", deliveries.Load(), reports.Load(), st)
+				}
+				return
+			}
 			if !testenv.WaitFor(func() bool { return deliveries.Load() >= 3 }) {
 				t.Fatalf("%d deliveries, stats %+v; want the denied message back after the 50 ms error delay, again and again", deliveries.Load(), b.Stats())
 			}
-			st := b.Stats()
-			if sum(st.Dropped[:]) != 0 {
-				t.Errorf("stats %+v: dropped, want redelivered", st)
-			}
-			if off == 0 && (reports.Load() != 0 || st.Nacked[bus.NackLimited] < 2) {
-				t.Errorf("step on: %d reports, stats %+v; want expected nacks, none reported", reports.Load(), st)
-			}
-			if off != 0 && (reports.Load() < 2 || st.Errors < 2) {
-				t.Errorf("step off: %d reports, stats %+v; want errors, reported", reports.Load(), st)
+			if st := b.Stats(); sum(st.Dropped[:]) != 0 || reports.Load() < 2 || st.Errors < 2 {
+				t.Errorf("step off: %d reports, stats %+v; want errors, reported, redelivered, none dropped", reports.Load(), st)
 			}
 		})
 	}
@@ -1094,12 +1098,11 @@ func TestCommandsPerMessage(t *testing.T) {
 	}
 	start := testenv.CommandStats(t, e.raw)
 	// The Limiter's observer (metrics.ObserveLimiter) counts every call that
-	// reached the server: exactly the script runs the server counted, but
-	// for the pause writes (SetPaused's compare-and-swap is a script too).
-	var pauseWrites int64
+	// reached the server: exactly the script runs the server counted (the
+	// pause writes are a MULTI/EXEC, no script).
 	defer func() {
 		end := testenv.CommandStats(t, e.raw)
-		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls - pauseWrites
+		runs := end["evalsha"].Calls - start["evalsha"].Calls - (end["evalsha"].Failed - start["evalsha"].Failed) + end["eval"].Calls - start["eval"].Calls
 		if got := e.metrics.ScriptRuns(); got != runs || runs == 0 {
 			t.Errorf("the observer counted %d script runs, the server %d", got, runs)
 		}
@@ -1170,7 +1173,6 @@ func TestCommandsPerMessage(t *testing.T) {
 		if _, err := e.pause.SetPaused(testenv.Ctx(t), true, 0); err != nil {
 			t.Fatal(err)
 		}
-		pauseWrites++
 		p, err := measure(t, map[string]int64{}, true, send(limits.LaneStandard, chat("1")))
 		var nack *bus.ExpectedNack
 		if !p.Paused || !errors.As(err, &nack) || nack.Reason != bus.NackPaused {
@@ -1328,5 +1330,43 @@ func TestMetricsLabelSetsFixed(t *testing.T) {
 	}
 	if got := e.metrics.CacheLookups(channels.CacheMiss); got != 120 {
 		t.Errorf("%d cache misses, want 120 (60 channels, 60 unknown)", got)
+	}
+}
+
+// TestRefusalInsideLifetimeKeepsErrorDelay: by default (no
+// DelayUntilToken) a denial whose RetryAfter falls inside the message's
+// life (the standard share refills a token every 3 s; the message has
+// 5 s) is an expected nack marked SameDelayAsError: the bus redelivers
+// it after its error delay (1 s), as before nack suppression, not after
+// the limiter's RetryAfter. With DelayUntilToken it carries the
+// RetryAfter instead.
+func TestRefusalInsideLifetimeKeepsErrorDelay(t *testing.T) {
+	for _, delayToken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DelayUntilToken=%v", delayToken), func(t *testing.T) {
+			var opts []envOption
+			if delayToken {
+				opts = append(opts, withDelayUntilToken())
+			}
+			e := newEnv(t, nil, opts...)
+			e.seed(t, "42", false)
+			for i := range 10 { // the share's burst
+				if p, err := e.process(t, limits.LaneStandard, chat("42")); err != nil || !p.Admitted {
+					t.Fatalf("message %d: %+v, %v", i, p, err)
+				}
+			}
+			p, err := e.process(t, limits.LaneStandard, chat("42"))
+			var nack *bus.ExpectedNack
+			if !errors.As(err, &nack) || nack.Reason != bus.NackLimited || p.Admitted || !p.Decided {
+				t.Fatalf("the 11th message: %+v, %v; want a limited nack", p, err)
+			}
+			life := e.worker.cfg.Lifetime
+			if nack.RetryAfter <= 0 || nack.RetryAfter >= life {
+				t.Fatalf("RetryAfter %v, want inside the lifetime %v (the case under test)", nack.RetryAfter, life)
+			}
+			if nack.SameDelayAsError == delayToken {
+				t.Errorf("nack %+v: SameDelayAsError %v, want %v (redelivered after the %s)", nack, nack.SameDelayAsError, !delayToken,
+					map[bool]string{false: "bus's error delay", true: "limiter's RetryAfter"}[delayToken])
+			}
+		})
 	}
 }
