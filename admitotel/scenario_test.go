@@ -65,7 +65,7 @@ func diff(t *testing.T, w want, got map[series]int64) {
 	}
 }
 
-func denied(part string) attribute.KeyValue { return attribute.String("admit.denied_by", part) }
+func denied(part string) attribute.KeyValue   { return attribute.String("admit.denied_by", part) }
 func errType(class string) attribute.KeyValue { return attribute.String("error.type", class) }
 
 // policyOf names a key's policy by its prefix, as "api" for "api:a".
