@@ -35,13 +35,14 @@ type observer struct {
 
 // callOptions are one callKey's instrument options, built once.
 type callOptions struct {
-	decision []metric.AddOption    // admit.client.decisions
-	duration []metric.RecordOption // db.client.operation.duration
-	policy   []metric.AddOption    // admit.client.active_leases
-	refund   []metric.AddOption    // admit.client.refunds
-	span     []trace.SpanStartOption
-	spanName string
-	errType  string
+	decision  []metric.AddOption    // admit.client.decisions
+	duration  []metric.RecordOption // db.client.operation.duration
+	policy    []metric.AddOption    // admit.client.active_leases
+	refund    []metric.AddOption    // admit.client.refunds
+	span      []trace.SpanStartOption
+	spanAttrs []attribute.KeyValue
+	spanName  string
+	errType   string
 }
 
 // NewObserver returns an observer for admit.WithObserver that records each
@@ -118,10 +119,13 @@ func (o *observer) observe(obs admit.Observation) {
 	}
 }
 
-// span records obs as a span that ended at end.
+// span records obs as a span that ended at end. Its attributes are set
+// after Start rather than passed to it, which saves the SDK a copy; span
+// and End take the time of the call's end as now.
 func (o *observer) span(ctx context.Context, c *callOptions, obs admit.Observation, end time.Time) {
 	opts := append(c.span[:len(c.span):len(c.span)], trace.WithTimestamp(end.Add(-obs.Duration)))
 	_, span := o.tracer.Start(ctx, c.spanName, opts...)
+	span.SetAttributes(c.spanAttrs...)
 	if obs.Err != nil {
 		desc := c.errType
 		if o.keys {
@@ -129,7 +133,7 @@ func (o *observer) span(ctx context.Context, c *callOptions, obs admit.Observati
 		}
 		span.SetStatus(codes.Error, desc)
 	}
-	span.End(trace.WithTimestamp(end))
+	span.End()
 }
 
 // buildCall builds k's instrument options.
@@ -167,12 +171,13 @@ func buildCall(k callKey) *callOptions {
 	refund = policy(refund)
 	spanAttrs := append([]attribute.KeyValue{keyDBSystem.String(dbSystem)}, call...)
 	return &callOptions{
-		decision: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(call...))},
-		duration: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(dur...))},
-		policy:   []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(policy(nil)...))},
-		refund:   []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(refund...))},
-		span:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(spanAttrs...)},
-		spanName: op,
-		errType:  k.errType,
+		decision:  []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(call...))},
+		duration:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(dur...))},
+		policy:    []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(policy(nil)...))},
+		refund:    []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(refund...))},
+		span:      []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)},
+		spanAttrs: spanAttrs,
+		spanName:  op,
+		errType:   k.errType,
 	}
 }
