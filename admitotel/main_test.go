@@ -80,7 +80,7 @@ func name(instrument string, set attribute.Set) series {
 		if i > 0 {
 			s += ","
 		}
-		s += string(kv.Key) + "=" + kv.Value.Emit()
+		s += string(kv.Key) + "=" + kv.Value.String()
 	}
 	return s + "}"
 }

@@ -125,7 +125,7 @@ func TestIntegrationOutcomes(t *testing.T) {
 func series(set attribute.Set) string {
 	s := ""
 	for _, kv := range set.ToSlice() {
-		s += string(kv.Key) + "=" + kv.Value.Emit() + ","
+		s += string(kv.Key) + "=" + kv.Value.String() + ","
 	}
 	return s
 }
