@@ -50,3 +50,30 @@ func BenchmarkAdmission(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserve: admitotel's own cost per observed call, no server:
+// metrics alone, and metrics with a span (the SDK, sampled always,
+// exported nowhere).
+func BenchmarkObserve(b *testing.B) {
+	mp, _ := meter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	obs := admit.Observation{Op: admit.OpTake, FirstKey: "api:a", Duration: time.Millisecond}
+	for _, bc := range []struct {
+		name string
+		opts []admitotel.Option
+	}{
+		{"metrics", []admitotel.Option{admitotel.WithPolicy(policyOf)}},
+		{"metrics+spans", []admitotel.Option{admitotel.WithPolicy(policyOf), admitotel.WithTracerProvider(tp)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			observe, err := admitotel.NewObserver(mp, bc.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				observe(obs)
+			}
+		})
+	}
+}

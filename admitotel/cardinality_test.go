@@ -125,3 +125,35 @@ func TestObserveAllocations(t *testing.T) {
 		t.Errorf("HTTP edge: %v allocations per call, want 0", n)
 	}
 }
+
+// TestObserveConcurrent: goroutines that observe at once, first seeing
+// their policies together, lose no count (run with -race).
+func TestObserveConcurrent(t *testing.T) {
+	mp, reader := meter()
+	observe, err := admitotel.NewObserver(mp, admitotel.WithPolicy(policyOf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, calls, policies = 4, 1000, admitotel.MaxPolicies
+	start, done := make(chan struct{}), make(chan struct{})
+	for g := range goroutines {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			<-start
+			for i := range calls {
+				observe(admit.Observation{Op: admit.OpRefund, FirstKey: "p" + strconv.Itoa((i*goroutines+g)%policies) + ":k"})
+			}
+		}()
+	}
+	close(start)
+	for range goroutines {
+		<-done
+	}
+	w := want{}
+	for g := range goroutines {
+		for i := range calls {
+			w.call("refund", "", "p"+strconv.Itoa((i*goroutines+g)%policies))
+		}
+	}
+	diff(t, w, collect(t, reader))
+}

@@ -86,7 +86,6 @@ func NewObserver(mp metric.MeterProvider, opts ...Option) (func(admit.Observatio
 
 // observe records one Observation.
 func (o *observer) observe(obs admit.Observation) {
-	end := time.Now()
 	k := classify(obs)
 	if o.policyOf != nil {
 		k.policy = o.policyOf(obs.FirstKey)
@@ -115,7 +114,7 @@ func (o *observer) observe(obs admit.Observation) {
 		o.leases.Add(ctx, -1, c.policy...)
 	}
 	if o.tracer != nil {
-		o.span(ctx, c, obs, end)
+		o.span(ctx, c, obs, time.Now())
 	}
 }
 
