@@ -19,16 +19,12 @@ func HTTPOutcome(mp metric.MeterProvider, opts ...Option) (func(admithttp.Event)
 	if err != nil {
 		return nil, err
 	}
-	names := map[admithttp.Outcome]string{}
-	for o := admithttp.Admitted; o <= admithttp.RuleError; o++ {
-		names[o] = strings.ReplaceAll(o.String(), "-", "_")
+	var names [256]string // every Outcome's, those added later too
+	for o := range names {
+		names[o] = OutcomeName(admithttp.Outcome(o).String())
 	}
 	return func(ev admithttp.Event) {
-		name, ok := names[ev.Outcome]
-		if !ok {
-			name = other
-		}
-		r := EdgeRequest{Outcome: name, Err: ev.Err}
+		r := EdgeRequest{Outcome: names[ev.Outcome], Err: ev.Err}
 		r.Policy, r.Key = httpPart(ev)
 		e.Record(r)
 	}, nil
@@ -54,4 +50,14 @@ func httpPart(ev admithttp.Event) (policy, key string) {
 		return rule.Concurrent.Policy, rule.Concurrent.Key
 	}
 	return rule.First.Policy, rule.First.Key
+}
+
+// OutcomeName returns an edge Outcome's name as admit.edge.outcome writes
+// it: in snake case, "outage_served" for "outage-served", and "_OTHER"
+// for a name that is not one ("Outcome(12)").
+func OutcomeName(s string) string {
+	if s == "" || strings.ContainsAny(s, "() ") {
+		return other
+	}
+	return strings.ReplaceAll(s, "-", "_")
 }

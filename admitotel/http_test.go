@@ -12,7 +12,8 @@ import (
 
 // TestHTTPPolicy: a refusal is counted under the policy of the part that
 // refused; the rest under the first part's (the concurrency part's when
-// the Rule has no bucket).
+// the Rule has no bucket). Outcome names are in snake case; one that is
+// not an Outcome's is "_OTHER".
 func TestHTTPPolicy(t *testing.T) {
 	mp, reader := meter()
 	hook, err := admitotel.HTTPOutcome(mp)
@@ -30,6 +31,8 @@ func TestHTTPPolicy(t *testing.T) {
 	hook(admithttp.Event{Outcome: admithttp.Refused, Rule: rule, Lease: &admit.Lease{Denied: admit.PartConcurrency}})
 	hook(admithttp.Event{Outcome: admithttp.Refused, Rule: admithttp.Rule{First: rule.First, Second: rule.Second}, Decision: admit.Decision{Denied: 2}})
 	hook(admithttp.Event{Outcome: admithttp.Admitted, Rule: admithttp.Rule{Concurrent: rule.Concurrent}})
+	hook(admithttp.Event{Outcome: admithttp.Outcome(200), Rule: rule})
+	hook(admithttp.Event{Outcome: admithttp.OutageRefused, Rule: rule})
 	w := want{}
 	edge := func(outcome, policy string, n int64) {
 		w.add("admit.edge.requests", n, attribute.String("admit.edge", "http"),
@@ -40,5 +43,7 @@ func TestHTTPPolicy(t *testing.T) {
 	edge("refused", "per-org", 2)
 	edge("refused", "in-flight", 1)
 	edge("admitted", "in-flight", 1)
+	edge("_OTHER", "per-ip", 1)
+	edge("outage_refused", "per-ip", 1)
 	diff(t, w, collect(t, reader))
 }

@@ -4,8 +4,6 @@
 package grpcotel
 
 import (
-	"strings"
-
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/admitkit/admit"
@@ -24,16 +22,12 @@ func Outcome(mp metric.MeterProvider, opts ...admitotel.Option) (func(admitgrpc.
 	if err != nil {
 		return nil, err
 	}
-	names := map[admitgrpc.Outcome]string{}
-	for o := admitgrpc.Admitted; o <= admitgrpc.InvalidRule; o++ {
-		names[o] = strings.ReplaceAll(o.String(), "-", "_")
+	var names [256]string // every Outcome's, those added later too
+	for o := range names {
+		names[o] = admitotel.OutcomeName(admitgrpc.Outcome(o).String())
 	}
 	return func(r admitgrpc.Report) {
-		name, ok := names[r.Outcome]
-		if !ok {
-			name = "_OTHER"
-		}
-		req := admitotel.EdgeRequest{Outcome: name, Err: r.Err}
+		req := admitotel.EdgeRequest{Outcome: names[r.Outcome], Err: r.Err}
 		req.Policy, req.Key = part(r)
 		e.Record(req)
 	}, nil
