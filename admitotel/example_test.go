@@ -69,7 +69,7 @@ func ExampleNewObserver() {
 		}
 	}
 	// Output:
-	// # HELP admit_client_decisions_total Calls of an admit Limiter, by operation and outcome.
+	// # HELP admit_client_decisions_total Calls of an admit Limiter, refunds aside, by operation and outcome.
 	// # TYPE admit_client_decisions_total counter
 	// admit_client_decisions_total{admit_outcome="allowed",admit_policy="api",db_operation_name="take"} 2
 	// admit_client_decisions_total{admit_denied_by="first",admit_outcome="denied",admit_policy="api",db_operation_name="take"} 1

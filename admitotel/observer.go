@@ -47,9 +47,10 @@ type callOptions struct {
 
 // NewObserver returns an observer for admit.WithObserver that records each
 // call of the Limiter in mp's instruments (docs/observing.md lists them),
-// and as a span with [WithTracerProvider]. It allocates nothing per call
-// with metrics alone, once keys and policies have been seen. It returns
-// an error when mp refuses an instrument.
+// and as a span with [WithTracerProvider]: a root span, since an
+// Observation carries no context to find the caller's. It allocates
+// nothing per call with metrics alone, once a call's attributes have been
+// seen. It returns an error when mp is nil or refuses an instrument.
 func NewObserver(mp metric.MeterProvider, opts ...Option) (func(admit.Observation), error) {
 	if mp == nil {
 		return nil, fmt.Errorf("admitotel: NewObserver(nil): pass a MeterProvider, such as otel.GetMeterProvider()")
@@ -59,7 +60,7 @@ func NewObserver(mp metric.MeterProvider, opts ...Option) (func(admit.Observatio
 	o := &observer{policyOf: cfg.policyOf, keys: cfg.keys}
 	var err error
 	if o.decisions, err = m.Int64Counter("admit.client.decisions", metric.WithUnit("{decision}"),
-		metric.WithDescription("Calls of an admit Limiter, by operation and outcome.")); err != nil {
+		metric.WithDescription("Calls of an admit Limiter, refunds aside, by operation and outcome.")); err != nil {
 		return nil, fmt.Errorf("admitotel: %w", err)
 	}
 	if o.duration, err = m.Float64Histogram("db.client.operation.duration", metric.WithUnit("s"),
