@@ -11,10 +11,8 @@
 //	allow   deny     2                 first charged its Cost; second not written
 //	allow   allow    0                 both charged their Cost
 //
-// Every decision is one embedded Lua script run on the server's clock, which
-// reads and checks every key before its first write (docs/semantics.md).
-//
-// [Limiter.AllowOrdered] decides as above; [Limiter.AllowAll] charges nothing
+// Each decision is one Lua script run on the server's clock
+// (docs/semantics.md). [Limiter.AllowOrdered] decides as above; [Limiter.AllowAll] charges nothing
 // unless both buckets admit. A [Request] may cost several tokens;
 // [Limiter.Peek], [Limiter.Refund] and [Limiter.Wait] complete a budget
 // (docs/budgets.md). [Limiter.AllowOrderedOnce] decides once per id, so that
@@ -27,10 +25,11 @@
 //
 // [Local] decides in process memory, and [Degraded] is a Local sized for a
 // fleet while the store is down; a [Decider] is any of the three
-// (docs/outages.md). The admithttp and admitgrpc packages put a
-// Decider in front of an HTTP handler or a gRPC server (docs/http.md), and
-// admittest checks a deployment against every invariant admit relies on
-// (docs/conformance.md).
+// (docs/outages.md). The admithttp and admitgrpc packages put a Decider in
+// front of an HTTP handler or a gRPC server, on one core, package edge
+// (docs/http.md); admittest checks a deployment against every invariant
+// admit relies on (docs/conformance.md); the admitotel module exports
+// metrics and traces (docs/observing.md).
 //
 // On a cluster, both keys of a call must hash to one slot: give them a common
 // hash tag, as in "rl:{chan:42}:standard" and "rl:{chan:42}:shared"

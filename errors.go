@@ -16,11 +16,9 @@ import (
 // The two classes: every error a call returns is in exactly one, tested
 // with errors.Is. A denial is a Decision, never an error (docs/errors.md).
 var (
-	// ErrNotExecuted: no token was taken and nothing was written; a retry
-	// is safe. Wait's means that no token stays taken (docs/budgets.md).
+	// ErrNotExecuted: nothing was taken or written; a retry is safe.
 	ErrNotExecuted = errors.New("admit: not executed")
-	// ErrOutcomeUnknown: the call may have run and taken tokens. admit
-	// never retries it; the caller decides whether to fail open or closed.
+	// ErrOutcomeUnknown: the call may have run and taken tokens.
 	ErrOutcomeUnknown = errors.New("admit: outcome unknown")
 )
 

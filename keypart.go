@@ -8,9 +8,8 @@ import (
 // KeyPartLen is the length, in bytes, of every string [KeyPart] returns.
 const KeyPartLen = 32
 
-// KeyPart returns a KeyPartLen-byte URL-safe digest of s, fit to be any part
-// of a bucket key or its hash tag: equal for equal strings, distinct for
-// distinct ones. Use it for every key part a client controls (docs/key-schema.md).
+// KeyPart returns a KeyPartLen-byte URL-safe digest of s, fit for any part
+// of a key a client controls (docs/key-schema.md).
 func KeyPart(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	var out [KeyPartLen]byte

@@ -15,9 +15,8 @@ import (
 
 // Bounds of a Concurrency.
 const (
-	// MaxConcurrency is the largest limit a Concurrency accepts. It bounds
-	// the work of every call on a lease key: an Acquire prunes at most
-	// this many expired holders.
+	// MaxConcurrency is the largest limit, and the most expired holders
+	// an Acquire prunes.
 	MaxConcurrency = 10000
 	// MinLease and MaxLease bound a Concurrency's lease duration.
 	MinLease = time.Millisecond
@@ -26,15 +25,9 @@ const (
 	MaxLeaseNameLen = 256
 )
 
-// A Concurrency describes a concurrency limit: at most Limit leases of one
-// key are live at once, and each lease lasts Lease on the server's clock
-// unless it is extended or released first. A holder that dies without
-// releasing frees its place when its lease expires.
-//
-// A Concurrency is an immutable value; build it once (for example with
-// [MustConcurrency] in a package-level var) and share it between
-// goroutines. The zero Concurrency is invalid; [Limiter.Acquire] refuses
-// it.
+// A Concurrency allows at most Limit live leases of one key, each lasting
+// Lease on the server's clock unless extended or released. It is an
+// immutable value; the zero Concurrency is invalid.
 type Concurrency struct {
 	limit int
 	lease time.Duration
@@ -93,18 +86,11 @@ func (c Concurrency) String() string {
 // A LeaseRequest names the concurrency part of an [Limiter.Acquire]: the lease
 // key, its limit, and the holder's name.
 type LeaseRequest struct {
-	// Key is the lease key: a sorted set of holders (docs/leases.md has
-	// its schema). It must not be empty, nor be one of the buckets' keys.
-	Key string
-	// Spec is the limit and the lease duration. It must not be the zero
-	// Concurrency.
-	Spec Concurrency
-	// Name names the holder, and makes Acquire retry-safe: an Acquire
-	// under a name whose lease is live returns that lease, marked as a
-	// replay, and takes nothing. Give the unit of work's stable id (a
-	// request or message id) to retry safely after ErrOutcomeUnknown.
-	// Empty means a random name, drawn by Acquire (the Lease carries it).
-	// At most MaxLeaseNameLen bytes, of any value.
+	Key  string      // the lease key, a sorted set of holders; not a bucket's key
+	Spec Concurrency // the limit and the lease duration
+	// Name names the holder (at most MaxLeaseNameLen bytes; empty draws a
+	// random one): an Acquire under a live lease's name replays it, so give
+	// the unit of work's id to retry safely.
 	Name string
 }
 
@@ -134,38 +120,18 @@ func (p Part) String() string {
 	return "part " + strconv.Itoa(int(p))
 }
 
-// A Lease is the outcome of an Acquire: a granted lease, which holds one
-// of the key's slots until it is released or expires, or a refusal.
-//
-// Acquire always returns a non-nil *Lease, with an error too, so that
-// "defer lease.Release(ctx)" is safe right after it. Release and Extend of
-// a Lease that was refused, or never sent, send nothing. A Lease's methods
-// may be called from several goroutines (a heartbeat that extends it, the
-// handler that releases it).
+// A Lease is an Acquire's outcome: a granted lease, or a refusal. Acquire
+// always returns one, so "defer lease.Release(ctx)" is safe right after
+// it; its methods are safe for concurrent use.
 type Lease struct {
-	// Key and Name identify the lease: the lease key and the holder's
-	// name, the one Acquire drew when the LeaseRequest named none.
-	Key, Name string
-	// Denied names the part that refused the Acquire; 0 when granted and
-	// with an error.
-	Denied Part
-	// RetryAfter is 0 when granted. When the concurrency limit refused, it is the time
-	// until the oldest live lease of the key expires on the server's
-	// clock: an upper bound on the wait for a lease, unless leases are
-	// extended meanwhile (a release frees one sooner). When a bucket
-	// refused, it is that bucket's wait, as in [Decision.RetryAfter].
+	Key, Name string // the lease key; the holder's name (drawn when none was given)
+	Denied    Part   // the part that refused; 0 when granted or with an error
+	// RetryAfter is 0 when granted; else the refusing bucket's wait, or
+	// for the concurrency limit the time until its oldest lease expires.
 	RetryAfter time.Duration
-	// Remaining is the tokens left in the first and second bucket, as in
-	// [Decision.Remaining]: -1 for a bucket not evaluated (none given, a
-	// refusal before it, a replay).
-	Remaining [2]int
-	// Holders is the number of live leases of the key after the call,
-	// this one included when granted.
-	Holders int
-	// TTL is the time the lease had left on the server's clock when the
-	// Acquire ran: the Concurrency's Lease for a new grant, less for a
-	// replay; 0 when not granted. Extend does not change it; see Deadline.
-	TTL time.Duration
+	Remaining  [2]int        // as in Decision: -1 for a bucket not evaluated
+	Holders    int           // live leases of the key after the call
+	TTL        time.Duration // the lease's time left when granted; see Deadline
 
 	l        *Limiter
 	spec     Concurrency
@@ -197,15 +163,11 @@ func (x *Lease) setDeadline(d int64) {
 	}
 }
 
-// Granted reports whether the Acquire was granted: the lease is held
-// until released or expired. It is false with every error.
+// Granted reports whether the Acquire was granted; false with every error.
 func (x *Lease) Granted() bool { return x != nil && x.granted }
 
-// Decision returns what the Acquire decided of its buckets, as a
-// [Decision]: Allowed for a granted lease (Remaining the tokens left),
-// Denied 1 or 2 with RetryAfter for a bucket's refusal. A concurrency refusal,
-// which a Decision cannot name, and a Lease that comes with an error give
-// the zero Decision, which is not Allowed: read Denied for those.
+// Decision returns what the Acquire decided of its buckets; a concurrency
+// refusal, which a Decision cannot name, gives the zero Decision.
 func (x *Lease) Decision() Decision {
 	switch {
 	case x == nil:
@@ -218,15 +180,13 @@ func (x *Lease) Decision() Decision {
 	return Decision{}
 }
 
-// Replayed reports whether the lease was granted by an earlier Acquire
-// under the same name and returned as it was: this call took nothing.
+// Replayed reports whether an earlier Acquire under the same name granted
+// the lease: this call took nothing.
 func (x *Lease) Replayed() bool { return x != nil && x.replayed }
 
 // Deadline returns the local moment until which the lease is surely live
-// on the server, measured from before the Acquire (or the last Extend) was
-// sent; the zero Time when not granted. A holder that must not run
-// without its lease stops, or extends, before it. Only the server's clock
-// decides: a server clock stepped forward ends the lease sooner.
+// on the server (measured from before the call was sent), or the zero Time
+// when it is not held: stop, or Extend, before it (docs/leases.md).
 func (x *Lease) Deadline() time.Time {
 	if x == nil {
 		return time.Time{}
@@ -268,37 +228,12 @@ const (
 	releasePrefix = "1 1000 "
 )
 
-// Acquire takes one of req's leases and, with first (and second) given,
-// the buckets' Costs, all or nothing, in one script run and round trip:
-// the concurrency limit, first bucket and second bucket are decided in that order, and
-// when any of them refuses nothing is taken, and the Lease's Denied names
-// the part that refused. Without buckets it is a plain concurrency limit.
-//
-// A refusal is a Lease that is not Granted, never an error; it writes
-// nothing (but for a denied bucket's expiry, which a denial may lengthen,
-// as [Limiter.AllowOrdered]'s does). A granted Acquire also prunes every
-// expired holder of the key, so that a holder that died never costs more
-// than its lease.
-//
-// Retry safety: an Acquire under a LeaseRequest.Name whose lease is live returns
-// that lease, Replayed, and takes nothing (neither a lease nor tokens),
-// whatever buckets it names. An error is [ErrNotExecuted] or
-// [ErrOutcomeUnknown], as for AllowOrdered; after ErrOutcomeUnknown the
-// Acquire may have been granted, and its lease (and tokens) held until the
-// lease expires. Retry under the same name (the returned Lease's Name,
-// which Acquire drew if the LeaseRequest named none): a lease granted by the lost
-// call comes back, Replayed; or Release the returned Lease, which frees
-// the lease if it was granted.
-//
-// Invalid input is refused with ErrInvalidRequest before anything is
-// sent: an empty key, a zero Concurrency or Spec, a name over
-// MaxLeaseNameLen, a second bucket without a first, a key named twice, or
-// on a cluster client keys in different hash slots ([ErrCrossSlot]; give
-// them a common hash tag, as in "conc:{org:7}" and "tpm:{org:7}").
-//
-// The ACL user needs +zscore +zcard +zcount +zrange +zadd
-// +zremrangebyscore +zrem beside what AllowOrdered needs
-// (docs/leases.md).
+// Acquire takes one of req's leases and, if given, first's and second's
+// Costs, all or nothing, in one round trip. A refusal is a Lease that is
+// not Granted, whose Denied names the part that refused; an Acquire under
+// a live lease's name returns that lease, Replayed (docs/leases.md).
+// Errors are [ErrInvalidRequest] (nothing sent), [ErrNotExecuted] or
+// [ErrOutcomeUnknown].
 func (l *Limiter) Acquire(ctx context.Context, req LeaseRequest, first, second *Request) (*Lease, error) {
 	start := l.observeStart()
 	x, err := l.acquire(ctx, req, first, second)
@@ -456,23 +391,10 @@ func leaseFields(s string, n int) ([7]int64, error) {
 	return f, nil
 }
 
-// Release frees the lease's place, and reports whether the lease was live
-// on the server: false when it had expired, had been released before, or
-// was never granted. It is idempotent: releasing twice frees one place, and
-// reports false the second time. After ErrOutcomeUnknown, call it again.
-//
-// A Lease that was refused, or whose Acquire failed with ErrNotExecuted,
-// sends nothing and reports false. A Lease whose Acquire failed with
-// ErrOutcomeUnknown is released on the server: its place is freed if that
-// Acquire was granted.
-//
-// Once a Release has returned without error, Deadline is zero for good:
-// an Extend that raced it does not move it again.
-//
-// Release with a context that is not done: a deferred Release in a request
-// handler whose context is cancelled should use
-// context.WithoutCancel(ctx), or its place stays taken until the lease
-// expires.
+// Release frees the lease and reports whether it was live on the server.
+// It is idempotent, sends nothing for a Lease never sent, and leaves
+// Deadline zero once it returns without error. Give it a context that is
+// not done: context.WithoutCancel(ctx) in a deferred Release.
 func (x *Lease) Release(ctx context.Context) (bool, error) {
 	if x == nil {
 		return false, nil
@@ -507,13 +429,9 @@ func (x *Lease) release(ctx context.Context) (bool, error) {
 	return f[0] == 1, nil
 }
 
-// Extend renews a live lease: it lasts the Concurrency's lease duration
-// from now on the server's clock (never less than it had), and Deadline
-// moves accordingly. It reports false, and writes nothing, when the lease
-// is no longer live: it expired (the holder stalled past its lease and
-// may have lost its place to another), or was released. A Lease that was
-// not granted sends nothing and reports false. After ErrOutcomeUnknown,
-// Extend again.
+// Extend renews a live lease to its Concurrency's lease duration from now
+// and moves Deadline; it reports false, and writes nothing, when the lease
+// expired or was released.
 func (x *Lease) Extend(ctx context.Context) (bool, error) {
 	if x == nil {
 		return false, nil
@@ -549,14 +467,9 @@ func (x *Lease) extend(ctx context.Context) (bool, error) {
 	return false, badReply("lease: extend reply " + strconv.Quote(s))
 }
 
-// Lease returns a handle on the lease that req.Name holds (or held) on
-// req.Key, to Extend or Release it from elsewhere than its Acquire: a
-// process that restarted with the unit of work's id, an operator's tool,
-// a retry on another client. It sends nothing. Its Granted is false and
-// its Deadline zero until an Extend succeeds; req.Spec gives the lease
-// duration an Extend renews to (a Release needs none). Its Extend and
-// Release refuse, as Acquire does, an empty key, one over MaxKeyLen, and a
-// name that is empty or over MaxLeaseNameLen.
+// Lease returns a handle on the lease req.Name holds on req.Key, to Extend
+// or Release it from elsewhere than its Acquire (a restarted process, an
+// operator's tool). It sends nothing.
 func (l *Limiter) Lease(req LeaseRequest) *Lease {
 	x := &Lease{Key: req.Key, Name: req.Name, Remaining: [2]int{-1, -1}, l: l, spec: req.Spec, sent: true}
 	return x

@@ -33,13 +33,9 @@ func (r Request) cost() int {
 // A Decision is the outcome of a call. The zero Decision, which comes with
 // every error, is not an admission: test with Allowed, not Denied == 0.
 type Decision struct {
-	Denied uint8 // the bucket that refused, 1 or 2; 0 if admitted or with an error
-	// RetryAfter is 0 when admitted; otherwise the time until the refusing
-	// bucket holds its Cost, never short.
-	RetryAfter time.Duration
-	// Remaining is the tokens the first and second bucket hold after the
-	// call; -1 for a bucket the call did not evaluate.
-	Remaining [2]int
+	Denied     uint8         // the bucket that refused, 1 or 2; 0 if admitted or with an error
+	RetryAfter time.Duration // 0 if admitted; else when the refusing bucket holds its Cost
+	Remaining  [2]int        // each bucket's tokens after the call; -1 if not evaluated
 
 	// decided is set on every Decision the server made, so that the zero
 	// Decision is not an admission.
@@ -50,7 +46,7 @@ type Decision struct {
 }
 
 // Replayed reports whether [Limiter.AllowOrderedOnce] returned an earlier
-// call's Decision for the same id: this call charged nothing; do not settle it.
+// call's Decision for the same id: this call charged nothing.
 func (d Decision) Replayed() bool { return d.replayed }
 
 // Allowed reports whether the request was admitted (never the zero Decision).
@@ -115,8 +111,7 @@ func (l *Limiter) AllowOrdered(ctx context.Context, first Request, second *Reque
 }
 
 // AllowAll is AllowOrdered, all or nothing: when the second bucket refuses
-// (Denied 2), the first is not charged either, and Remaining reports it
-// uncharged. Errors are as AllowOrdered's (docs/semantics.md).
+// (Denied 2), the first is not charged either (docs/semantics.md).
 func (l *Limiter) AllowAll(ctx context.Context, first Request, second *Request) (Decision, error) {
 	mode := modeTake
 	if second != nil {
@@ -147,12 +142,10 @@ func (l *Limiter) Refund(ctx context.Context, first Request, second *Request) er
 	return l.refund(ctx, first, second)
 }
 
-// Wait calls AllowOrdered until it admits, and returns that Decision. It
-// sleeps each denial's RetryAfter plus jitter, and refunds the first bucket
-// after a second-bucket denial. When ctx ends, or its deadline comes before
-// the token, it returns at once with an error wrapping [ErrNotExecuted] and
-// ctx's error. A failed attempt is not repeated; a failed refund is
-// [ErrOutcomeUnknown] (docs/budgets.md).
+// Wait calls AllowOrdered until it admits, sleeping each RetryAfter plus
+// jitter and refunding the first bucket after a second-bucket denial. When
+// ctx ends, or its deadline comes before the token, it returns an error
+// wrapping [ErrNotExecuted] and ctx's error (docs/budgets.md).
 func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.wait(ctx, first, second)
 }

@@ -12,9 +12,7 @@ import (
 
 // A Decider decides ordered admissions against one or two token buckets:
 // [Limiter] on Valkey, shared by every process; [Local] in one process; and
-// [Degraded], a Local at a fraction of every Spec, for store outages. Code
-// written against a Decider runs unchanged on any of them: a single-process
-// service, a test, or an outage fallback.
+// [Degraded], a Local at a fraction of every Spec, for store outages.
 type Decider interface {
 	// AllowOrdered takes first's Cost and, only when first admits,
 	// second's: a second-bucket denial (Denied 2) leaves first charged.
@@ -39,42 +37,9 @@ var (
 const localEvictSample = 8
 
 // A Local decides ordered admissions in one process, with no store: the
-// same Specs and Requests as [Limiter], the same decisions in the same
-// integer arithmetic (whole microseconds per token, refill that keeps the
-// part of a token earned in the bucket's ts, never faster than the Spec),
-// the same Cost, Remaining and RetryAfter, both modes ([Local.AllowOrdered]
-// and [Local.AllowAll]), [Local.Peek] and [Local.Refund]. Two Locals, like
-// two processes, share nothing: a Local limits what its own process admits.
-// Use it for a single-process service, in tests, and (through [Degraded])
-// as the fallback of a store outage.
-//
-// Its clock is the process's monotonic clock (a wall clock step does not
-// move it), unless [WithLocalClock] sets another.
-//
-// Memory is bounded: a Local holds at most maxKeys buckets (a bucket is one
-// key's tokens and ts, a few machine words beside its key). Inserting a
-// bucket into a full Local evicts one, in constant time: among the 8
-// least recently used buckets, the first one that has
-// refilled to full, which carries no state (a full bucket and a missing one
-// decide alike); when none of them is full, the one of them that misses the
-// fewest tokens. A bucket evicted before it is full comes back full the next
-// time its key is decided: it over-admits by the tokens it missed, at most
-// its burst, once per such eviction. [WithEvictFunc] reports every
-// eviction, and whether the bucket was full. "Full" is judged with the Spec
-// the key was last decided with; a key decided with another Spec since
-// behaves as it would on the store, where a missing key is full under any
-// Spec. Keys are refused above [MaxKeyLen], as a Limiter refuses them, so a
-// full Local holds at most maxKeys × MaxKeyLen bytes of keys.
-//
-// A Local is safe for simultaneous use by multiple goroutines: every call
-// holds one mutex for its decision, a map lookup per bucket and a few
-// integer operations, and allocates nothing once its keys are held.
-//
-// Differences from [Limiter]: a Local never fails but on bad input (it
-// returns the same [ErrInvalidRequest] errors, and [ErrNotExecuted] with
-// the context's error for a context already done); it accepts two keys in
-// different cluster hash slots, as a Limiter on a standalone server does;
-// and its buckets do not expire but by eviction.
+// same Specs, Requests and decisions as [Limiter], in the same integer
+// arithmetic. It holds at most maxKeys buckets, evicting those that lose
+// nothing first (docs/local.md), and is safe for concurrent use.
 type Local struct {
 	mu      sync.Mutex
 	now     func() int64 // µs since the epoch
@@ -96,8 +61,8 @@ type localBucket struct {
 	prev, next int32 // towards head, towards tail; -1 at the ends
 }
 
-// A LocalOption configures a Local or a Degraded; pass LocalOptions to
-// [NewLocal] or [NewDegraded].
+// A LocalOption configures a Local or a Degraded. It is not an [Option],
+// so that an option that means nothing to one kind does not compile there.
 type LocalOption interface{ applyLocal(*Local) }
 
 type localOptionFunc func(*Local)
@@ -105,11 +70,7 @@ type localOptionFunc func(*Local)
 func (f localOptionFunc) applyLocal(l *Local) { f(l) }
 
 // WithLocalClock has a Local read the time from now instead of the
-// process's monotonic clock: for tests and simulations that move time
-// themselves. now may go back; the Local then decides as the script does
-// when the server's clock steps back (no refill for the gap, and a bucket
-// whose ts is in the future waits at most one full refill). A nil now
-// leaves the default.
+// monotonic clock, for tests and simulations (docs/local.md).
 func WithLocalClock(now func() time.Time) LocalOption {
 	return localOptionFunc(func(l *Local) {
 		if now != nil {
@@ -118,22 +79,15 @@ func WithLocalClock(now func() time.Time) LocalOption {
 	})
 }
 
-// WithEvictFunc has a Local call f with the key of every bucket it evicts
-// to make room for another, and whether that bucket had refilled to full
-// (an eviction that changes nothing) or not (the key comes back full: an
-// over-admission of the tokens it missed). f runs on the caller's
-// goroutine, after the decision that evicted and outside the Local's lock,
-// before that call returns. Count the evictions that were not full: a
-// steady count says maxKeys is too small for the keys in use. Default:
-// none.
+// WithEvictFunc has a Local call f with each key it evicts, and whether
+// its bucket was full (an eviction that loses nothing); a steady count of
+// non-full evictions says maxKeys is too small (docs/local.md).
 func WithEvictFunc(f func(key string, full bool)) LocalOption {
 	return localOptionFunc(func(l *Local) { l.onEvict = f })
 }
 
-// NewLocal returns an empty Local that holds at most maxKeys buckets,
-// configured by opts. maxKeys must be at least 2, so that both buckets of
-// a call fit, and at most math.MaxInt32; a Local takes memory only as keys
-// arrive.
+// NewLocal returns an empty Local that holds at most maxKeys buckets
+// (2 to math.MaxInt32), configured by opts.
 func NewLocal(maxKeys int, opts ...LocalOption) (*Local, error) {
 	if maxKeys < 2 || maxKeys > math.MaxInt32 {
 		return nil, fmt.Errorf("admit: NewLocal: maxKeys %d must be at least 2 (both buckets of a call are held at once) "+
@@ -174,33 +128,24 @@ const (
 	localRefund         // Refund
 )
 
-// AllowOrdered takes first's Cost from first and, only when first admits,
-// second's Cost from second, as [Limiter.AllowOrdered] does: a first-bucket
-// denial (Denied 1) changes neither bucket; a second-bucket denial (Denied
-// 2) leaves first charged; an admission charges both. A nil second is the
-// one-bucket path. The only errors are bad input, refused with
-// [ErrInvalidRequest] as a Limiter refuses it, and a context already done.
+// AllowOrdered decides as [Limiter.AllowOrdered] does, in this process.
+// Its only errors are [ErrInvalidRequest] and a context already done.
 func (l *Local) AllowOrdered(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.call(ctx, localOrdered, first, second)
 }
 
-// AllowAll is [Local.AllowOrdered], all or nothing: when the second bucket
-// refuses (Denied 2), the first is not charged either. Remaining[0] is then
-// the tokens the first bucket holds, uncharged, Remaining[1] the second's,
-// and RetryAfter the time until the second holds its Cost.
+// AllowAll decides as [Limiter.AllowAll] does, in this process.
 func (l *Local) AllowAll(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.call(ctx, localAll, first, second)
 }
 
-// Peek returns the Decision that AllowOrdered would return now for the
-// same requests, and takes nothing: no bucket changes and no key is added.
+// Peek returns what AllowOrdered would decide now, and changes nothing.
 func (l *Local) Peek(ctx context.Context, first Request, second *Request) (Decision, error) {
 	return l.call(ctx, localPeek, first, second)
 }
 
-// Refund gives each Request's Cost back to its bucket, capped at the
-// Spec's burst, as [Limiter.Refund] does; a key the Local does not hold is
-// a full bucket already and is left alone. Refund only what was charged.
+// Refund gives each Request's Cost back, capped at its burst, as
+// [Limiter.Refund] does. Refund only what was charged.
 func (l *Local) Refund(ctx context.Context, first Request, second *Request) error {
 	_, err := l.call(ctx, localRefund, first, second)
 	return err
@@ -466,16 +411,10 @@ func (l *Local) pushFront(i int32) {
 	}
 }
 
-// Scale returns s at fraction of its rate and of its burst, for a process
-// that decides alone what a fleet decides together ([Degraded]). It is
-// never faster than asked: the scaled Interval is s's Interval divided by
-// fraction, rounded up to a whole microsecond, and the scaled burst is
-// s's burst times fraction, rounded down, but at least 1 (so a burst
-// below 1/fraction scales to 1, more than fraction of it). fraction must
-// be above 0 and at most 1. Scale returns an error wrapping
-// [ErrInvalidSpec] for another fraction, for the zero Spec, and when the
-// scaled bucket would take longer than a Spec may (about 35 years) to
-// refill from empty.
+// Scale returns s at fraction (above 0, at most 1) of its rate and burst,
+// never faster than asked, with a burst of at least 1 ([Degraded]). It
+// returns an error wrapping [ErrInvalidSpec] for another fraction or the
+// zero Spec (docs/local.md).
 func (s Spec) Scale(fraction float64) (Spec, error) {
 	switch {
 	case s.IsZero():
@@ -509,26 +448,10 @@ func (s Spec) Scale(fraction float64) (Spec, error) {
 // Spec is scaled on each call (which allocates).
 const degradedSpecs = 1024
 
-// A Degraded is the building block of a degraded outage policy: a [Local]
-// that decides every Request at a fraction of its Spec's rate and burst
-// ([Spec.Scale]). While the shared store is down, each process of a fleet
-// decides locally, and N processes admit at most N × fraction × what the
-// store would: over any time t, at most N × (scaled burst + scaled rate ×
-// t) tokens per key, where the scaled burst is at least 1. Pick fraction
-// near 1/N for the fleet to stay near the limit; docs/outages.md has the
-// details.
-//
-// A Degraded holds no outage state: the caller asks the store first and
-// only a call that fails goes to the Degraded, so decisions return to the
-// store with the first call it answers. Buckets it decided while the store
-// was down do not carry over to the store, nor back. Refund on a Degraded
-// only what a Degraded call charged.
-//
-// The scaled Spec of each Spec is computed once and kept (for up to 1024
-// distinct Specs), so a decision allocates no more than a Local's. Cost is
-// not scaled: a request costs what it costs; one whose Cost is above its
-// scaled burst is refused with [ErrInvalidRequest]. A Degraded is safe for
-// simultaneous use by multiple goroutines.
+// A Degraded is a [Local] that decides every Request at a fraction of its
+// Spec ([Spec.Scale]): a fleet's fallback while the store is down, where N
+// processes admit at most N × fraction of what the store would
+// (docs/outages.md). It is safe for concurrent use.
 type Degraded struct {
 	fraction float64
 	local    *Local
@@ -536,10 +459,8 @@ type Degraded struct {
 	scaled   map[[2]int64]Spec // by interval (µs) and burst: a Spec is those two
 }
 
-// NewDegraded returns a Degraded that decides on a Local of at most
-// maxKeys buckets (see [NewLocal], which opts configure) at fraction of
-// every Spec. It returns an error for a fraction that is not above 0 and
-// at most 1, or a maxKeys below 2.
+// NewDegraded returns a Degraded at fraction (above 0, at most 1) of every
+// Spec, on a Local of at most maxKeys buckets that opts configure.
 func NewDegraded(fraction float64, maxKeys int, opts ...LocalOption) (*Degraded, error) {
 	if math.IsNaN(fraction) || fraction <= 0 || fraction > 1 {
 		return nil, fmt.Errorf("admit: NewDegraded: %w: fraction %v must be above 0 and at most 1; "+
@@ -558,8 +479,7 @@ func (g *Degraded) Fraction() float64 { return g.fraction }
 // Local returns the Local the Degraded decides on, with scaled Specs.
 func (g *Degraded) Local() *Local { return g.local }
 
-// Scale returns spec scaled by the Degraded's fraction ([Spec.Scale]),
-// as every call of the Degraded decides it.
+// Scale returns spec as the Degraded decides it ([Spec.Scale]).
 func (g *Degraded) Scale(spec Spec) (Spec, error) {
 	k := [2]int64{int64(spec.interval), int64(spec.burst)}
 	g.mu.RLock()

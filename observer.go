@@ -35,23 +35,17 @@ func (o Op) String() string {
 // An Observation is one call of a Limiter, as [WithObserver] reports it.
 type Observation struct {
 	Op       Op
-	FirstKey string // the first Request's Key; a lease call's lease key
-	// Decision is what the call returned (for OpAcquire, the Lease's
-	// Decision); the zero Decision with an error, and for OpRefund,
-	// OpRelease and OpExtend.
-	Decision Decision
+	FirstKey string        // the first Request's Key; a lease call's lease key
+	Decision Decision      // what the call returned (OpAcquire: the Lease's); zero for the others
 	Err      error         // the call's error, nil on success
 	Duration time.Duration // the call's time on the local clock
 	Cached   bool          // the denial cache answered; nothing was sent
-	// Lease is a lease call's Lease, nil for the other Ops: read it, but
-	// neither keep it nor call its methods.
-	Lease *Lease
-	Live  bool // what Release or Extend reported; false for the other Ops
+	Lease    *Lease        // a lease call's Lease, to read only; nil for the others
+	Live     bool          // what Release or Extend reported; false for the other Ops
 }
 
-// WithObserver has the Limiter call observe after each call it completes, on
-// the caller's goroutine before the call returns: observe must be quick and
-// safe for concurrent use. Nil, the default, observes nothing (docs/observing.md).
+// WithObserver has the Limiter call observe, on the caller's goroutine, after
+// each call; observe must be quick and concurrency-safe (docs/observing.md).
 func WithObserver(observe func(Observation)) Option {
 	return optionFunc(func(l *Limiter) { l.observe = observe })
 }
