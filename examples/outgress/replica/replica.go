@@ -213,7 +213,7 @@ func defineFlags(fs fleetenv.Command) commandFlags {
 		metricsAddr: fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on http://`addr`/metrics"),
 		off:         fs.String("off", "none", "rollout `steps` switched off (as go run . -off)"),
 		delayToken: fs.Bool("delay-until-token", false, "redeliver a refusal by a limit no sooner than its RetryAfter, and drop it at once past its lifetime "+
-			"(default: the error delay; a refusal past its lifetime is dropped at once either way)"),
+			"(default: the error delay)"),
 		retryUnknown: fs.Bool("retry-unknown", false, "decide under each message's id and repeat an outcome-unknown decision once "+
 			"(a departure from the plan, which does not retry the script; costs a GET and a SET inside every admission's script)"),
 		helixURL: fs.String("helix", "", "the Helix API's base `URL`; empty starts an in-process fake (HELIX_CLIENT_ID, HELIX_TOKEN and -bot for a real one)"),

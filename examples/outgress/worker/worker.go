@@ -55,12 +55,10 @@ type Config struct {
 	DecisionBackoff time.Duration
 	// DelayUntilToken redelivers a message refused by a limit (a limiter
 	// denial, a Helix 429) no sooner than its RetryAfter, when the limit
-	// can have room again (the plan's deferred change), and drops it at
-	// once, in every shape, when that is past its lifetime. Off by
-	// default: such a message keeps the delivery timing of an error (the
-	// bus's ErrorDelay), only not reported when StepNackSuppression is on;
-	// with that step on, one whose RetryAfter is past its lifetime is
-	// dropped at once all the same.
+	// can have room again, and drops it at once when that is past its
+	// lifetime (the plan's deferred change). Off by default: such a message
+	// keeps the delivery timing of an error (the bus's ErrorDelay), only not
+	// reported when StepNackSuppression is on.
 	DelayUntilToken bool
 	// RetryOutcomeUnknown, a departure from the plan (whose script is not
 	// retried), decides with AllowOrderedOnce under the message's id (see
@@ -194,13 +192,12 @@ func (w *Worker) Process(ctx context.Context, lane limits.Lane, m *bus.Message) 
 
 // outcome is the error the bus gets. Without Config.DelayUntilToken, a
 // message refused by a limit (a denial, a 429) is an expected nack
-// redelivered after the bus's error delay, as an error would be; one whose
-// limit's RetryAfter is past its lifetime is dropped at once (the plan's
-// phase 4), with StepNackSuppression on, since no redelivery in its life
-// can pass. With StepNackSuppression off, an expected nack (a denial, a
-// pause, a 429) is returned as a plain error, as before the step: the bus
-// reports it and redelivers it after its error delay, also past the
-// lifetime (the shape before the step).
+// redelivered after the bus's error delay, as an error would be, even when
+// the limit's RetryAfter is past its lifetime (no early drop). With
+// StepNackSuppression off, an expected nack (a denial, a pause, a 429) is
+// returned as a plain error, as before the step: the bus reports it and
+// redelivers it after its error delay. So the step changes what is
+// reported, never when a message comes back.
 func (w *Worker) outcome(err error) error {
 	if err == nil {
 		return nil
@@ -215,7 +212,7 @@ func (w *Worker) outcome(err error) error {
 				err = &same
 				break
 			}
-			if errors.As(err, &drop) && drop.Reason == bus.NoTimeToRetry(r) && !w.steps.Has(StepNackSuppression) {
+			if errors.As(err, &drop) && drop.Reason == bus.NoTimeToRetry(r) {
 				err = &bus.ExpectedNack{Reason: r, SameDelayAsError: true}
 				break
 			}
