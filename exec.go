@@ -30,6 +30,30 @@ type call struct {
 func (c *call) keys() []string { return c.buf[:c.nk] }
 func (c *call) args() []string { return c.buf[3 : 3+c.na] }
 
+// encode writes the script's keys and arguments: each bucket's key and
+// its interval, burst and cost; the mode (none for a take); then one more
+// key with its argument, if any: a once-record and its window, or a lease
+// key and its holder. Every call, bucket or lease, is encoded here.
+func (c *call) encode(first, second *Request, mode, key, arg string) {
+	c.nk, c.na, c.buckets = 0, 0, 0
+	for _, r := range [2]*Request{first, second} {
+		if r == nil {
+			break
+		}
+		c.buf[c.nk] = r.Key
+		c.buf[3+c.na], c.buf[4+c.na], c.buf[5+c.na] = r.Spec.intervalArg, r.Spec.burstArg, costArg(r.Cost)
+		c.nk, c.na, c.buckets = c.nk+1, c.na+3, c.buckets+1
+	}
+	if mode != modeTake {
+		c.buf[3+c.na] = mode
+		c.na++
+	}
+	if key != "" {
+		c.buf[c.nk], c.buf[3+c.na] = key, arg
+		c.nk, c.na = c.nk+1, c.na+1
+	}
+}
+
 // send runs c's script and decodes its reply. A call whose context is
 // already done is not sent.
 func (l *Limiter) send(ctx context.Context, c *call) (Decision, error) {
@@ -50,6 +74,23 @@ func (l *Limiter) send(ctx context.Context, c *call) (Decision, error) {
 		return Decision{}, badReply("a replayed decision from a call that names no once-record")
 	}
 	return d, err
+}
+
+// sendLease runs a lease call's script and returns its reply, the
+// lease's fields as text (decodeAcquire, Lease.release, Lease.extend). A
+// call whose context is already done is not sent.
+func (l *Limiter) sendLease(ctx context.Context, c *call) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", notSent(err)
+	}
+	s, err := execScript(ctx, l.script, l.client, c.keys(), c.args()).ToString()
+	switch {
+	case err == nil:
+		return s, nil
+	case valkey.IsParseErr(err): // a reply that is not text
+		return "", badReply(err.Error())
+	}
+	return "", leaseError(classify(err))
 }
 
 // execScript runs script on client. When valkey-go fails the call with a
@@ -146,24 +187,33 @@ func decode(resp valkey.ValkeyResult, buckets uint8) (Decision, error) {
 	return d, err
 }
 
-// decodeFields reads "denied retry_us rem1 rem2".
-func decodeFields(s string, buckets uint8) (Decision, error) {
-	var f [4]int64
+// fields parses s, len(f) space-separated decimal integers, into f: the
+// one reader of every reply in text, a bucket call's or a lease's.
+func fields(s string, f []int64) error {
 	rest := s
 	for i := range f {
 		field := rest
 		if i < len(f)-1 {
 			sp := strings.IndexByte(rest, ' ')
 			if sp < 0 {
-				return Decision{}, badReply("want 4 fields, got " + strconv.Quote(s))
+				return badReply("want " + strconv.Itoa(len(f)) + " fields, got " + strconv.Quote(s))
 			}
 			field, rest = rest[:sp], rest[sp+1:]
 		}
 		v, err := strconv.ParseInt(field, 10, 64)
 		if err != nil {
-			return Decision{}, badReply("field " + strconv.Itoa(i+1) + " of " + strconv.Quote(s) + " is not an integer")
+			return badReply("field " + strconv.Itoa(i+1) + " of " + strconv.Quote(s) + " is not an integer")
 		}
 		f[i] = v
+	}
+	return nil
+}
+
+// decodeFields reads "denied retry_us rem1 rem2".
+func decodeFields(s string, buckets uint8) (Decision, error) {
+	var f [4]int64
+	if err := fields(s, f[:]); err != nil {
+		return Decision{}, err
 	}
 	denied, retry, rem1, rem2 := f[0], f[1], f[2], f[3]
 	switch {

@@ -252,34 +252,16 @@ func (l *Limiter) acquire(ctx context.Context, req LeaseRequest, first, second *
 	if err := l.checkAcquire(ctx, x.Name, req, first, second); err != nil {
 		return x, err
 	}
-	var buf [11]string // up to 3 keys, then up to 8 arguments
-	nk, na := 0, 0
-	for _, r := range []*Request{first, second} {
-		if r == nil {
-			break
-		}
-		buf[nk] = r.Key
-		buf[3+na], buf[4+na], buf[5+na] = r.Spec.intervalArg, r.Spec.burstArg, costArg(r.cost())
-		nk, na = nk+1, na+3
-	}
-	buckets := uint8(nk)
-	buf[nk], buf[3+na], buf[4+na] = req.Key, modeLeaseAcquire, req.Spec.argPrefix+x.Name
-	keys, args := buf[0:nk+1], buf[3:3+na+2]
-	if err := ctx.Err(); err != nil {
-		return x, notSent(err)
-	}
+	c := call{op: OpAcquire, mode: modeLeaseAcquire}
+	c.encode(first, second, modeLeaseAcquire, req.Key, req.Spec.argPrefix+x.Name)
 	sent := time.Since(monoBase)
-	x.sent = true
-	s, err := execScript(ctx, l.script, l.client, keys, args).ToString()
+	s, err := l.sendLease(ctx, &c)
 	if err != nil {
-		if valkey.IsParseErr(err) {
-			return x, badReply(err.Error())
-		}
-		err = leaseError(classify(err))
 		x.sent = !isNotExecuted(err)
 		return x, err
 	}
-	if err := x.decodeAcquire(s, buckets, sent); err != nil {
+	x.sent = true
+	if err := x.decodeAcquire(s, c.buckets, sent); err != nil {
 		return x, err
 	}
 	x.sent = x.granted
@@ -300,36 +282,28 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, req LeaseReques
 		return invalidRequest("the Limiter has no client; build it with admit.New")
 	case ctx == nil:
 		return invalidRequest("nil context")
-	case req.Key == "":
-		return invalidRequest("the LeaseRequest has an empty Key")
-	case len(req.Key) > MaxKeyLen:
-		return invalidRequest("the LeaseRequest's Key is " + strconv.Itoa(len(req.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
-	case req.Spec.IsZero():
-		return invalidRequest("the LeaseRequest for key " + strconv.Quote(req.Key) + " has the zero Concurrency; build one with admit.NewConcurrency")
-	case len(name) > MaxLeaseNameLen:
-		return invalidRequest("the lease name is " + strconv.Itoa(len(name)) + " bytes, over MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
-	case first == nil && second != nil:
-		return invalidRequest("a second bucket without a first; pass the one bucket as first")
 	}
-	if first == nil {
-		return nil
-	}
-	if err := checkRequest("first", *first); err != nil {
+	if err := checkLease(req.Key, name, req.Spec, true); err != nil {
 		return err
 	}
-	if second != nil {
-		if err := l.checkPair(*first, *second); err != nil {
-			return err
-		}
+	switch {
+	case first == nil && second != nil:
+		return invalidRequest("a second bucket without a first; pass the one bucket as first")
+	case first == nil:
+		return nil
 	}
-	for _, r := range []*Request{first, second} {
+	cluster := l.client.Mode() == valkey.ClientModeCluster
+	if err := checkBuckets(*first, second, cluster); err != nil {
+		return err
+	}
+	for _, r := range [2]*Request{first, second} {
 		if r == nil {
 			continue
 		}
 		if r.Key == req.Key {
 			return invalidRequest("a bucket and the LeaseRequest name the same key " + strconv.Quote(req.Key) + "; a lease key is a sorted set of its own")
 		}
-		if l.client.Mode() == valkey.ClientModeCluster {
+		if cluster {
 			if s1, s2 := keySlot(req.Key), keySlot(r.Key); s1 != s2 {
 				return crossSlot("the LeaseRequest's key " + strconv.Quote(req.Key) + " (slot " + strconv.Itoa(int(s1)) +
 					") and bucket key " + strconv.Quote(r.Key) + " (slot " + strconv.Itoa(int(s2)) +
@@ -340,11 +314,29 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, req LeaseReques
 	return nil
 }
 
+// checkLease refuses a lease key, holder name or Concurrency that can
+// never be sent: the one check of Acquire and of a Lease's Release and
+// Extend (needSpec: all but Release, which reads the name alone).
+func checkLease(key, name string, spec Concurrency, needSpec bool) error {
+	switch {
+	case key == "":
+		return invalidRequest("the lease has an empty Key")
+	case len(key) > MaxKeyLen:
+		return invalidRequest("the lease's Key is " + strconv.Itoa(len(key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
+	case needSpec && spec.IsZero():
+		return invalidRequest("the lease of key " + strconv.Quote(key) + " has the zero Concurrency; build one with admit.NewConcurrency")
+	case name == "" || len(name) > MaxLeaseNameLen:
+		return invalidRequest("the lease of key " + strconv.Quote(key) + " has a name of " + strconv.Itoa(len(name)) +
+			" bytes; want 1 to MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
+	}
+	return nil
+}
+
 // decodeAcquire reads the reply of an acquire: seven decimal integers,
 // "denied retry_us rem1 rem2 holders left_us replayed".
 func (x *Lease) decodeAcquire(s string, buckets uint8, sent time.Duration) error {
-	f, err := leaseFields(s, 7)
-	if err != nil {
+	var f [7]int64
+	if err := fields(s, f[:]); err != nil {
 		return err
 	}
 	denied, retry, rem1, rem2, holders, left, replayed := f[0], f[1], f[2], f[3], f[4], f[5], f[6]
@@ -367,28 +359,6 @@ func (x *Lease) decodeAcquire(s string, buckets uint8, sent time.Duration) error
 		x.deadline.Store(int64(sent + time.Duration(left)*time.Microsecond))
 	}
 	return nil
-}
-
-// leaseFields parses n space-separated decimal integers.
-func leaseFields(s string, n int) ([7]int64, error) {
-	var f [7]int64
-	rest := s
-	for i := 0; i < n; i++ {
-		field := rest
-		if i < n-1 {
-			sp := strings.IndexByte(rest, ' ')
-			if sp < 0 {
-				return f, badReply("lease: want " + strconv.Itoa(n) + " fields, got " + strconv.Quote(s))
-			}
-			field, rest = rest[:sp], rest[sp+1:]
-		}
-		v, err := strconv.ParseInt(field, 10, 64)
-		if err != nil {
-			return f, badReply("lease: field " + strconv.Itoa(i+1) + " of " + strconv.Quote(s) + " is not an integer")
-		}
-		f[i] = v
-	}
-	return f, nil
 }
 
 // Release frees the lease and reports whether it was live on the server.
@@ -419,8 +389,8 @@ func (x *Lease) release(ctx context.Context) (bool, error) {
 	}
 	// Whatever the reply, the lease is not held on the server now.
 	x.deadline.Store(released)
-	f, err := leaseFields(s, 1)
-	if err != nil {
+	var f [1]int64
+	if err := fields(s, f[:]); err != nil {
 		return false, err
 	}
 	if f[0] < 0 || f[0] > 2 {
@@ -452,8 +422,8 @@ func (x *Lease) extend(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	f, err := leaseFields(s, 2)
-	if err != nil {
+	var f [2]int64
+	if err := fields(s, f[:]); err != nil {
 		return false, err
 	}
 	switch {
@@ -482,33 +452,17 @@ func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 		return "", invalidRequest("the Lease has no Limiter; get one from Limiter.Acquire or Limiter.Lease")
 	case ctx == nil:
 		return "", invalidRequest("nil context")
-	case x.Key == "":
-		return "", invalidRequest("the Lease has an empty Key")
-	case len(x.Key) > MaxKeyLen:
-		return "", invalidRequest("the Lease's Key is " + strconv.Itoa(len(x.Key)) + " bytes, over MaxKeyLen (" + strconv.Itoa(MaxKeyLen) + ")")
-	case x.spec.IsZero() && mode != modeLeaseRelease:
-		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has the zero Concurrency; an Extend needs its lease duration")
-	case x.Name == "" || len(x.Name) > MaxLeaseNameLen:
-		return "", invalidRequest("the Lease of key " + strconv.Quote(x.Key) + " has a name of " + strconv.Itoa(len(x.Name)) +
-			" bytes; want 1 to MaxLeaseNameLen (" + strconv.Itoa(MaxLeaseNameLen) + ")")
 	}
-	if err := ctx.Err(); err != nil {
-		return "", notSent(err)
+	if err := checkLease(x.Key, x.Name, x.spec, mode != modeLeaseRelease); err != nil {
+		return "", err
 	}
-	keys := [1]string{x.Key}
 	prefix := x.spec.argPrefix
 	if prefix == "" {
 		prefix = releasePrefix // a release reads the name alone
 	}
-	args := [2]string{mode, prefix + x.Name}
-	s, err := execScript(ctx, x.l.script, x.l.client, keys[:], args[:]).ToString()
-	if err != nil {
-		if valkey.IsParseErr(err) {
-			return "", badReply(err.Error())
-		}
-		return "", leaseError(classify(err))
-	}
-	return s, nil
+	c := call{mode: mode}
+	c.encode(nil, nil, mode, x.Key, prefix+x.Name)
+	return x.l.sendLease(ctx, &c)
 }
 
 // leaseError names a lease key's corrupt state as such: classify's

@@ -224,26 +224,12 @@ func (l *Limiter) refund(ctx context.Context, first Request, second *Request) er
 // before anything is sent. The call it returns names first even with an
 // error, for the observer.
 func (l *Limiter) newCall(ctx context.Context, op Op, mode string, first Request, second *Request, record string) (call, error) {
-	c := call{op: op, start: l.observeStart(), mode: mode, first: first, second: second, buckets: 1}
-	// Keys and arguments share one backing array: up to 3 keys (the
-	// buckets, then a record), then 3 arguments a bucket, the mode (none
-	// for a take) and, for AllowOrderedOnce, the record's window.
-	c.buf[0] = first.Key
-	c.buf[3], c.buf[4], c.buf[5] = first.Spec.intervalArg, first.Spec.burstArg, costArg(first.Cost)
-	c.nk, c.na = 1, 3
-	if second != nil {
-		c.buf[1] = second.Key
-		c.buf[6], c.buf[7], c.buf[8] = second.Spec.intervalArg, second.Spec.burstArg, costArg(second.Cost)
-		c.nk, c.na, c.buckets = 2, 6, 2
-	}
-	if mode != modeTake {
-		c.buf[3+c.na] = mode
-		c.na++
-	}
+	c := call{op: op, start: l.observeStart(), mode: mode, first: first, second: second}
+	window := ""
 	if record != "" {
-		c.buf[c.nk], c.buf[3+c.na] = record, onceWindowArg
-		c.nk, c.na = c.nk+1, c.na+1
+		window = onceWindowArg
 	}
+	c.encode(&first, second, mode, record, window)
 	return c, l.check(ctx, first, second)
 }
 
@@ -264,11 +250,32 @@ func (l *Limiter) check(ctx context.Context, first Request, second *Request) err
 	case ctx == nil:
 		return invalidRequest("nil context")
 	}
+	// Mode only for two keys: a one-bucket call asks nothing of the client.
+	return checkBuckets(first, second, second != nil && l.client.Mode() == valkey.ClientModeCluster)
+}
+
+// checkBuckets refuses buckets that can never be sent: a bad Request, one
+// key named twice, or on a cluster keys in different hash slots. It is
+// the one check of a Limiter's calls, an Acquire's buckets and a Local's.
+func checkBuckets(first Request, second *Request, cluster bool) error {
 	if err := checkRequest("first", first); err != nil {
 		return err
 	}
-	if second != nil {
-		return l.checkPair(first, *second)
+	if second == nil {
+		return nil
+	}
+	if err := checkRequest("second", *second); err != nil {
+		return err
+	}
+	if first.Key == second.Key {
+		return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
+	}
+	if cluster {
+		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
+			return crossSlot("keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
+				") and " + strconv.Quote(second.Key) + " (slot " + strconv.Itoa(int(s2)) +
+				") are in different cluster hash slots; give them a common hash tag such as {chan:42}")
+		}
 	}
 	return nil
 }
@@ -289,23 +296,6 @@ func checkRequest(which string, r Request) error {
 	case r.Cost > r.Spec.burst:
 		return invalidRequest(which + " request for key " + strconv.Quote(r.Key) + " has Cost " + strconv.Itoa(r.Cost) +
 			" above its Spec's burst " + strconv.Itoa(r.Spec.burst) + ": the bucket could never hold it")
-	}
-	return nil
-}
-
-func (l *Limiter) checkPair(first, second Request) error {
-	if err := checkRequest("second", second); err != nil {
-		return err
-	}
-	if first.Key == second.Key {
-		return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
-	}
-	if l.client.Mode() == valkey.ClientModeCluster {
-		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
-			return crossSlot("keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
-				") and " + strconv.Quote(second.Key) + " (slot " + strconv.Itoa(int(s2)) +
-				") are in different cluster hash slots; give them a common hash tag such as {chan:42}")
-		}
 	}
 	return nil
 }

@@ -159,16 +159,8 @@ func (l *Local) check(ctx context.Context, first Request, second *Request) error
 	case ctx == nil:
 		return invalidRequest("nil context")
 	}
-	if err := checkRequest("first", first); err != nil {
+	if err := checkBuckets(first, second, false); err != nil {
 		return err
-	}
-	if second != nil {
-		if err := checkRequest("second", *second); err != nil {
-			return err
-		}
-		if first.Key == second.Key {
-			return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
-		}
 	}
 	if err := ctx.Err(); err != nil {
 		return notDecided(err)

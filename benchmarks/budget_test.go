@@ -140,6 +140,7 @@ func TestBudgetAllocations(t *testing.T) {
 	first, second := admit.Request{Key: p + "a", Spec: roomy, Cost: budgetCost}, admit.Request{Key: p + "b", Spec: roomy, Cost: budgetCost}
 	shut := admit.Request{Key: p + "shut", Spec: tight} // drained by the warm-up's first call
 	slot := admit.LeaseRequest{Key: p + "conc", Spec: admit.MustConcurrency(1, time.Hour), Name: "job-1"}
+	onceID := 0
 	for _, tc := range []struct {
 		name string
 		max  float64
@@ -157,6 +158,16 @@ func TestBudgetAllocations(t *testing.T) {
 		// The record's name is built for each call (a replay here, after
 		// the warm-up's first call).
 		{"AllowOrderedOnce", 2, func() error { _, err := l.AllowOrderedOnce(ctx, "job-1", first, &second); return err }},
+		// A new id each call, refused by the second bucket: the record's
+		// name and window, the id, the reply.
+		{"AllowOrderedOnce second denied", 4, func() error {
+			onceID++
+			d, err := l.AllowOrderedOnce(ctx, strconv.Itoa(onceID), first, &shut)
+			if err == nil && d.Denied != 2 {
+				err = fmt.Errorf("got %v, want a second-bucket denial", d)
+			}
+			return err
+		}},
 		// WithObserver: reporting each call allocates nothing more.
 		{"AllowOrdered observed", 0, func() error { _, err := observed.AllowOrdered(ctx, first, &second); return err }},
 		{"Peek observed", 0, func() error { _, err := observed.Peek(ctx, first, &second); return err }},
