@@ -332,3 +332,12 @@ func classify(err error) error {
 	}
 	return unknown("the connection failed while the command may have been in flight; tokens may have been consumed; admit does not retry")
 }
+
+// leaseError names a lease key's corrupt state as such: classify's
+// message speaks of buckets.
+func leaseError(err error) error {
+	if ce, ok := err.(*callError); ok && ce.reason == ErrCorruptState {
+		ce.msg = strings.Replace(ce.msg, "corrupt bucket state: the lease key", "corrupt lease state: the lease key", 1)
+	}
+	return err
+}

@@ -30,30 +30,6 @@ type call struct {
 func (c *call) keys() []string { return c.buf[:c.nk] }
 func (c *call) args() []string { return c.buf[3 : 3+c.na] }
 
-// encode writes the script's keys and arguments: each bucket's key and
-// its interval, burst and cost; the mode (none for a take); then one more
-// key with its argument, if any: a once-record and its window, or a lease
-// key and its holder. Every call, bucket or lease, is encoded here.
-func (c *call) encode(first, second *Request, mode, key, arg string) {
-	c.nk, c.na, c.buckets = 0, 0, 0
-	for _, r := range [2]*Request{first, second} {
-		if r == nil {
-			break
-		}
-		c.buf[c.nk] = r.Key
-		c.buf[3+c.na], c.buf[4+c.na], c.buf[5+c.na] = r.Spec.intervalArg, r.Spec.burstArg, costArg(r.Cost)
-		c.nk, c.na, c.buckets = c.nk+1, c.na+3, c.buckets+1
-	}
-	if mode != modeTake {
-		c.buf[3+c.na] = mode
-		c.na++
-	}
-	if key != "" {
-		c.buf[c.nk], c.buf[3+c.na] = key, arg
-		c.nk, c.na = c.nk+1, c.na+1
-	}
-}
-
 // send runs c's script and decodes its reply. A call whose context is
 // already done is not sent.
 func (l *Limiter) send(ctx context.Context, c *call) (Decision, error) {

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -237,7 +236,7 @@ const (
 func (l *Limiter) Acquire(ctx context.Context, req LeaseRequest, first, second *Request) (*Lease, error) {
 	start := l.observeStart()
 	x, err := l.acquire(ctx, req, first, second)
-	l.observedLease(OpAcquire, x, start, false, err)
+	l.observedLease(OpAcquire, x, x.Decision(), start, false, err)
 	return x, err
 }
 
@@ -371,7 +370,7 @@ func (x *Lease) Release(ctx context.Context) (bool, error) {
 	}
 	start := x.l.observeStart()
 	live, err := x.release(ctx)
-	x.l.observedLease(OpRelease, x, start, live, err)
+	x.l.observedLease(OpRelease, x, Decision{}, start, live, err)
 	return live, err
 }
 
@@ -408,7 +407,7 @@ func (x *Lease) Extend(ctx context.Context) (bool, error) {
 	}
 	start := x.l.observeStart()
 	live, err := x.extend(ctx)
-	x.l.observedLease(OpExtend, x, start, live, err)
+	x.l.observedLease(OpExtend, x, Decision{}, start, live, err)
 	return live, err
 }
 
@@ -463,13 +462,4 @@ func (x *Lease) lone(ctx context.Context, mode string) (string, error) {
 	c := call{mode: mode}
 	c.encode(nil, nil, mode, x.Key, prefix+x.Name)
 	return x.l.sendLease(ctx, &c)
-}
-
-// leaseError names a lease key's corrupt state as such: classify's
-// message speaks of buckets.
-func leaseError(err error) error {
-	if ce, ok := err.(*callError); ok && ce.reason == ErrCorruptState {
-		ce.msg = strings.Replace(ce.msg, "corrupt bucket state: the lease key", "corrupt lease state: the lease key", 1)
-	}
-	return err
 }

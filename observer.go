@@ -70,13 +70,10 @@ func (l *Limiter) observed(op Op, firstKey string, start time.Time, d Decision, 
 }
 
 // observedLease reports a lease call of op on x that started at start,
-// when something observes; live is what Release or Extend reported.
-func (l *Limiter) observedLease(op Op, x *Lease, start time.Time, live bool, err error) {
+// when something observes: d is an Acquire's Decision (zero for the
+// others), live what Release or Extend reported.
+func (l *Limiter) observedLease(op Op, x *Lease, d Decision, start time.Time, live bool, err error) {
 	if l != nil && l.observe != nil {
-		var d Decision
-		if op == OpAcquire {
-			d = x.Decision()
-		}
 		l.observe(Observation{Op: op, FirstKey: x.Key, Decision: d, Err: err, Duration: time.Since(start), Lease: x, Live: live})
 	}
 }
