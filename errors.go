@@ -315,9 +315,10 @@ func classify(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return unknown("this call's context ended while the command may have been in flight; tokens may have been consumed")
 	}
-	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		// The server's side of the connection ended: it closed it or
-		// died, before the command was written or after. Nothing tells
+		// died, before the command was written or after (a write to it
+		// then fails with EPIPE, a read with EOF or a reset). Nothing tells
 		// the two apart. A connection read only while a call waits on it
 		// (valkey-go's default for calls made one at a time: pipe.go Do,
 		// syncDo) is found dead by the next command written to it, even

@@ -43,6 +43,7 @@ func TestErrClassTable(t *testing.T) {
 	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	readErr := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
 	resetErr := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	pipeErr := &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}
 	rows := []row{
 		{"wrongpass", live, serverErr("WRONGPASS invalid username-password pair or user is disabled."),
 			ErrNotExecuted, nil, nil, []string{"credentials", "nothing was sent", "WRONGPASS"}},
@@ -74,6 +75,8 @@ func TestErrClassTable(t *testing.T) {
 			ErrOutcomeUnknown, nil, readErr, []string{"may have been in flight"}},
 		{"reset", live, fixed(resetErr),
 			ErrOutcomeUnknown, nil, resetErr, []string{"closed the connection or died", "may have been in flight", "AlwaysPipelining: true"}},
+		{"broken-pipe", live, fixed(pipeErr),
+			ErrOutcomeUnknown, nil, pipeErr, []string{"closed the connection or died", "may have been in flight", "AlwaysPipelining: true"}},
 		{"eof", live, fixed(io.EOF),
 			ErrOutcomeUnknown, nil, io.EOF, []string{"closed the connection or died", "may have been in flight", "AlwaysPipelining: true"}},
 		{"closed-client", live, fixed(valkey.ErrClosing),
