@@ -236,7 +236,7 @@ const (
 func (l *Limiter) Acquire(ctx context.Context, req LeaseRequest, first, second *Request) (*Lease, error) {
 	start := l.observeStart()
 	x, err := l.acquire(ctx, req, first, second)
-	l.observedLease(OpAcquire, x, x.Decision(), start, false, err)
+	l.observedLease(ctx, OpAcquire, x, x.Decision(), start, false, err)
 	return x, err
 }
 
@@ -370,7 +370,7 @@ func (x *Lease) Release(ctx context.Context) (bool, error) {
 	}
 	start := x.l.observeStart()
 	live, err := x.release(ctx)
-	x.l.observedLease(OpRelease, x, Decision{}, start, live, err)
+	x.l.observedLease(ctx, OpRelease, x, Decision{}, start, live, err)
 	return live, err
 }
 
@@ -407,7 +407,7 @@ func (x *Lease) Extend(ctx context.Context) (bool, error) {
 	}
 	start := x.l.observeStart()
 	live, err := x.extend(ctx)
-	x.l.observedLease(OpExtend, x, Decision{}, start, live, err)
+	x.l.observedLease(ctx, OpExtend, x, Decision{}, start, live, err)
 	return live, err
 }
 

@@ -162,17 +162,17 @@ func (l *Limiter) Wait(ctx context.Context, first Request, second *Request) (Dec
 func (l *Limiter) take(ctx context.Context, op Op, mode string, first Request, second *Request) (Decision, error) {
 	c, err := l.newCall(ctx, op, mode, first, second, "")
 	if err != nil {
-		return l.observed(c.op, c.first.Key, c.start, Decision{}, false, err)
+		return l.observed(ctx, &c, Decision{}, false, err)
 	}
 	if d, ok := l.denials.lookup(c.first); ok {
-		return l.observed(c.op, c.first.Key, c.start, d, true, nil)
+		return l.observed(ctx, &c, d, true, nil)
 	}
 	sent := l.denials.clock()
 	d, err := l.send(ctx, &c)
 	if err == nil && d.Denied == 1 {
 		l.denials.add(c.first, sent, d)
 	}
-	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+	return l.observed(ctx, &c, d, false, err)
 }
 
 // once is AllowOrderedOnce: a take recorded under id, never served from
@@ -187,7 +187,7 @@ func (l *Limiter) once(ctx context.Context, id string, first Request, second *Re
 	if err == nil {
 		d, err = l.send(ctx, &c)
 	}
-	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+	return l.observed(ctx, &c, d, false, err)
 }
 
 // peek is Peek: the script read-only, its failures reclassed (peekFailed).
@@ -200,7 +200,7 @@ func (l *Limiter) peek(ctx context.Context, first Request, second *Request) (Dec
 	if err != nil {
 		d, err = Decision{}, peekFailed(err)
 	}
-	return l.observed(c.op, c.first.Key, c.start, d, false, err)
+	return l.observed(ctx, &c, d, false, err)
 }
 
 // refund is Refund: it drops the cached denials of both keys once the
@@ -214,7 +214,7 @@ func (l *Limiter) refund(ctx context.Context, first Request, second *Request) er
 	if l != nil {
 		l.denials.refunded(c.first, c.second)
 	}
-	_, err = l.observed(c.op, c.first.Key, c.start, Decision{}, false, err)
+	_, err = l.observed(ctx, &c, Decision{}, false, err)
 	return err
 }
 

@@ -461,9 +461,9 @@ var goMutants = []mutant{
 		catcher: "TestErrClassDecode/return_'1_7_0_-1'"},
 	// Observation: a lease call missing from WithObserver, or reported
 	// without what it did.
-	{name: "acquire-unobserved", file: "lease.go", edits: edits(text(`l.observedLease(OpAcquire, x, x.Decision(), start, false, err)`, `_ = start`)),
+	{name: "acquire-unobserved", file: "lease.go", edits: edits(text(`l.observedLease(ctx, OpAcquire, x, x.Decision(), start, false, err)`, `_ = start`)),
 		catcher: "TestObserver"},
-	{name: "release-live-unreported", file: "lease.go", edits: edits(text(`x.l.observedLease(OpRelease, x, Decision{}, start, live, err)`, `x.l.observedLease(OpRelease, x, Decision{}, start, false, err)`)),
+	{name: "release-live-unreported", file: "lease.go", edits: edits(text(`x.l.observedLease(ctx, OpRelease, x, Decision{}, start, live, err)`, `x.l.observedLease(ctx, OpRelease, x, Decision{}, start, false, err)`)),
 		catcher: "TestObserver"},
 }
 

@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"context"
 	"strconv"
 	"time"
 )
@@ -35,13 +36,15 @@ func (o Op) String() string {
 // An Observation is one call of a Limiter, as [WithObserver] reports it.
 type Observation struct {
 	Op       Op
-	FirstKey string        // the first Request's Key; a lease call's lease key
-	Decision Decision      // what the call returned (OpAcquire: the Lease's); zero for the others
-	Err      error         // the call's error, nil on success
-	Duration time.Duration // the call's time on the local clock
-	Cached   bool          // the denial cache answered; nothing was sent
-	Lease    *Lease        // a lease call's Lease, to read only; nil for the others
-	Live     bool          // what Release or Extend reported; false for the other Ops
+	Context  context.Context // the call's context (a span's parent); do not keep it
+	FirstKey string          // the first Request's Key; a lease call's lease key
+	Cost     int             // the first Request's Cost, 0 read as 1 (a Refund's tokens); 0 for lease calls
+	Decision Decision        // what the call returned (OpAcquire: the Lease's); zero for the others
+	Err      error           // the call's error, nil on success
+	Duration time.Duration   // the call's time on the local clock
+	Cached   bool            // the denial cache answered; nothing was sent
+	Lease    *Lease          // a lease call's Lease, to read only; nil for the others
+	Live     bool            // what Release or Extend reported; false for the other Ops
 }
 
 // WithObserver has the Limiter call observe, on the caller's goroutine, after
@@ -59,12 +62,13 @@ func (l *Limiter) observeStart() time.Time {
 	return time.Now()
 }
 
-// observed reports the outcome, d and err, of a call of op on firstKey
-// that started at start, when something observes, and returns them.
-// cached is set when the denial cache answered.
-func (l *Limiter) observed(op Op, firstKey string, start time.Time, d Decision, cached bool, err error) (Decision, error) {
+// observed reports the outcome, d and err, of the call c made with ctx,
+// when something observes, and returns them. cached is set when the
+// denial cache answered.
+func (l *Limiter) observed(ctx context.Context, c *call, d Decision, cached bool, err error) (Decision, error) {
 	if l != nil && l.observe != nil {
-		l.observe(Observation{Op: op, FirstKey: firstKey, Decision: d, Err: err, Duration: time.Since(start), Cached: cached})
+		l.observe(Observation{Op: c.op, Context: ctx, FirstKey: c.first.Key, Cost: c.first.cost(), Decision: d, Err: err,
+			Duration: time.Since(c.start), Cached: cached})
 	}
 	return d, err
 }
@@ -72,8 +76,8 @@ func (l *Limiter) observed(op Op, firstKey string, start time.Time, d Decision, 
 // observedLease reports a lease call of op on x that started at start,
 // when something observes: d is an Acquire's Decision (zero for the
 // others), live what Release or Extend reported.
-func (l *Limiter) observedLease(op Op, x *Lease, d Decision, start time.Time, live bool, err error) {
+func (l *Limiter) observedLease(ctx context.Context, op Op, x *Lease, d Decision, start time.Time, live bool, err error) {
 	if l != nil && l.observe != nil {
-		l.observe(Observation{Op: op, FirstKey: x.Key, Decision: d, Err: err, Duration: time.Since(start), Lease: x, Live: live})
+		l.observe(Observation{Op: op, Context: ctx, FirstKey: x.Key, Decision: d, Err: err, Duration: time.Since(start), Lease: x, Live: live})
 	}
 }

@@ -97,3 +97,29 @@ func TestObserver(t *testing.T) {
 		t.Errorf("Op names: %q", got)
 	}
 }
+
+// TestObserverCarriesContextAndCost: each Observation carries the call's
+// own context (an OpenTelemetry observer parents its span on it) and the
+// first Request's Cost, 0 read as 1: a Refund's tokens.
+func TestObserverCarriesContextAndCost(t *testing.T) {
+	e := newUnitEnv(t)
+	type key struct{}
+	var seen []Observation
+	l := New(e.c, WithObserver(func(o Observation) { seen = append(seen, o) }))
+	ctx := context.WithValue(context.Background(), key{}, "caller")
+	r := Request{Key: "oc:{a}", Spec: perSecond3, Cost: 2}
+	l.AllowOrdered(ctx, r, nil)
+	l.Refund(ctx, r, nil)
+	l.Peek(ctx, Request{Key: "oc:{a}", Spec: perSecond3}, nil)
+	x, _ := l.Acquire(ctx, LeaseRequest{Key: "oc:{a}conc", Spec: MustConcurrency(1, time.Hour)}, nil, nil)
+	x.Release(ctx)
+	wantOps, wantCost := []Op{OpTake, OpRefund, OpPeek, OpAcquire, OpRelease}, []int{2, 2, 1, 0, 0}
+	if len(seen) != len(wantOps) {
+		t.Fatalf("%d observations, want %d", len(seen), len(wantOps))
+	}
+	for i, o := range seen {
+		if o.Op != wantOps[i] || o.Cost != wantCost[i] || o.Context == nil || o.Context.Value(key{}) != "caller" {
+			t.Errorf("observation %d: op %v cost %d context %v; want %v, %d and the caller's context", i, o.Op, o.Cost, o.Context, wantOps[i], wantCost[i])
+		}
+	}
+}

@@ -64,7 +64,7 @@ func TestPolicyOverflow(t *testing.T) {
 	}
 	for i := range distinctKeys {
 		key := "k" + strconv.Itoa(i)
-		observe(admit.Observation{Op: admit.OpRefund, FirstKey: key})
+		observe(admit.Observation{Op: admit.OpRefund, Cost: 1, FirstKey: key})
 		edge(admithttp.Event{Outcome: admithttp.Refused, Rule: admithttp.Rule{First: admithttp.Bucket{Key: key, Policy: key}}})
 	}
 	w := want{}
@@ -91,10 +91,11 @@ func TestWithKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	observe(admit.Observation{Op: admit.OpRefund, FirstKey: "api:a"})
+	observe(admit.Observation{Op: admit.OpRefund, Cost: 5, FirstKey: "api:a"})
 	edge(admithttp.Event{Outcome: admithttp.Unlimited, Rule: admithttp.Rule{First: admithttp.Bucket{Key: "ip:10.0.0.1"}}})
 	w := want{}
 	w.add("admit.client.refunds", 1, attribute.String("admit.key", "api:a"))
+	w.add("admit.client.refunded_tokens", 5, attribute.String("admit.key", "api:a"))
 	w.add("db.client.operation.duration", 1, attribute.String("db.system.name", "valkey"),
 		attribute.String("db.operation.name", "refund"), attribute.String("admit.key", "api:a"))
 	w.add("admit.edge.requests", 1, attribute.String("admit.edge", "http"),
@@ -141,7 +142,7 @@ func TestObserveConcurrent(t *testing.T) {
 			defer func() { done <- struct{}{} }()
 			<-start
 			for i := range calls {
-				observe(admit.Observation{Op: admit.OpRefund, FirstKey: "p" + strconv.Itoa((i*goroutines+g)%policies) + ":k"})
+				observe(admit.Observation{Op: admit.OpRefund, Cost: 1, FirstKey: "p" + strconv.Itoa((i*goroutines+g)%policies) + ":k"})
 			}
 		}()
 	}

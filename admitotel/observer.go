@@ -27,6 +27,7 @@ type observer struct {
 	duration  metric.Float64Histogram
 	leases    metric.Int64UpDownCounter
 	refunds   metric.Int64Counter
+	refunded  metric.Int64Counter
 	tracer    trace.Tracer // nil without a TracerProvider
 	policyOf  func(key string) string
 	keys      bool
@@ -38,7 +39,7 @@ type callOptions struct {
 	decision  []metric.AddOption    // admit.client.decisions
 	duration  []metric.RecordOption // db.client.operation.duration
 	policy    []metric.AddOption    // admit.client.active_leases
-	refund    []metric.AddOption    // admit.client.refunds
+	refund    []metric.AddOption    // admit.client.refunds and admit.client.refunded_tokens
 	span      []trace.SpanStartOption
 	spanAttrs []attribute.KeyValue
 	spanName  string
@@ -47,8 +48,8 @@ type callOptions struct {
 
 // NewObserver returns an observer for admit.WithObserver that records each
 // call of the Limiter in mp's instruments (docs/observing.md lists them),
-// and as a span with [WithTracerProvider]: a root span, since an
-// Observation carries no context to find the caller's. It allocates
+// and as a span with [WithTracerProvider], a child of the call's context's
+// span. It allocates
 // nothing per call with metrics alone, once a call's attributes have been
 // seen. It returns an error when mp is nil or refuses an instrument.
 func NewObserver(mp metric.MeterProvider, opts ...Option) (func(admit.Observation), error) {
@@ -76,6 +77,10 @@ func NewObserver(mp metric.MeterProvider, opts ...Option) (func(admit.Observatio
 		metric.WithDescription("Refund calls of an admit Limiter.")); err != nil {
 		return nil, fmt.Errorf("admitotel: %w", err)
 	}
+	if o.refunded, err = m.Int64Counter("admit.client.refunded_tokens", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens that Refund calls gave back to their first bucket.")); err != nil {
+		return nil, fmt.Errorf("admitotel: %w", err)
+	}
 	if cfg.tp != nil {
 		o.tracer = cfg.tp.Tracer(scope)
 	}
@@ -98,10 +103,16 @@ func (o *observer) observe(obs admit.Observation) {
 	} else {
 		c = o.calls.get(k)
 	}
-	ctx := context.Background() // an Observation carries no context
+	ctx := obs.Context // the call's: its span is the parent of ours
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	switch obs.Op {
 	case admit.OpRefund:
 		o.refunds.Add(ctx, 1, c.refund...)
+		if obs.Err == nil {
+			o.refunded.Add(ctx, int64(obs.Cost), c.refund...)
+		}
 	default:
 		o.decisions.Add(ctx, 1, c.decision...)
 	}

@@ -42,6 +42,9 @@ func (w want) call(op, outcome, policy string, kv ...attribute.KeyValue) {
 	}
 	if op == "refund" {
 		w.add("admit.client.refunds", 1, slices.Concat(errType, pol)...)
+		if len(errType) == 0 { // the scenario refunds one token
+			w.add("admit.client.refunded_tokens", 1, pol...)
+		}
 	} else {
 		w.add("admit.client.decisions", 1, slices.Concat([]attribute.KeyValue{
 			attribute.String("db.operation.name", op), attribute.String("admit.outcome", outcome)}, kv, pol)...)
@@ -94,10 +97,12 @@ func errClass(err error) string {
 // span, with no key in it.
 func TestIntegrationScenario(t *testing.T) {
 	c, kill := server(t)
-	ctx := ctx(t)
 	mp, reader := meter()
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	// The Limiter's calls run under the caller's span; the edge's under
+	// their requests' contexts, which hold none.
+	ctx, parent := tp.Tracer("scenario").Start(ctx(t), "scenario")
 	observe, err := admitotel.NewObserver(mp, admitotel.WithTracerProvider(tp), admitotel.WithPolicy(policyOf))
 	if err != nil {
 		t.Fatal(err)
@@ -293,13 +298,20 @@ func TestIntegrationScenario(t *testing.T) {
 	diff(t, w, collect(t, reader))
 	t.Logf("scenario counts: take %v after the kill, edge %v", takeErrs, events)
 
+	parent.End()
 	ended := spans.Ended()
-	if len(ended) != calls {
-		t.Errorf("%d spans, want one per call: %d", len(ended), calls)
+	if len(ended) != calls+1 {
+		t.Errorf("%d spans, want one per call and the caller's: %d", len(ended), calls+1)
 	}
 	for _, s := range ended {
-		if s.Parent().IsValid() {
-			t.Errorf("span %s has a parent: an Observation carries no context", s.Name())
+		if s.SpanContext().SpanID() == parent.SpanContext().SpanID() {
+			continue
+		}
+		switch fromEdge := s.Name() == "all"; {
+		case fromEdge && s.Parent().IsValid():
+			t.Errorf("span %s, from the edge, has a parent; its request's context holds none", s.Name())
+		case !fromEdge && s.Parent().SpanID() != parent.SpanContext().SpanID():
+			t.Errorf("span %s: parent %v, want the caller's span %v", s.Name(), s.Parent().SpanID(), parent.SpanContext().SpanID())
 		}
 		kv := attribute.NewSet(s.Attributes()...)
 		if v, _ := kv.Value("db.system.name"); v.AsString() != "valkey" {
