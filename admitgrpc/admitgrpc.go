@@ -63,19 +63,19 @@
 // # Concurrency
 //
 // A Rule's [Concurrent] part bounds the calls of a key in flight: an
-// admitted call holds one of its slots (an [admit.Lease]) while its
+// admitted call holds one of its leases (an [admit.Lease]) while its
 // handler runs, decided with the Rule's buckets in one
-// [admit.Limiter.Acquire], all or nothing: a refusal by the slot, or by a
+// [admit.Limiter.Acquire], all or nothing: a refusal by the concurrency limit, or by a
 // bucket, takes nothing from the other parts. The interceptors release
-// the slot when the handler returns (a stream's, when the stream ends),
+// the lease when the handler returns (a stream's, when the stream ends),
 // and when it panics (the panic then goes on up); the release runs on a
 // context that outlives the call's cancellation (a client that goes away
-// does not keep its slot), bounded by [WithTimeout] or, without it, one
+// does not keep its lease), bounded by [WithTimeout] or, without it, one
 // second. A release that fails, or finds the lease expired (the handler
-// outlived it), goes to [WithErrorFunc]; the slot is then freed when its
-// lease expires, as is the slot of a process that dies mid-call. After a
+// outlived it), goes to [WithErrorFunc]; the place is then freed when its
+// lease expires, as is the place of a process that dies mid-call. After a
 // decision whose outcome is unknown the interceptors release too: the
-// lost Acquire may have taken a slot.
+// lost Acquire may hold a lease.
 //
 // A refusal by the concurrency part is codes.ResourceExhausted with a
 // RetryInfo (and pushback) of the Concurrent's RetryAfter, one second when
@@ -160,7 +160,7 @@ type Admission struct {
 	// (and the store decided it), nil otherwise. The interceptors release
 	// it when the handler returns or panics; a handler that may outlive
 	// the lease's duration extends it (Lease.Extend) before
-	// Lease.Deadline. Do not release it: the slot would be free while the
+	// Lease.Deadline. Do not release it: the lease would be free while the
 	// handler still runs.
 	Lease *admit.Lease
 }
@@ -309,8 +309,8 @@ type Report struct {
 	Err error
 	// Lease is the Acquire's outcome for Admitted and Refused when the
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
-	// part that refused (admit.PartConcurrency when every slot was taken), and
-	// Lease.Holders the calls of the key in flight. For a slot refusal,
+	// part that refused (admit.PartConcurrency when every lease was held), and
+	// Lease.Holders the calls of the key in flight. For a concurrency refusal,
 	// Decision carries the refusal's RetryAfter (the Concurrent's hint, capped
 	// by Lease.RetryAfter) with Denied 0: read Lease.
 	Lease *admit.Lease
@@ -349,7 +349,7 @@ func WithOutcomeFunc(f func(Report)) Option {
 }
 
 // WithErrorFunc calls f with every error that happens after a call's
-// decision: a slot's release that failed, or that found the lease
+// decision: a lease's release that failed, or that found the lease
 // expired because the handler outlived it. It runs on the call's
 // goroutine, after its handler. The library logs nothing itself; f is
 // where to log or count. Default: none.
@@ -366,7 +366,7 @@ func WithErrorFunc(f func(c *Call, err error)) Option {
 // WithTimeout bounds each decision's time to d: a store that does not
 // answer within d fails the decision (as admit classes it: not executed
 // when nothing was sent, outcome unknown otherwise), and the Outage policy
-// answers. It also bounds a slot's release. Default: none, the call's own
+// answers. It also bounds a lease's release. Default: none, the call's own
 // deadline alone (and one second for a release).
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
@@ -470,7 +470,7 @@ func (s *admittedStream) Context() context.Context { return s.ctx }
 
 // admit decides one call: the context for its handler, or the error that
 // ends it, and with a concurrency part the function that releases its
-// slot, which the caller defers whatever the error.
+// lease, which the caller defers whatever the error.
 func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (context.Context, func(), error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	if md == nil {
@@ -536,7 +536,7 @@ func (ic *Interceptors) admit(ctx context.Context, method string, stream bool) (
 	}
 }
 
-// release frees the slot of x (see [edge.Release]); a failure, or a
+// release frees x's place (see [edge.Release]); a failure, or a
 // granted lease found expired, goes to the error hook. It never panics.
 func (ic *Interceptors) release(call *Call, x *admit.Lease) {
 	if err := edge.Release(call.Context, x, ic.timeout); err != nil {

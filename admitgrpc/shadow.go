@@ -70,7 +70,7 @@ func WithShadow(s Shadow) Option {
 func (ic *Interceptors) runShadows(c *Call, enforced Rule, d admit.Decision) {
 	for _, s := range ic.shadows {
 		rule := s.Rule(c, enforced.Clone()).Clone()
-		rule.Concurrent = nil // buckets only: a shadow takes no slot
+		rule.Concurrent = nil // buckets only: a shadow takes no lease
 		if rule.IsZero() || (rule.First.Key == "" && rule.Second == nil && rule.First.Spec.IsZero()) {
 			continue
 		}

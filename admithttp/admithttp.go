@@ -73,26 +73,26 @@
 // # Concurrency
 //
 // A Rule's [Concurrent] part bounds the requests of a key in flight: an
-// admitted request holds one of its slots (an [admit.Lease]) while the
+// admitted request holds one of its leases (an [admit.Lease]) while the
 // handler runs, decided with the Rule's buckets in one
-// [admit.Limiter.Acquire], all or nothing: a refusal by the slot, or by a
+// [admit.Limiter.Acquire], all or nothing: a refusal by the concurrency limit, or by a
 // bucket, takes nothing from the other parts. The middleware releases the
-// slot when the handler returns, and when it panics (the panic then goes
+// lease when the handler returns, and when it panics (the panic then goes
 // on up); the release runs on a context that outlives the request's
-// cancellation (a client that goes away does not keep its slot), bounded
+// cancellation (a client that goes away does not keep its lease), bounded
 // by [WithDecisionTimeout] or, without it, one second. A release that
 // fails, or finds the lease expired (the handler outlived it), goes to
-// [WithErrorFunc]; the slot is then freed when its lease expires. A
-// process that dies mid-request frees its slots the same way.
+// [WithErrorFunc]; the place is then freed when its lease expires. A
+// process that dies mid-request frees its leases the same way.
 //
 // RateLimit-Policy lists the part first, with q the limit and
 // qu="concurrent-requests", and no w (it has no window); RateLimit gives r,
-// the slots left after the decision, and t: for a refusal by the slot, the
+// the leases left after the decision, and t: for a refusal by the concurrency limit, the
 // Concurrent's RetryAfter (one second when zero: about how long a handler
 // holds its place), but never more than the time until the oldest lease of
 // the key expires, which Retry-After repeats; otherwise the lease
-// duration, by which this request's slot is free at the latest. A refusal
-// by the slot is a 429 whose violated-policies names the part. While
+// duration, by which this request's lease is free at the latest. A refusal
+// by the concurrency limit is a 429 whose violated-policies names the part. While
 // degraded ([Degrade]) a Rule with a concurrency part is refused (503).
 //
 // # Outages
@@ -162,7 +162,7 @@ type Admission struct {
 	// nil otherwise. The middleware releases it when the handler returns
 	// or panics; a handler that may outlive the lease's duration extends
 	// it (Lease.Extend) before Lease.Deadline. Do not release it: the
-	// slot would be free while the handler still runs.
+	// lease would be free while the handler still runs.
 	Lease *admit.Lease
 }
 
@@ -447,7 +447,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 }
 
-// release frees the slot of x (see [edge.Release]); a failure, or a
+// release frees x's place (see [edge.Release]); a failure, or a
 // granted lease found expired, goes to the error hook.
 func (m *middleware) release(r *http.Request, x *admit.Lease) {
 	if err := edge.Release(r.Context(), x, m.timeout); err != nil {

@@ -82,7 +82,7 @@ type Refusal struct {
 	// Violated is the bucket that refused: Rule.First or *Rule.Second; the
 	// zero Bucket when the concurrency part refused.
 	Violated Bucket
-	// ViolatedConcurrent is Rule.Concurrent when its slots were all taken
+	// ViolatedConcurrent is Rule.Concurrent when its leases were all held
 	// (the concurrency part refused), nil otherwise.
 	ViolatedConcurrent *Concurrent
 	// Lease is the refused Acquire when the Rule has a concurrency part,
@@ -130,7 +130,7 @@ func TooManyRequests(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	var detail string
 	if c := ref.ViolatedConcurrent; c != nil {
 		detail = "policy " + strconv.Quote(c.Policy) + " allows " + strconv.Itoa(c.Spec.Limit()) +
-			" requests in flight at once, and all its slots are taken; retry after " + formatSeconds(ref.RetryAfter()) + " s at the latest"
+			" requests in flight at once, and that many are; retry after " + formatSeconds(ref.RetryAfter()) + " s at the latest"
 	} else {
 		left := 0
 		if i := int(ref.Decision.Denied) - 1; i >= 0 && i < len(ref.Decision.Remaining) {

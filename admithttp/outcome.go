@@ -68,13 +68,13 @@ type Event struct {
 	// Decision is the limiter's Decision for Admitted, Refused and
 	// ShadowWouldRefuse; the zero Decision otherwise. With a concurrency
 	// part it is the Acquire's decision of the buckets
-	// (admit.Lease.Decision; Allowed when granted), and for a slot
-	// refusal, which a Decision cannot name, it holds the slot's
+	// (admit.Lease.Decision; Allowed when granted), and for a concurrency
+	// refusal, which a Decision cannot name, it holds the concurrency limit's
 	// RetryAfter and the Remaining with Denied 0: read Lease.
 	Decision admit.Decision
 	// Lease is the Acquire's outcome for Admitted and Refused when the
 	// Rule has a concurrency part, nil otherwise: Lease.Denied names the
-	// part that refused (admit.PartConcurrency when every slot was taken), and
+	// part that refused (admit.PartConcurrency when every lease was held), and
 	// Lease.Holders the requests of the key in flight.
 	Lease *admit.Lease
 	// Shadow is the shadow rule's Name for ShadowWouldRefuse; empty

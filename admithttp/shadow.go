@@ -28,7 +28,7 @@ const ShadowPrefix = "admit-shadow:"
 // would if enforced (all or nothing), but nothing else: refunds a handler
 // makes with [Admission] go to the enforced buckets only. A shadow decides
 // buckets only: the concurrency part of a candidate Rule is left out (a
-// shadow slot would have to be held while the handler runs), and a
+// shadow lease would have to be held while the handler runs), and a
 // candidate with no bucket is skipped.
 type Shadow struct {
 	// Name tells shadows apart in reports and in their keys. It must be
@@ -61,7 +61,7 @@ type ShadowReport struct {
 	// answered as the enforced rule and the Outage say, regardless).
 	Err error
 	// Enforced is the enforced Rule's Decision. Its Allowed is false when
-	// the enforced rule refused (a slot refusal included: see
+	// the enforced rule refused (a concurrency refusal included: see
 	// EnforcedLease), and also when no Rule applied or its decision
 	// failed. EnforcedAdmitted tells for every Rule.
 	Enforced admit.Decision

@@ -25,7 +25,7 @@ var (
 // its requests with the model at once, whatever its token budget. A lease
 // lasts 2 minutes, longer than the model's slowest answer, so a gateway
 // that dies mid-request holds its slot no longer than that; the middleware
-// releases the slot as soon as the answer (or a panic) is done.
+// releases the lease as soon as the answer (or a panic) is done.
 var inflightSpec = admit.MustConcurrency(4, 2*time.Minute)
 
 // tokenUnit is the quota unit of every bucket: what the RateLimit fields'

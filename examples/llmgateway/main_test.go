@@ -216,7 +216,7 @@ func TestFieldsCountTokens(t *testing.T) {
 // with the model at once, whatever its token budget: 7 requests of one
 // organisation at once put exactly 4 in the model and get 3 429s naming
 // the "inflight" policy, which take no tokens; another organisation is
-// admitted meanwhile; once the answers are done, every slot is free.
+// admitted meanwhile; once the answers are done, every lease is released.
 func TestConcurrentPerOrganisation(t *testing.T) {
 	c, g := inProcess(t)
 	var now, most atomic.Int64
