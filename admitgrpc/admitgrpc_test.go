@@ -603,7 +603,7 @@ func holders(tb testing.TB, c valkey.Client, key string) int64 {
 	return n
 }
 
-// slotInfo reads a slot refusal: RetryInfo's delay, QuotaFailure's
+// slotInfo reads a concurrency refusal: RetryInfo's delay, QuotaFailure's
 // violations as subject: description.
 func slotInfo(tb testing.TB, err error) (codes.Code, time.Duration, []string) {
 	tb.Helper()
@@ -623,7 +623,7 @@ var concSpec = admit.MustConcurrency(3, time.Minute)
 // the default hint, 1 s (the frozen clock's oldest lease expires a minute
 // from now)
 // and a QuotaFailure naming the part; the outcome hook reports them
-// refused by the slot. Then 50 callers retry until each is served once
+// refused by the concurrency limit. Then 50 callers retry until each is served once
 // (at most 400 attempts each): never more than 3 handlers in flight,
 // counted inside the handler, and every slot released at the end.
 func TestConcurrentInFlight(t *testing.T) {
@@ -695,7 +695,7 @@ func TestConcurrentInFlight(t *testing.T) {
 		}
 	}
 	if got := refusedBySlot.Load(); got != callers-n {
-		t.Fatalf("outcome hook: %d refused by the slot with 3 holders, want %d", got, callers-n)
+		t.Fatalf("outcome hook: %d refused by the concurrency limit with 3 holders, want %d", got, callers-n)
 	}
 	if g.max.Load() != n {
 		t.Fatalf("phase 1: %d in flight at most, want %d", g.max.Load(), n)
@@ -749,7 +749,7 @@ func retryUntilServed(t *testing.T, ctx context.Context, client healthpb.HealthC
 }
 
 // TestConcurrentRefusalTakesNoTokens: with a bucket beside the slot, a
-// call refused by the slot takes no token, and the admitted ones one each.
+// call refused by the concurrency limit takes no token, and the admitted ones one each.
 func TestConcurrentRefusalTakesNoTokens(t *testing.T) {
 	_, c := minitest.Start(t)
 	lim := admit.New(c)
@@ -774,7 +774,7 @@ func TestConcurrentRefusalTakesNoTokens(t *testing.T) {
 	for i := range 5 {
 		code, _, vs := slotInfo(t, check(ctx, client))
 		if code != codes.ResourceExhausted || len(vs) != 1 || !strings.HasPrefix(vs[0], "in-flight:") {
-			t.Fatalf("call %d beside the holder: %v %q, want ResourceExhausted by the slot", i, code, vs)
+			t.Fatalf("call %d beside the holder: %v %q, want ResourceExhausted by the concurrency limit", i, code, vs)
 		}
 	}
 	close(hold)
@@ -787,7 +787,7 @@ func TestConcurrentRefusalTakesNoTokens(t *testing.T) {
 	}
 	// Peek's Remaining is what a take would leave: the bucket holds one more.
 	if d.Remaining[0]+1 != 9 {
-		t.Fatalf("bucket holds %d tokens after 1 admitted and 5 refused by the slot, want 9", d.Remaining[0]+1)
+		t.Fatalf("bucket holds %d tokens after 1 admitted and 5 refused by the concurrency limit, want 9", d.Remaining[0]+1)
 	}
 }
 
@@ -895,7 +895,7 @@ func TestConcurrentPanicReleases(t *testing.T) {
 }
 
 // TestConcurrentStreamHoldsSlot: a stream holds its slot until it ends; a
-// stream started meanwhile is refused by the slot, and one started after
+// stream started meanwhile is refused by the concurrency limit, and one started after
 // the first ended is admitted.
 func TestConcurrentStreamHoldsSlot(t *testing.T) {
 	_, c := minitest.Start(t)

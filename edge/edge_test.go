@@ -110,7 +110,7 @@ func TestRuleBuckets(t *testing.T) {
 
 // TestDecide, on miniredis with its clock standing still: buckets alone
 // are one AllowAll, with no Lease; with a concurrency part, one Acquire
-// whose refusal by the slot carries the slot's RetryAfter (the oldest
+// whose refusal by the concurrency limit carries its RetryAfter (the oldest
 // lease's time left) and the buckets' Remaining: not evaluated (-1), and
 // untouched (the next grant leaves 0 of 3). Releasing a
 // granted lease frees its slot; releasing one found expired says that
@@ -134,7 +134,7 @@ func TestDecide(t *testing.T) {
 	refused, err := edge.Decide(ctx, lim, rule, 0)
 	if err != nil || refused.Allowed() || refused.Denied() != admit.PartConcurrency ||
 		refused.Decision.RetryAfter != edge.DefaultConcurrencyRetryAfter || refused.Decision.Remaining != [2]int{-1, -1} {
-		t.Fatalf("second slot: %+v (RetryAfter %v, Remaining %v), %v; want refused by the slot, retry after the default 1s, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
+		t.Fatalf("second lease: %+v (RetryAfter %v, Remaining %v), %v; want refused by the concurrency limit, retry after the default 1s, the bucket not evaluated", refused, refused.Decision.RetryAfter, refused.Decision.Remaining, err)
 	}
 	hinted := rule.Clone()
 	for _, tc := range []struct{ hint, want time.Duration }{{250 * time.Millisecond, 250 * time.Millisecond}, {time.Hour, time.Minute}} {
