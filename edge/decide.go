@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/admitkit/admit"
@@ -72,11 +73,14 @@ func Decide(ctx context.Context, dec admit.Decider, rule Rule, timeout time.Dura
 const foreignRetries = 16
 
 // foreignContext reports whether err is a context error that is not ctx's
-// own, on a call that sent nothing.
+// own, on a call that sent nothing. A dial that timed out is not one: the
+// store is not answering, and trying again would only wait again.
 func foreignContext(ctx context.Context, err error) bool {
+	var dial *net.OpError
 	return err != nil && ctx.Err() == nil && !IsGone(ctx) &&
 		errors.Is(err, admit.ErrNotExecuted) && !errors.Is(err, admit.ErrOutcomeUnknown) &&
-		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) &&
+		!errors.As(err, &dial)
 }
 
 // decide is one attempt of Decide.

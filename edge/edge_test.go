@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -235,3 +236,58 @@ func TestJudge(t *testing.T) {
 type passedDeadline struct{ context.Context }
 
 func (passedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestDecideRetriesAnotherCallsContextError: a decision that failed, not
+// executed, with a context error that is not the caller's (another call's,
+// as valkey-go hands out) is decided again, at most 16 more times while
+// the caller waits; a dial that timed out, the caller's own context
+// ending, and any other error are answered at once.
+func TestDecideRetriesAnotherCallsContextError(t *testing.T) {
+	foreign := fmt.Errorf("%w: another call's context: %w", admit.ErrNotExecuted, context.Canceled)
+	dial := fmt.Errorf("%w: could not connect: %w", admit.ErrNotExecuted,
+		&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded})
+	unknown := fmt.Errorf("%w: in flight: %w", admit.ErrOutcomeUnknown, context.Canceled)
+	rule := edge.Rule{First: edge.Bucket{Policy: "p", Key: "k", Spec: admit.MustSpec(admit.Every(time.Second), 1)}}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name      string
+		ctx       context.Context
+		errs      []error // one a call; nil admits
+		wantCalls int
+		wantErr   error
+	}{
+		{"foreign twice, then decided", context.Background(), []error{foreign, foreign, nil}, 3, nil},
+		{"foreign every time", context.Background(), nil, 17, foreign},
+		{"dial timed out", context.Background(), []error{dial, nil}, 1, dial},
+		{"outcome unknown", context.Background(), []error{unknown, nil}, 1, unknown},
+		{"the caller's own context ended", ended, []error{foreign, nil}, 1, foreign},
+	} {
+		dec := &scriptedDecider{errs: tc.errs, always: foreign}
+		_, err := edge.Decide(tc.ctx, dec, rule, 0)
+		if dec.calls != tc.wantCalls || err != tc.wantErr {
+			t.Errorf("%s: %d calls, %v; want %d calls, %v", tc.name, dec.calls, err, tc.wantCalls, tc.wantErr)
+		}
+	}
+}
+
+// scriptedDecider fails its AllowAll calls with errs in turn (a nil
+// admits), then with always.
+type scriptedDecider struct {
+	admit.Decider
+	errs   []error
+	always error
+	calls  int
+}
+
+func (s *scriptedDecider) AllowAll(context.Context, admit.Request, *admit.Request) (admit.Decision, error) {
+	s.calls++
+	err := s.always
+	if s.calls <= len(s.errs) {
+		err = s.errs[s.calls-1]
+	}
+	if err != nil {
+		return admit.Decision{}, err
+	}
+	return admit.Decision{Remaining: [2]int{0, -1}}, nil
+}
