@@ -7,6 +7,7 @@ import (
 
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admithttp"
+	"github.com/admitkit/admit/edge"
 )
 
 // HTTPOutcome returns a hook for admithttp.WithOutcome that counts each
@@ -31,25 +32,13 @@ func HTTPOutcome(mp metric.MeterProvider, opts ...Option) (func(admithttp.Event)
 }
 
 // httpPart returns the policy and key of ev's Rule that decided: the
-// refusing part of a refusal, else the first part.
+// refusing part of a refusal (a shadow's too), else the first part.
 func httpPart(ev admithttp.Event) (policy, key string) {
-	rule := ev.Rule
+	var refused admit.Part
 	if ev.Outcome == admithttp.Refused || ev.Outcome == admithttp.ShadowWouldRefuse {
-		denied := admit.Part(ev.Decision.Denied)
-		if ev.Lease != nil {
-			denied = ev.Lease.Denied
-		}
-		switch {
-		case denied == admit.PartConcurrency && rule.Concurrent != nil:
-			return rule.Concurrent.Policy, rule.Concurrent.Key
-		case denied == admit.PartSecond && rule.Second != nil:
-			return rule.Second.Policy, rule.Second.Key
-		}
+		refused = edge.Result{Decision: ev.Decision, Lease: ev.Lease}.Denied()
 	}
-	if rule.First.Key == "" && rule.Concurrent != nil {
-		return rule.Concurrent.Policy, rule.Concurrent.Key
-	}
-	return rule.First.Policy, rule.First.Key
+	return ev.Rule.PolicyOf(refused)
 }
 
 // OutcomeName returns an edge Outcome's name as admit.edge.outcome writes

@@ -106,6 +106,22 @@ type Rule struct {
 // IsZero reports whether r is the zero Rule: no limit.
 func (r Rule) IsZero() bool { return r.First == (Bucket{}) && r.Second == nil && r.Concurrent == nil }
 
+// PolicyOf returns the policy name and key of r's part p (a bucket, or
+// the concurrency part): the part that refused a request, say. For 0, or
+// a part r lacks, it returns r's first part's: the first bucket's, or
+// without buckets the concurrency part's.
+func (r Rule) PolicyOf(p admit.Part) (policy, key string) {
+	switch {
+	case p == admit.PartConcurrency && r.Concurrent != nil:
+		return r.Concurrent.Policy, r.Concurrent.Key
+	case p == admit.PartSecond && r.Second != nil:
+		return r.Second.Policy, r.Second.Key
+	case !r.HasBuckets():
+		return r.Concurrent.Policy, r.Concurrent.Key
+	}
+	return r.First.Policy, r.First.Key
+}
+
 // HasBuckets reports whether r names a bucket: any Rule but one with a
 // concurrency part and neither First nor Second.
 func (r Rule) HasBuckets() bool {

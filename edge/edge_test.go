@@ -291,3 +291,30 @@ func (s *scriptedDecider) AllowAll(context.Context, admit.Request, *admit.Reques
 	}
 	return admit.Decision{Remaining: [2]int{0, -1}}, nil
 }
+
+// TestRulePolicyOf: a part's policy and key, the first part's for 0 or a
+// part the Rule lacks, the concurrency part's for a Rule without buckets.
+func TestRulePolicyOf(t *testing.T) {
+	spec, conc := admit.MustSpec(admit.Every(time.Second), 1), admit.MustConcurrency(1, time.Second)
+	first, second := edge.Bucket{Policy: "f", Key: "kf", Spec: spec}, edge.Bucket{Policy: "s", Key: "ks", Spec: spec}
+	c := edge.Concurrent{Policy: "c", Key: "kc", Spec: conc}
+	full := edge.Rule{First: first, Second: &second, Concurrent: &c}
+	for _, tc := range []struct {
+		name        string
+		rule        edge.Rule
+		part        admit.Part
+		policy, key string
+	}{
+		{"first", full, admit.PartFirst, "f", "kf"},
+		{"second", full, admit.PartSecond, "s", "ks"},
+		{"concurrency", full, admit.PartConcurrency, "c", "kc"},
+		{"none", full, 0, "f", "kf"},
+		{"second it lacks", edge.Rule{First: first}, admit.PartSecond, "f", "kf"},
+		{"concurrency it lacks", edge.Rule{First: first}, admit.PartConcurrency, "f", "kf"},
+		{"no buckets", edge.Rule{Concurrent: &c}, 0, "c", "kc"},
+	} {
+		if p, k := tc.rule.PolicyOf(tc.part); p != tc.policy || k != tc.key {
+			t.Errorf("%s: %q, %q; want %q, %q", tc.name, p, k, tc.policy, tc.key)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/admitkit/admit"
 	"github.com/admitkit/admit/admitgrpc"
 	"github.com/admitkit/admit/admitotel"
+	"github.com/admitkit/admit/edge"
 )
 
 // Outcome returns a hook for admitgrpc.WithOutcomeFunc that counts each
@@ -36,21 +37,9 @@ func Outcome(mp metric.MeterProvider, opts ...admitotel.Option) (func(admitgrpc.
 // part returns the policy and key of r's Rule that decided: the refusing
 // part of a refusal, else the first part.
 func part(r admitgrpc.Report) (policy, key string) {
-	rule := r.Rule
+	var refused admit.Part
 	if r.Outcome == admitgrpc.Refused {
-		denied := admit.Part(r.Decision.Denied)
-		if r.Lease != nil {
-			denied = r.Lease.Denied
-		}
-		switch {
-		case denied == admit.PartConcurrency && rule.Concurrent != nil:
-			return rule.Concurrent.Policy, rule.Concurrent.Key
-		case denied == admit.PartSecond && rule.Second != nil:
-			return rule.Second.Policy, rule.Second.Key
-		}
+		refused = edge.Result{Decision: r.Decision, Lease: r.Lease}.Denied()
 	}
-	if rule.First.Key == "" && rule.Concurrent != nil {
-		return rule.Concurrent.Policy, rule.Concurrent.Key
-	}
-	return rule.First.Policy, rule.First.Key
+	return r.Rule.PolicyOf(refused)
 }
