@@ -303,10 +303,8 @@ func (l *Limiter) checkAcquire(ctx context.Context, name string, req LeaseReques
 			return invalidRequest("a bucket and the LeaseRequest name the same key " + strconv.Quote(req.Key) + "; a lease key is a sorted set of its own")
 		}
 		if cluster {
-			if s1, s2 := keySlot(req.Key), keySlot(r.Key); s1 != s2 {
-				return crossSlot("the LeaseRequest's key " + strconv.Quote(req.Key) + " (slot " + strconv.Itoa(int(s1)) +
-					") and bucket key " + strconv.Quote(r.Key) + " (slot " + strconv.Itoa(int(s2)) +
-					") are in different cluster hash slots; give them a common hash tag such as {org:7}")
+			if err := checkSameSlot("the lease key and bucket key", req.Key, r.Key, "{org:7}"); err != nil {
+				return err
 			}
 		}
 	}

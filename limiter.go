@@ -295,11 +295,7 @@ func checkBuckets(first Request, second *Request, cluster bool) error {
 		return invalidRequest("first and second name the same key " + strconv.Quote(first.Key) + "; use a nil second for one bucket")
 	}
 	if cluster {
-		if s1, s2 := keySlot(first.Key), keySlot(second.Key); s1 != s2 {
-			return crossSlot("keys " + strconv.Quote(first.Key) + " (slot " + strconv.Itoa(int(s1)) +
-				") and " + strconv.Quote(second.Key) + " (slot " + strconv.Itoa(int(s2)) +
-				") are in different cluster hash slots; give them a common hash tag such as {chan:42}")
-		}
+		return checkSameSlot("keys", first.Key, second.Key, "{chan:42}")
 	}
 	return nil
 }

@@ -1,6 +1,20 @@
 package admit
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
+
+// checkSameSlot refuses two keys of one call, a and b (described as
+// what), that hash to different cluster slots: valkey-go's cluster
+// client would panic building the command. tag is a hash tag to suggest.
+func checkSameSlot(what, a, b, tag string) error {
+	if s1, s2 := keySlot(a), keySlot(b); s1 != s2 {
+		return crossSlot(what + " " + strconv.Quote(a) + " (slot " + strconv.Itoa(int(s1)) + ") and " + strconv.Quote(b) +
+			" (slot " + strconv.Itoa(int(s2)) + ") are in different cluster hash slots; give them a common hash tag such as " + tag)
+	}
+	return nil
+}
 
 // keySlot returns the Valkey Cluster hash slot of key: CRC16 (XMODEM) modulo
 // 16384, hashing only the hash tag when the key has one. A hash tag is the
