@@ -52,8 +52,8 @@ func (res Result) Denied() admit.Part {
 // A decision that failed with another call's context error, sending
 // nothing (valkey-go gives every call waiting for a new connection the
 // error of the call whose context ended during the attempt), is neither
-// this caller's going nor an outage: Decide tries it again, at most
-// foreignRetries times, while ctx is live.
+// this caller's going nor an outage: Decide tries it again, up to 16 more
+// times, while ctx is live. A dial that timed out is not retried.
 func Decide(ctx context.Context, dec admit.Decider, rule Rule, timeout time.Duration) (Result, error) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
